@@ -1,0 +1,158 @@
+"""Iris: the DNN classifier of the TPUEstimator tutorial (4 measurements -> 3 species).
+
+Data are the tutorial's CSVs (120 training and 30 test rows, shipped in
+`tpurun/models/data/`), read with pandas, so a `gs://` path works through gcsfs.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Mapping
+
+import keras
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+
+from tpurun.errors import RunError
+from tpurun.model import InputParams, Mode, Model, register, to_json
+
+FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
+LABEL = "Species"
+SPECIES = ("Setosa", "Versicolor", "Virginica")
+
+# The tutorial's three examples, predicted when no --input is given.
+PREDICTION_INPUT = {
+    "SepalLength": [5.1, 5.9, 6.9],
+    "SepalWidth": [3.3, 3.0, 3.1],
+    "PetalLength": [1.7, 4.2, 5.4],
+    "PetalWidth": [0.5, 1.5, 2.1],
+}
+PREDICTION_EXPECTED = ("Setosa", "Versicolor", "Virginica")
+
+
+def shipped_csv(filename: str) -> str:
+    return str(importlib.resources.files("tpurun.models") / "data" / filename)
+
+
+def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.DataFrame:
+    """Reads an Iris CSV: float32 features (and int32 labels), or RunError naming the bad row.
+
+    The first line is a header: either the column names, or the tutorial's
+    `120,4,setosa,versicolor,virginica`; columns are then taken by position.
+    """
+    columns = FEATURES + ((LABEL,) if with_labels else ())
+    try:
+        frame = pd.read_csv(path, header=0, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise RunError(f"data file {path} does not exist; check the path") from None
+    except pd.errors.EmptyDataError:
+        raise RunError(f"data file {path} is empty; it needs a header line and rows") from None
+    except pd.errors.ParserError as e:
+        raise RunError(f"data file {path} is not a valid CSV: {' '.join(str(e).split())}") from None
+    except (OSError, ValueError) as e:
+        raise RunError(f"cannot read data file {path}: {e}") from None
+    if set(columns) <= set(frame.columns):
+        frame = frame[list(columns)]
+    elif len(frame.columns) >= len(columns):
+        frame = frame.iloc[:, : len(columns)]
+        frame.columns = list(columns)
+    else:
+        raise RunError(
+            f"data file {path} has {len(frame.columns)} columns; it needs {', '.join(columns)}"
+        )
+    if frame.empty:
+        raise RunError(f"data file {path} has a header but no rows")
+    out = pd.DataFrame(index=frame.index)
+    for column in columns:
+        values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
+        bad = values.isna()
+        if bad.any():
+            row = int(np.argmax(bad.to_numpy()))
+            raise RunError(
+                f"data file {path}, line {row + 2}: column {column} is "
+                f"{frame[column].iloc[row]!r}, not a number (missing or malformed value)"
+            )
+        out[column] = values
+    if with_labels:
+        labels = out[LABEL]
+        bad = (labels != labels.round()) | (labels < 0) | (labels >= n_classes)
+        if bad.any():
+            row = int(np.argmax(bad.to_numpy()))
+            raise RunError(
+                f"data file {path}, line {row + 2}: label {labels.iloc[row]!r} is not a class "
+                f"id in 0..{n_classes - 1}"
+            )
+        out[LABEL] = labels.astype(np.int32)
+    for column in FEATURES:
+        out[column] = out[column].astype(np.float32)
+    return out
+
+
+@register("iris")
+class Iris(Model):
+    """Dense 10-10 ReLU network over the four measurements; logits for three species."""
+
+    def _path(self, mode: Mode) -> str:
+        if mode is Mode.TRAIN:
+            return self.config.data.train_path or shipped_csv("iris_training.csv")
+        return self.config.data.eval_path or shipped_csv("iris_test.csv")
+
+    def _predict_features(self) -> dict[str, np.ndarray]:
+        if self.config.predict.input:
+            frame = read_csv(self.config.predict.input, with_labels=False)
+            return {name: frame[name].to_numpy() for name in FEATURES}
+        return {name: np.asarray(v, np.float32) for name, v in PREDICTION_INPUT.items()}
+
+    def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
+        if mode is Mode.PREDICT:
+            dataset = tf.data.Dataset.from_tensor_slices(self._predict_features())
+            dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
+            return dataset.batch(params.batch_size)
+        frame = read_csv(self._path(mode), with_labels=True, n_classes=self.config.n_classes)
+        features = {name: frame[name].to_numpy() for name in FEATURES}
+        dataset = tf.data.Dataset.from_tensor_slices((features, frame[LABEL].to_numpy()))
+        dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
+        if mode is Mode.TRAIN:
+            dataset = dataset.shuffle(self.config.data.shuffle_buffer, seed=params.seed)
+            dataset = dataset.repeat().batch(params.batch_size, drop_remainder=True)
+        else:
+            dataset = dataset.batch(params.batch_size)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    def build(self) -> keras.Model:
+        inputs = {name: keras.Input(shape=(), dtype="float32", name=name) for name in FEATURES}
+        net = keras.ops.stack([inputs[name] for name in FEATURES], axis=-1)
+        for units in self.config.hidden_units:
+            net = keras.layers.Dense(units, activation="relu")(net)
+        logits = keras.layers.Dense(self.config.n_classes, name="logits")(net)
+        return keras.Model(inputs=inputs, outputs=logits, name="iris")
+
+    def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)
+
+    def metrics(self) -> dict[str, keras.metrics.Metric]:
+        return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
+
+    def predictions(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {
+            "class_ids": tf.argmax(outputs, axis=-1, output_type=tf.int32),
+            "probabilities": tf.nn.softmax(outputs),
+            "logits": outputs,
+        }
+
+    def format_predictions(self, rows: list[Mapping[str, np.ndarray]]) -> list[str]:
+        if self.config.predict.input:
+            return super().format_predictions([dict(r) for r in rows])
+        lines = []
+        for row, expected in zip(rows, PREDICTION_EXPECTED, strict=True):
+            class_id = int(row["class_ids"])
+            probability = float(row["probabilities"][class_id])
+            lines.append(
+                f'Prediction is "{SPECIES[class_id]}" ({100 * probability:.1f}%), '
+                f'expected "{expected}"'
+            )
+        return lines
+
+
+__all__ = ["Iris", "read_csv", "to_json"]

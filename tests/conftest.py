@@ -1,0 +1,56 @@
+"""Shared test helpers: run the real CLI in a subprocess, with no traffic leaving 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Google libraries probe the metadata server and googleapis.com on their own.
+OFFLINE_ENV = {
+    "NO_GCE_CHECK": "true",
+    "GCE_METADATA_HOST": "127.0.0.1:1",
+    "GCE_METADATA_IP": "127.0.0.1:1",
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "0",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+os.environ.update(OFFLINE_ENV)
+os.environ.pop("TPU_NAME", None)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_tpurun(
+    *args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    """Runs `tpurun args...` as a user would; returns the finished process (never raises)."""
+    full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "tpurun", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    """The `tpurun ...: error:` lines on stderr."""
+    return [line for line in result.stderr.splitlines() if ": error: " in line]
+
+
+@pytest.fixture(scope="session")
+def trained_iris(tmp_path_factory) -> Path:
+    """An Iris model_dir trained with the default config (1000 steps), shared by read-only tests."""
+    model_dir = tmp_path_factory.mktemp("iris") / "model"
+    assert_ok(run_tpurun("train", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}"))
+    return model_dir

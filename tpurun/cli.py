@@ -1,0 +1,196 @@
+"""`tpurun <command> [flags]`: parse the command line, build the run config, run, exit.
+
+Nothing here imports TensorFlow: `--help`, `list` and every flag or config error
+answer before it loads. Failures end as one line on stderr and an exit code
+(2: usage, 1: run failure); `--verbosity=1` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import traceback
+from collections.abc import Sequence
+
+import logging as std_logging
+
+from absl import flags, logging
+from absl.logging import converter
+
+from tpurun import __version__, cli_flags, config_files
+from tpurun.errors import TpurunError, UsageError
+from tpurun.run_config import RunConfig, merge_flags
+
+FLAGS = flags.FLAGS
+
+COMMAND_HELP = {
+    "train": "train the model; resumes from the latest checkpoint in --model_dir",
+    "eval": "evaluate the latest checkpoint: one exact pass over the eval data",
+    "predict": "predict with the latest checkpoint; one output per input row, in order",
+    "export": "export the latest checkpoint as a SavedModel for serving",
+    "list": "list the registered configs",
+}
+USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
+    f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()
+)
+HELP_FOOTER = (
+    "\n`tpurun <command> --help` lists the flags of a command. Examples:\n"
+    "  tpurun train --config=iris --use_tpu=false --num_shards=8\n"
+    "  tpurun eval  --config=iris\n"
+    "  tpurun train --config=iris --tpu=my-tpu --tpu_zone=us-central1-b "
+    "--gcp_project=my-project --model_dir=gs://bucket/iris\n"
+)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main(sys.argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    # Quiet TensorFlow's C++ start-up chatter unless the user chose a level.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    command = argv[1] if len(argv) > 1 else ""
+    try:
+        if command in ("", "-h", "--help", "help", "--helpfull"):
+            print(USAGE + HELP_FOOTER)
+            return 0 if command else 2
+        if command == "--version":
+            print(f"tpurun {__version__}")
+            return 0
+        if command not in COMMAND_HELP:
+            raise UsageError(
+                f"unknown command {command!r}; use one of {', '.join(COMMAND_HELP)} "
+                "(`tpurun --help`)"
+            )
+        args = list(argv[2:])
+        if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in args):
+            print(command_help(command))
+            return 0
+        if command == "list":
+            return list_configs()
+        run_config = parse(command, [argv[0], *args])
+        logging.use_absl_handler()
+        # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
+        level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
+        std_logging.root.setLevel(converter.absl_to_standard(level))
+        # Imported here so that everything above stays TensorFlow-free.
+        from tpurun import commands
+
+        commands.run(run_config)
+        return 0
+    except TpurunError as e:
+        _report(command, str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        _report(command, "interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        from tpurun import tf_errors
+
+        message, code = tf_errors.describe(e)
+        _report(command, message)
+        return code
+
+
+def _report(command: str, message: str) -> None:
+    prefix = f"tpurun {command}" if command in COMMAND_HELP else "tpurun"
+    if _verbose():
+        traceback.print_exc()
+    print(f"{prefix}: error: {message}", file=sys.stderr)
+    if not _verbose() and sys.exc_info()[0] is not None and not isinstance(
+        sys.exc_info()[1], TpurunError
+    ):
+        print(f"{prefix}: (rerun with --verbosity=1 for the traceback)", file=sys.stderr)
+
+
+def _verbose() -> bool:
+    try:
+        return FLAGS.is_parsed() and FLAGS.verbosity >= 1
+    except Exception:  # noqa: BLE001 - flags may be half-parsed when we report a flag error
+        return False
+
+
+def command_help(command: str) -> str:
+    lines = [f"usage: tpurun {command} [--flags]", "", COMMAND_HELP[command] + ".", "", "flags:"]
+    for name in cli_flags.COMMAND_FLAGS[command]:
+        flag = FLAGS[name]
+        default = "" if flag.default is None else f" (default: {flag.default_as_str})"
+        lines.append(f"  --{name}")
+        lines.extend(textwrap.wrap(flag.help + default, 76, initial_indent="      ",
+                                   subsequent_indent="      "))
+    lines.append("  --flagfile: read flags from a file, one per line.")
+    lines.append("  --verbosity: absl log level; 1 or more also prints tracebacks on errors.")
+    return "\n".join(lines)
+
+
+def list_configs() -> int:
+    names = config_files.builtin_names()
+    width = max(len(n) for n in names) if names else 0
+    for name in names:
+        path = os.path.join(config_files.builtin_dir(), name + ".py")
+        print(f"{name:<{width}}  {config_files.summary(path)}")
+    return 0
+
+
+def parse(command: str, argv: list[str]) -> RunConfig:
+    """Parses flags and config into a RunConfig, or raises UsageError."""
+    try:
+        # Expand --flagfile first so a --config inside it is resolved like one on the line.
+        argv = FLAGS.read_flags_from_files(argv, force_gnu=True)
+    except flags.Error as e:
+        raise UsageError(str(e)) from None
+    argv, source = _resolve_config_arg(argv)
+    config_files.check_override_keys(config_files.load(source), argv)
+    try:
+        leftover = FLAGS(argv)
+    except flags.Error as e:
+        raise UsageError(_one_line(str(e))) from None
+    except (AttributeError, KeyError, ValueError, OSError) as e:
+        raise UsageError(f"--config: {_one_line(str(e))}") from None
+    if len(leftover) > 1:
+        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    allowed = set(cli_flags.COMMAND_FLAGS[command]) | set(cli_flags.ABSL_FLAGS)
+    for name in FLAGS:
+        if FLAGS[name].present and name not in allowed and not name.startswith("config."):
+            raise UsageError(f"--{name} does not apply to `tpurun {command}`")
+
+    flag_values = {name: FLAGS[name].value for name in cli_flags.COMMON_FLAGS + ("input", "output")}
+    config = merge_flags(cli_flags.CONFIG.value, flag_values)
+    model_dir = cli_flags.MODEL_DIR.value
+    if model_dir is None:
+        model_dir = os.path.join(os.getcwd(), source.name)
+        print(f"tpurun {command}: --model_dir not set, using {model_dir}", file=sys.stderr)
+    return RunConfig(
+        command=command,
+        config_name=source.name,
+        config=config,
+        model_dir=model_dir,
+        use_tpu=cli_flags.USE_TPU.value,
+        tpu=cli_flags.TPU.value or os.environ.get("TPU_NAME") or None,
+        tpu_zone=cli_flags.TPU_ZONE.value,
+        gcp_project=cli_flags.GCP_PROJECT.value,
+        num_shards=cli_flags.NUM_SHARDS.value,
+        export_dir=cli_flags.EXPORT_DIR.value,
+    )
+
+
+def _resolve_config_arg(argv: list[str]) -> tuple[list[str], config_files.ConfigSource]:
+    """Replaces every `--config` by one `--config=<path>`; as with any flag, the last wins."""
+    spec = "iris"
+    kept = [argv[0]]
+    args = iter(argv[1:])
+    for arg in args:
+        if arg.startswith("--config="):
+            spec = arg[len("--config=") :]
+        elif arg == "--config":
+            spec = next(args, "")
+        else:
+            kept.append(arg)
+    source = config_files.resolve(spec)
+    return [kept[0], f"--config={source.flag_value}", *kept[1:]], source
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())

@@ -1,0 +1,126 @@
+"""The command-line flags, as typed handles (`_BATCH_SIZE.value`), and which command takes which.
+
+Defined on absl's global FLAGS when this module is imported. Flags that mirror a
+config key default to None, meaning "keep the config's value"; see
+`run_config.FLAG_TO_CONFIG_KEY`.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+from ml_collections import config_flags
+
+CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "A registered config name (see `tpurun list`, e.g. iris) or a path to a config .py "
+    "file with get_config(); `name:arg` passes arg to get_config. Override any key with "
+    "--config.<key>=<value>, e.g. --config.optimizer.learning_rate=0.05. Default: iris.",
+    lock_config=True,
+)
+MODEL_DIR = flags.DEFINE_string(
+    "model_dir",
+    None,
+    "Where checkpoints, summaries, eval results and exports go (local path or gs://). "
+    "Default: ./<config name>.",
+)
+
+# Where to run: the Cloud TPU cluster, or local devices.
+TPU = flags.DEFINE_string(
+    "tpu",
+    None,
+    "The Cloud TPU to use: its name (with --tpu_zone and --gcp_project), a grpc://host:port "
+    "address, or 'local' on a TPU VM. Default: the TPU_NAME environment variable.",
+)
+TPU_ZONE = flags.DEFINE_string("tpu_zone", None, "GCE zone of the Cloud TPU, e.g. us-central1-b.")
+GCP_PROJECT = flags.DEFINE_string("gcp_project", None, "GCP project that owns the Cloud TPU.")
+USE_TPU = flags.DEFINE_bool(
+    "use_tpu",
+    None,
+    "true: run on the TPU (fail if none is reachable); false: run on local CPU/GPUs; "
+    "unset: use a TPU if one is configured or detected, else run locally.",
+)
+NUM_SHARDS = flags.DEFINE_integer(
+    "num_shards",
+    None,
+    "Number of replicas. Locally: that many GPUs, or that many logical CPU devices "
+    "(--num_shards=8 on a laptop behaves like the 8 cores of a v3-8). Default: all devices.",
+)
+
+# TPUEstimator-era shortcuts for config keys.
+ITERATIONS = flags.DEFINE_integer(
+    "iterations",
+    None,
+    "Training steps per host loop, run in-graph by one tf.function call "
+    "(TPUEstimator's iterations_per_loop). Config key train.iterations.",
+)
+BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size",
+    None,
+    "Global training batch size, split evenly across replicas. Config key train.batch_size.",
+)
+EVAL_BATCH_SIZE = flags.DEFINE_integer(
+    "eval_batch_size", None, "Global eval batch size. Config key eval.batch_size."
+)
+PREDICT_BATCH_SIZE = flags.DEFINE_integer(
+    "predict_batch_size", None, "Global predict batch size. Config key predict.batch_size."
+)
+TRAIN_STEPS = flags.DEFINE_integer(
+    "train_steps",
+    None,
+    "Total training steps (max_steps: a resumed run continues up to it). Config key train.steps.",
+)
+EVAL_STEPS = flags.DEFINE_integer(
+    "eval_steps",
+    None,
+    "Eval batches to run; 0 (the default) is one exact pass over the eval data. "
+    "Config key eval.steps.",
+)
+SEED = flags.DEFINE_integer("seed", None, "Random seed (weights, shuffling). Config key seed.")
+
+# predict
+INPUT = flags.DEFINE_string(
+    "input",
+    None,
+    "predict: a file of rows to predict (for iris: a CSV with the four feature columns). "
+    "Default: the model's own examples. Config key predict.input.",
+)
+OUTPUT = flags.DEFINE_string(
+    "output",
+    None,
+    "predict: write one JSON line per input row here instead of printing. "
+    "Config key predict.output.",
+)
+# export
+EXPORT_DIR = flags.DEFINE_string(
+    "export_dir",
+    None,
+    "export: directory for the SavedModel. Default: <model_dir>/export/<timestamp>.",
+)
+
+COMMON_FLAGS = (
+    "config",
+    "model_dir",
+    "tpu",
+    "tpu_zone",
+    "gcp_project",
+    "use_tpu",
+    "num_shards",
+    "iterations",
+    "batch_size",
+    "eval_batch_size",
+    "predict_batch_size",
+    "train_steps",
+    "eval_steps",
+    "seed",
+)
+# Flags that only make sense for one command: given to another, they are an error.
+COMMAND_FLAGS = {
+    "train": COMMON_FLAGS,
+    "eval": COMMON_FLAGS,
+    "predict": (*COMMON_FLAGS, "input", "output"),
+    "export": (*COMMON_FLAGS, "export_dir"),
+    "list": (),
+}
+# Always accepted: absl's own (logging, flagfile, help).
+ABSL_FLAGS = ("flagfile", "verbosity", "v", "logtostderr", "alsologtostderr", "log_dir")

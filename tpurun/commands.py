@@ -1,0 +1,104 @@
+"""What each subcommand does, from a RunConfig: the only place the pieces meet."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun import checkpoints, cluster as cluster_lib, model as model_lib
+from tpurun.errors import RunError
+from tpurun.run_config import RunConfig
+
+
+def run(run: RunConfig) -> None:
+    if run.command == "train":
+        prepare_model_dir(run)
+    else:
+        # Before anything is written: eval/predict/export of nothing is an error.
+        checkpoints.require_latest(run)
+    # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
+    cluster = cluster_lib.build(run) if run.command != "export" else None
+    if cluster is not None:
+        cluster.check_batch_sizes(run)
+    model = model_lib.create(run.config)
+    write_record(run)
+    tf.keras.utils.set_random_seed(run.seed)
+    {"train": train, "eval": evaluate, "predict": predict, "export": export}[run.command](
+        run, cluster, model
+    )
+
+
+def train(run: RunConfig, cluster, model) -> None:
+    from tpurun.train import Trainer
+
+    Trainer(run, cluster, model).train()
+
+
+def evaluate(run: RunConfig, cluster, model) -> None:
+    from tpurun.evaluate import Evaluator, write_results
+
+    path = checkpoints.require_latest(run)
+    results = Evaluator(run, cluster, model).evaluate(path)
+    written = write_results(run, results)
+    metrics = "  ".join(
+        f"{k}={v:.4f}" for k, v in results.items() if k not in ("num_examples", "global_step")
+    )
+    print(f"eval at step {results['global_step']}: {metrics}  "
+          f"({results['num_examples']} examples)")
+    logging.info("Wrote %s.", written)
+
+
+def predict(run: RunConfig, cluster, model) -> None:
+    from tpurun.model import to_json
+    from tpurun.predict import Predictor
+
+    rows = list(Predictor(run, cluster, model).predict(checkpoints.require_latest(run)))
+    output = run.config.predict.output
+    if output:
+        tmp = output + ".tmp"
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            for row in rows:
+                f.write(json.dumps(to_json(row)) + "\n")
+        tf.io.gfile.rename(tmp, output, overwrite=True)
+        print(f"wrote {len(rows)} predictions to {output}")
+        return
+    for line in model.format_predictions(rows):
+        print(line)
+
+
+def export(run: RunConfig, cluster, model) -> None:
+    from tpurun.export import export as export_model
+
+    print(export_model(run, model, checkpoints.require_latest(run)))
+
+
+def prepare_model_dir(run: RunConfig) -> None:
+    """Creates model_dir, or fails with a message if it cannot be written."""
+    try:
+        tf.io.gfile.makedirs(run.model_dir)
+        probe = tf.io.gfile.join(run.model_dir, ".tpurun-write-probe")
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        message = getattr(e, "message", str(e))
+        raise RunError(
+            f"cannot write to --model_dir={run.model_dir} ({' '.join(message.split())}); "
+            "choose a directory you can write"
+        ) from None
+
+
+def write_record(run: RunConfig) -> None:
+    """The run record: run config and versions, one JSON file per run under model_dir/runs."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    runs = tf.io.gfile.join(run.model_dir, "runs")
+    tf.io.gfile.makedirs(runs)
+    path = tf.io.gfile.join(runs, f"{stamp}-{run.command}.json")
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+        f.write(run.record(tf.__version__) + "\n")
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)

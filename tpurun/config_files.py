@@ -1,0 +1,130 @@
+"""Finding, listing and loading ml_collections config files (no TensorFlow here).
+
+`--config` takes a registered name (`iris`, a file `configs/iris.py` installed
+as `tpurun.configs.iris`) or a path to a `.py` file with `get_config()`. Either
+may carry an argument for `get_config`: `--config=iris:small`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.resources
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+
+import ml_collections
+
+from tpurun.errors import UsageError
+
+BUILTIN_PACKAGE = "tpurun.configs"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSource:
+    """Where a config comes from: `name` also names the default model_dir."""
+
+    name: str
+    path: str
+    arg: str | None = None
+
+    @property
+    def flag_value(self) -> str:
+        """The value config_flags expects: the path, with `:arg` when there is one."""
+        return self.path if self.arg is None else f"{self.path}:{self.arg}"
+
+
+def builtin_dir() -> str:
+    return str(importlib.resources.files(BUILTIN_PACKAGE))
+
+
+def builtin_names() -> list[str]:
+    names = []
+    for entry in sorted(os.listdir(builtin_dir())):
+        if entry.endswith(".py") and not entry.startswith("_"):
+            names.append(entry[: -len(".py")])
+    return names
+
+
+def resolve(spec: str) -> ConfigSource:
+    """Turns the value of --config into a file to load, or raises UsageError."""
+    path, _, arg = spec.partition(":")
+    arg_or_none = arg if arg else None
+    if path.endswith(".py") or os.sep in path:
+        if not os.path.isfile(path):
+            raise UsageError(
+                f"--config={spec}: no such config file {path!r}; pass an existing .py file "
+                f"or a registered config ({', '.join(builtin_names())})"
+            )
+        name = os.path.splitext(os.path.basename(path))[0]
+        return ConfigSource(name=name, path=os.path.abspath(path), arg=arg_or_none)
+    if path in builtin_names():
+        return ConfigSource(
+            name=path, path=os.path.join(builtin_dir(), path + ".py"), arg=arg_or_none
+        )
+    raise UsageError(
+        f"--config={spec}: unknown config {path!r}; use one of {', '.join(builtin_names())} "
+        "(see `tpurun list`) or a path to a config .py file"
+    )
+
+
+def summary(path: str) -> str:
+    """First line of a config file's docstring, read without importing it."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    doc = ast.get_docstring(tree) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else "(no docstring)"
+
+
+def load(source: ConfigSource) -> ml_collections.ConfigDict:
+    """Imports the config file and calls get_config(), turning failures into UsageError."""
+    module_name = f"_tpurun_config_{source.name}"
+    spec = importlib.util.spec_from_file_location(module_name, source.path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"--config: cannot load {source.path!r} as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    # A user's config may import modules beside it (its own model, shared settings).
+    config_dir = os.path.dirname(source.path)
+    if config_dir not in sys.path:
+        sys.path.insert(0, config_dir)
+    try:
+        spec.loader.exec_module(module)
+        get_config = getattr(module, "get_config", None)
+        if get_config is None:
+            raise UsageError(f"config file {source.path} has no get_config() function; add one")
+        config = get_config(source.arg) if source.arg is not None else get_config()
+    except UsageError:
+        raise
+    except Exception as e:  # A user's file: any error is theirs to fix, shown in one line.
+        raise UsageError(f"config file {source.path} failed to load: {type(e).__name__}: {e}")
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UsageError(
+            f"get_config() in {source.path} returned {type(config).__name__}; "
+            "return an ml_collections.ConfigDict"
+        )
+    return config
+
+
+def check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
+    """Rejects `--config.a.b=v` when `a.b` is not in the config, naming the valid keys.
+
+    config_flags would reject it too, but with a raw AttributeError traceback.
+    """
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        dotted = arg[len("--config.") :].split("=", 1)[0]
+        node = config
+        walked = []
+        for key in dotted.split("."):
+            if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+                where = ".".join(walked) or "the top level"
+                known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(not a group)"
+                raise UsageError(
+                    f"{arg.split('=', 1)[0]}: the config has no key {key!r} at {where}; "
+                    f"known keys there: {known}"
+                )
+            node = node[key]
+            walked.append(key)

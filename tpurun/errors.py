@@ -1,0 +1,30 @@
+"""The two kinds of failure a user can see, and their exit codes.
+
+Everything a user can get wrong ends in one of these, raised with a message that
+names the fix; `tpurun.cli` prints the message on one line and exits with the
+code, without a traceback.
+"""
+
+
+class TpurunError(Exception):
+    """Base class: a failure with a message meant for the user."""
+
+    exit_code = 1
+
+
+class UsageError(TpurunError):
+    """The command line or the config is wrong (exit code 2)."""
+
+    exit_code = 2
+
+
+class RunError(TpurunError):
+    """The job could not run: missing data, no checkpoint, unwritable dir (exit code 1)."""
+
+    exit_code = 1
+
+
+# Documented in the README: a supervisor may restart a run that exits with this.
+EXIT_OK = 0
+EXIT_RUN_FAILURE = RunError.exit_code
+EXIT_USAGE = UsageError.exit_code

@@ -1,0 +1,116 @@
+"""Distributed input: a model's input_fn, called once per input pipeline, fed to the replicas.
+
+Training batches must already be static. Eval and predict batches are made
+static here: the last partial batch is padded (by repeating real rows, so no
+model sees zeros it might take a log of), a 0/1 mask marks the real rows, and
+whole padding batches are added so every replica gets a batch on every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tpurun.errors import RunError
+from tpurun.model import InputParams, Mode, Model
+
+
+def input_params(ctx: tf.distribute.InputContext, global_batch: int, seed: int) -> InputParams:
+    return InputParams(
+        batch_size=ctx.get_per_replica_batch_size(global_batch),
+        global_batch_size=global_batch,
+        num_replicas=ctx.num_replicas_in_sync,
+        input_pipeline_id=ctx.input_pipeline_id,
+        num_input_pipelines=ctx.num_input_pipelines,
+        seed=seed,
+    )
+
+
+def distribute(
+    strategy: tf.distribute.Strategy,
+    model: Model,
+    mode: Mode,
+    global_batch: int,
+    seed: int,
+    exact_pass: bool = True,
+) -> tf.distribute.DistributedDataset:
+    """The model's dataset for `mode`, distributed over the strategy's replicas.
+
+    TRAIN elements are `(features, labels)`; EVAL elements `(features, labels, mask)`;
+    PREDICT elements `(features, mask)`.
+    """
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        params = input_params(ctx, global_batch, seed)
+        dataset = model.input_fn(mode, params)
+        if not isinstance(dataset, tf.data.Dataset):
+            raise RunError(
+                f"{type(model).__name__}.input_fn({mode.value}) returned "
+                f"{type(dataset).__name__}; return a tf.data.Dataset"
+            )
+        if mode is Mode.TRAIN:
+            check_static_batch(dataset, params.batch_size, type(model).__name__)
+            return dataset
+        if exact_pass and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise RunError(
+                f"{type(model).__name__}.input_fn({mode.value}) repeats forever; drop .repeat() "
+                "for one exact pass, or bound it with --eval_steps"
+            )
+        replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        return pad_batches(dataset, params.batch_size, replicas_here)
+
+    options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+    return strategy.distribute_datasets_from_function(dataset_fn, options)
+
+
+def check_static_batch(dataset: tf.data.Dataset, batch_size: int, model_name: str) -> None:
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if spec.shape.rank is None or spec.shape.rank == 0 or spec.shape[0] != batch_size:
+            raise RunError(
+                f"{model_name}.input_fn(train) yields batches of shape {spec.shape}; a TPU needs "
+                f"the static per-replica batch {batch_size}: batch with "
+                "dataset.batch(params.batch_size, drop_remainder=True)"
+            )
+
+
+def pad_batches(dataset: tf.data.Dataset, batch_size: int, replicas: int) -> tf.data.Dataset:
+    """Pads every batch to `batch_size` rows and appends a mask; groups batches by replica."""
+
+    def pad_one(*element: Any) -> tuple[Any, ...]:
+        first = tf.nest.flatten(element)[0]
+        real = tf.shape(first)[0]
+        mask = tf.concat([tf.ones([real]), tf.zeros([batch_size - real])], axis=0)
+        padded = tf.nest.map_structure(lambda t: _pad_rows(t, batch_size), element)
+        return (*padded, mask)
+
+    dataset = dataset.map(pad_one, num_parallel_calls=tf.data.AUTOTUNE)
+    if replicas > 1:
+        # Steps consume `replicas` batches at once; the last step may find fewer, so
+        # top it up with copies of a real batch whose mask is all zeros.
+        def pad_group(*group: Any) -> tuple[Any, ...]:
+            *tensors, mask = group
+            real = tf.shape(mask)[0]
+            padded = tf.nest.map_structure(lambda t: _pad_rows(t, replicas), tuple(tensors))
+            mask = tf.concat([mask, tf.zeros([replicas - real, batch_size])], axis=0)
+            return (*padded, mask)
+
+        dataset = dataset.batch(replicas).map(pad_group).unbatch()
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _pad_rows(tensor: tf.Tensor, size: int) -> tf.Tensor:
+    """Fills dimension 0 up to `size` by repeating row 0; gives it the static size."""
+    real = tf.shape(tensor)[0]
+    indices = tf.concat([tf.range(real), tf.zeros([size - real], tf.int32)], axis=0)
+    padded = tf.gather(tensor, indices)
+    padded.set_shape([size, *tensor.shape[1:]])
+    return padded
+
+
+def gather_replicas(strategy: tf.distribute.Strategy, per_replica: Any) -> Any:
+    """Concatenates per-replica values along the batch, in replica order (= input order)."""
+    local = strategy.experimental_local_results(per_replica)
+    if len(local) == 1:
+        return local[0]
+    return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *local)

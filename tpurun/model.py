@@ -1,0 +1,185 @@
+"""The model interface: what a user implements to run a model with tpurun.
+
+A model is a subclass of `Model`, registered by name::
+
+    from tpurun.model import InputParams, Mode, Model, register
+
+    @register("my_model")
+    class MyModel(Model):
+        def input_fn(self, mode, params): ...   # tf.data.Dataset, batched by params.batch_size
+        def build(self): ...                    # a keras.Model: features -> outputs
+        def loss(self, labels, outputs): ...    # per-example loss, shape [batch]
+        def metrics(self): ...                  # {name: keras.metrics.Metric}
+        def predictions(self, outputs): ...     # {name: tensor with a batch dimension}
+
+and selected by a config whose `model` key names it (`configs/<name>.py`).
+
+What the launcher guarantees, so the model never needs a device branch:
+
+* `input_fn(mode, params)` is called once per input pipeline (once per host) with
+  `params.batch_size` = the *per-replica* batch (TPUEstimator's
+  `params['batch_size']`): batch your dataset by it. It yields
+  `(features, labels)` in TRAIN and EVAL and `features` in PREDICT, where
+  `features` is a dict of named tensors (or one tensor).
+  - TRAIN: repeat forever and batch with `drop_remainder=True`: a TPU needs every
+    batch to have the same static shape. Shuffle with `params.seed` so that runs
+    are reproducible.
+  - EVAL / PREDICT: one pass, `drop_remainder=False`. The launcher pads the last
+    batch to the static shape, masks the padding out of every metric and strips it
+    from predictions, so evaluation is exact and N inputs give N outputs.
+  - On several hosts, shard by `params.input_pipeline_id` / `num_input_pipelines`.
+* `build()` runs inside the distribution strategy's scope: create layers there,
+  never pick devices.
+* `loss` returns one value per example; the launcher weights, sums and scales it
+  by the global batch (the same gradients on 1 or 8 replicas).
+* `metrics` are fresh Keras metrics, updated as
+  `metric.update_state(labels, outputs, sample_weight=mask)`; the launcher adds
+  the mean `loss`.
+* `predictions(outputs)` maps the model's outputs to named per-example tensors:
+  what `tpurun predict` writes and the exported `serving_default` signature returns.
+* Export serves `predictions(model(features))` with the features named and typed
+  as `input_fn(PREDICT)` yields them, with a variable batch dimension; override
+  `serving_input_spec` to accept something else.
+
+What a model must not do: call `tf.summary` or Python side effects inside `build`'s
+call path, use int64 or float64 features on a TPU (cast to int32/float32 in the
+input function), or produce tensors whose shape depends on the data.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from tpurun.errors import UsageError
+
+
+class Mode(str, enum.Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "predict"
+
+
+@dataclasses.dataclass(frozen=True)
+class InputParams:
+    """What an input function may know about where its batches go."""
+
+    batch_size: int  # per replica: batch the dataset by this
+    global_batch_size: int  # across all replicas (the --batch_size flag)
+    num_replicas: int  # replicas (TPU cores, GPUs, logical CPUs) in sync
+    input_pipeline_id: int  # this host's pipeline, in [0, num_input_pipelines)
+    num_input_pipelines: int  # hosts feeding the replicas
+    seed: int  # for shuffling: the same seed gives the same order
+
+
+class Model(abc.ABC):
+    """Base class of tpurun models; see the module docstring for the contract."""
+
+    def __init__(self, config: ml_collections.FrozenConfigDict):
+        self.config = config
+
+    @abc.abstractmethod
+    def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
+        """The dataset for `mode`, batched by `params.batch_size`."""
+
+    @abc.abstractmethod
+    def build(self) -> keras.Model:
+        """The Keras model mapping a batch of features to outputs (e.g. logits)."""
+
+    @abc.abstractmethod
+    def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        """Per-example loss, shape [batch]."""
+
+    def metrics(self) -> dict[str, keras.metrics.Metric]:
+        """Eval metrics beyond the mean loss, which the launcher always reports."""
+        return {}
+
+    def predictions(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Named per-example predictions derived from the model's outputs."""
+        return {"outputs": outputs}
+
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        """The optimizer, from `config.optimizer` (name and learning_rate) by default."""
+        return keras.optimizers.get(
+            {
+                "class_name": self.config.optimizer.name,
+                "config": {"learning_rate": self.config.optimizer.learning_rate},
+            }
+        )
+
+    def serving_input_spec(
+        self, predict_spec: Any
+    ) -> Any:
+        """The exported signature's inputs; by default what input_fn(PREDICT) yields,
+        with a variable batch dimension."""
+        return tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype, name=s.name), predict_spec
+        )
+
+    def format_predictions(self, rows: list[dict[str, np.ndarray]]) -> list[str]:
+        """Lines `tpurun predict` prints for rows of predictions; JSON by default."""
+        return [json.dumps(to_json(row)) for row in rows]
+
+
+def to_json(row: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A row of numpy predictions as plain JSON values."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        value = np.asarray(value)
+        if value.dtype.kind in "SO":
+            value = np.char.decode(value.astype(bytes), "utf-8")
+        out[key] = value.tolist()
+    return out
+
+
+_REGISTRY: dict[str, type[Model]] = {}
+ModelClass = TypeVar("ModelClass", bound=type[Model])
+
+
+def register(name: str) -> Callable[[ModelClass], ModelClass]:
+    """Class decorator: makes the model available to configs as `config.model = name`."""
+
+    def add(cls: ModelClass) -> ModelClass:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"model name {name!r} is registered twice")
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def registered_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create(config: ml_collections.FrozenConfigDict) -> Model:
+    """Imports the model's module if needed and instantiates the registered class."""
+    import importlib
+
+    name = config.model
+    modules = [config.model_module] if config.get("model_module") else []
+    modules.append(f"tpurun.models.{name}")
+    for module in modules:
+        if name in _REGISTRY:
+            break
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or not module.startswith(e.name):
+                raise  # the module exists but one of its own imports is missing
+    if name not in _REGISTRY:
+        raise UsageError(
+            f"config.model={name!r} is not a registered model (known: "
+            f"{', '.join(registered_names()) or 'none'}); set config.model_module to the "
+            "module that registers it"
+        )
+    return _REGISTRY[name](config)

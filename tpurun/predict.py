@@ -1,0 +1,45 @@
+"""Prediction: N input rows give exactly N output rows, in input order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from tpurun import checkpoints, inputs
+from tpurun.cluster import Cluster
+from tpurun.model import Mode, Model
+from tpurun.run_config import RunConfig
+from tpurun.train import build_model
+
+
+class Predictor:
+    def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
+        self.run = run
+        self.strategy = cluster.strategy
+        self.model = model
+        with self.strategy.scope():
+            self.keras_model = build_model(model)
+        self._step = tf.function(self._host_step)
+
+    def _replica_step(self, features, mask):
+        outputs = self.keras_model(features, training=False)
+        return self.model.predictions(outputs), mask
+
+    def _host_step(self, batch):
+        per_replica = self.strategy.run(self._replica_step, args=batch)
+        return inputs.gather_replicas(self.strategy, per_replica)
+
+    def predict(self, checkpoint_path: str) -> Iterator[dict[str, np.ndarray]]:
+        """Yields one dict of numpy values per input row; padding rows are dropped."""
+        checkpoints.restore_model(self.keras_model, checkpoint_path)
+        dataset = inputs.distribute(
+            self.strategy, self.model, Mode.PREDICT, self.run.predict_batch_size, self.run.seed
+        )
+        for batch in dataset:
+            predictions, mask = self._step(batch)
+            predictions = tf.nest.map_structure(lambda t: t.numpy(), predictions)
+            keep = mask.numpy() > 0
+            for index in np.flatnonzero(keep):
+                yield {name: value[index] for name, value in predictions.items()}

@@ -1,0 +1,188 @@
+"""One frozen, validated description of a run: flags merged into the config.
+
+Built before TensorFlow is imported, so bad flags fail in milliseconds. The
+run record (this object, plus versions) is written to model_dir at the start of
+every run, so a model_dir says how it was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+from typing import Any
+
+import ml_collections
+
+from tpurun import __version__
+from tpurun.errors import UsageError
+
+COMMANDS = ("train", "eval", "predict", "export")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs to know; `config` is the model's frozen config."""
+
+    command: str
+    config_name: str
+    config: ml_collections.FrozenConfigDict
+    model_dir: str
+    use_tpu: bool | None = None  # None: use a TPU if one is configured or detected
+    tpu: str | None = None
+    tpu_zone: str | None = None
+    gcp_project: str | None = None
+    num_shards: int | None = None  # None: every local device (or every TPU core)
+    export_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # The TPUEstimator-era names, read from the one place they live: the config.
+    @property
+    def train_batch_size(self) -> int:
+        return self.config.train.batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.config.eval.batch_size
+
+    @property
+    def predict_batch_size(self) -> int:
+        return self.config.predict.batch_size
+
+    @property
+    def iterations(self) -> int:
+        return self.config.train.iterations
+
+    @property
+    def train_steps(self) -> int:
+        return self.config.train.steps
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["config"] = self.config.to_dict()
+        return fields
+
+    def record(self, tf_version: str) -> str:
+        """The run record written to model_dir: run config plus versions, as JSON."""
+        return json.dumps(
+            {
+                "run_config": self.to_dict(),
+                "versions": {
+                    "tpurun": __version__,
+                    "tensorflow": tf_version,
+                    "python": platform.python_version(),
+                },
+                "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            },
+            indent=2,
+            default=str,
+        )
+
+
+# Flag name -> dotted config key it overrides (None = leave the config value).
+FLAG_TO_CONFIG_KEY = {
+    "batch_size": "train.batch_size",
+    "train_steps": "train.steps",
+    "iterations": "train.iterations",
+    "eval_batch_size": "eval.batch_size",
+    "eval_steps": "eval.steps",
+    "predict_batch_size": "predict.batch_size",
+    "seed": "seed",
+    "input": "predict.input",
+    "output": "predict.output",
+}
+
+
+def merge_flags(
+    config: ml_collections.ConfigDict, flag_values: dict[str, Any]
+) -> ml_collections.FrozenConfigDict:
+    """Applies the flags that were given (not None) to their config keys, then freezes."""
+    config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy; caller's stays intact
+    for flag_name, key in FLAG_TO_CONFIG_KEY.items():
+        value = flag_values.get(flag_name)
+        if value is None:
+            continue
+        section, _, leaf = key.rpartition(".")
+        node = config[section] if section else config
+        if leaf not in node:
+            raise UsageError(
+                f"--{flag_name} sets config key {key}, which this config does not have; "
+                "start the config from tpurun.config_defaults.base_config()"
+            )
+        node[leaf] = value
+    return ml_collections.FrozenConfigDict(config)
+
+
+def check_divisible(what: str, batch_size: int, num_replicas: int) -> None:
+    """A global batch must split evenly: every replica (TPU core) gets the same static shape."""
+    if batch_size % num_replicas:
+        lower = batch_size // num_replicas * num_replicas
+        upper = lower + num_replicas
+        example = f"{lower} or {upper}" if lower else str(upper)
+        raise UsageError(
+            f"{what}={batch_size} is not divisible by the {num_replicas} replicas; "
+            f"use a multiple of {num_replicas} (e.g. {example})"
+        )
+
+
+def aligned_to_loop(steps: int, iterations: int) -> int:
+    """Rounds a step cadence up to a whole number of host loops (0 stays 0)."""
+    if steps <= 0:
+        return 0
+    return -(-steps // iterations) * iterations
+
+
+_REQUIRED_KEYS = (
+    "model",
+    "seed",
+    "optimizer.name",
+    "optimizer.learning_rate",
+    *FLAG_TO_CONFIG_KEY.values(),
+    "train.save_checkpoints_steps",
+    "train.keep_checkpoint_max",
+)
+
+
+def _validate(run: RunConfig) -> None:
+    config = run.config
+    for key in _REQUIRED_KEYS:
+        node: Any = config
+        for part in key.split("."):
+            if part not in node:
+                raise UsageError(
+                    f"config {run.config_name} has no key {key}; build it from "
+                    "tpurun.config_defaults.base_config() so it has every standard section"
+                )
+            node = node[part]
+
+    def positive(name: str, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise UsageError(f"{name}={value} must be a positive integer")
+
+    positive("--batch_size (config.train.batch_size)", config.train.batch_size)
+    positive("--eval_batch_size (config.eval.batch_size)", config.eval.batch_size)
+    positive("--predict_batch_size (config.predict.batch_size)", config.predict.batch_size)
+    positive("--iterations (config.train.iterations)", config.train.iterations)
+    if config.train.steps < 0:
+        raise UsageError(f"--train_steps={config.train.steps} must be >= 0")
+    if config.eval.steps < 0:
+        raise UsageError(f"--eval_steps={config.eval.steps} must be >= 0 (0 = one exact pass)")
+    if config.train.save_checkpoints_steps < 0:
+        raise UsageError("config.train.save_checkpoints_steps must be >= 0 (0 = at the end only)")
+    positive("config.train.keep_checkpoint_max", config.train.keep_checkpoint_max)
+    if run.num_shards is not None:
+        positive("--num_shards", run.num_shards)
+        check_divisible("--batch_size", config.train.batch_size, run.num_shards)
+        check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
+        check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
+    if run.use_tpu is False and run.tpu:
+        raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
+    if not run.model_dir:
+        raise UsageError("--model_dir must not be empty")

@@ -1,0 +1,110 @@
+"""The training loop: `--iterations` steps per tf.function call, checkpoints on loop boundaries."""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tpurun import checkpoints, inputs
+from tpurun.cluster import Cluster
+from tpurun.model import Mode, Model
+from tpurun.run_config import RunConfig, aligned_to_loop
+
+
+def build_model(model: Model) -> keras.Model:
+    """Calls the model's build() (inside the caller's strategy scope) and checks the result."""
+    from tpurun.errors import RunError
+
+    keras_model = model.build()
+    if not isinstance(keras_model, keras.Model) or not keras_model.built:
+        raise RunError(
+            f"{type(model).__name__}.build() must return a built keras.Model "
+            "(e.g. a functional model starting from keras.Input)"
+        )
+    return keras_model
+
+
+class Trainer:
+    """Holds the model, optimizer and compiled host loop of one training run."""
+
+    def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
+        self.run = run
+        self.strategy = cluster.strategy
+        self.model = model
+        self.global_batch = run.train_batch_size
+        with self.strategy.scope():
+            self.keras_model = build_model(model)
+            self.optimizer = model.optimizer()
+            # Slot variables must exist before the first replicated step: created
+            # lazily inside it, they break with 2+ replicas.
+            self.optimizer.build(self.keras_model.trainable_variables)
+        self.manager = checkpoints.manager(run, self.keras_model, self.optimizer)
+        self._loop = tf.function(self._host_loop)
+
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def restore(self) -> None:
+        path = self.manager.latest_checkpoint
+        if path:
+            self.manager.checkpoint.restore(path).assert_existing_objects_matched()
+            logging.info("Resuming from %s (step %d).", path, self.step)
+
+    def _replica_step(self, features, labels) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            outputs = self.keras_model(features, training=True)
+            per_example = self.model.loss(labels, outputs)
+            # Scaled by the global batch, so the all-reduced (summed) gradients equal
+            # those of one replica on the whole batch.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
+            if self.keras_model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(self.keras_model.losses))
+        variables = self.keras_model.trainable_variables
+        gradients = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return loss
+
+    def _host_loop(self, iterator, num_steps: tf.Tensor) -> tf.Tensor:
+        """Runs num_steps replicated steps in-graph; returns their mean loss."""
+        total = tf.constant(0.0)
+        for _ in tf.range(num_steps):
+            per_replica_loss = self.strategy.run(self._replica_step, args=next(iterator))
+            total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+        return total / tf.cast(num_steps, tf.float32)
+
+    def train(self) -> None:
+        run = self.run
+        self.restore()
+        step, last = self.step, run.train_steps
+        if step >= last:
+            logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
+            return
+        iterations = run.iterations
+        save_every = aligned_to_loop(run.config.train.save_checkpoints_steps, iterations)
+        if save_every != run.config.train.save_checkpoints_steps:
+            logging.info(
+                "save_checkpoints_steps=%d rounded up to %d, a multiple of --iterations=%d.",
+                run.config.train.save_checkpoints_steps, save_every, iterations,
+            )
+        dataset = inputs.distribute(
+            self.strategy, self.model, Mode.TRAIN, self.global_batch, run.seed
+        )
+        iterator = iter(dataset)
+        logging.info("Training from step %d to %d, %d steps per loop.", step, last, iterations)
+        while step < last:
+            num_steps = min(iterations, last - step)
+            start = time.perf_counter()
+            loss = float(self._loop(iterator, tf.constant(num_steps)))
+            elapsed = time.perf_counter() - start
+            step += num_steps
+            logging.info(
+                "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec",
+                step, last, loss, num_steps / elapsed, num_steps * self.global_batch / elapsed,
+            )
+            if step == last or (save_every and step % save_every == 0):
+                path = self.manager.save(checkpoint_number=step)
+                logging.info("Saved checkpoint %s.", path)
