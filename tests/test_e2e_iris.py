@@ -1,0 +1,253 @@
+"""Iris end to end through the real CLI: train, eval, predict, export, on 1 and 8 replicas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import OFFLINE_ENV, assert_ok, run_tpurun
+
+pytestmark = pytest.mark.slow
+
+FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
+
+
+def checkpoint_weights(model_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """Every variable in the checkpoint: model weights and optimizer slots."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(model_dir / f"ckpt-{step}"))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.endswith("VARIABLE_VALUE") and not name.startswith("save_counter")
+    }
+
+
+def eval_results(model_dir: Path, step: int) -> dict:
+    return json.loads((model_dir / "eval" / f"results-{step}.json").read_text())
+
+
+def write_rows(path: Path, rows: int) -> np.ndarray:
+    """Writes the first `rows` test rows (features only, with a header) to a CSV."""
+    from tpurun.models import iris
+
+    test = iris.read_csv(iris.shipped_csv("iris_test.csv"), with_labels=True)
+    features = test[list(FEATURES)].iloc[:rows]
+    features.to_csv(path, index=False)
+    return features.to_numpy()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_default_config_reaches_090_and_predicts_the_tutorial_examples(trained_iris):
+    result = assert_ok(run_tpurun("eval", "--config=iris", f"--model_dir={trained_iris}"))
+    assert "(30 examples)" in result.stdout
+    assert eval_results(trained_iris, 1000)["accuracy"] >= 0.9
+
+    result = assert_ok(run_tpurun("predict", "--config=iris", f"--model_dir={trained_iris}"))
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3
+    for line, species in zip(lines, ("Setosa", "Versicolor", "Virginica"), strict=True):
+        assert line.startswith(f'Prediction is "{species}" (')
+        assert line.endswith(f'%), expected "{species}"')
+
+
+def test_run_record_written_with_versions(trained_iris):
+    records = sorted((trained_iris / "runs").glob("*-train.json"))
+    assert records, "train wrote no run record"
+    record = json.loads(records[0].read_text())
+    assert record["run_config"]["config"]["model"] == "iris"
+    assert record["run_config"]["config"]["train"]["batch_size"] == 32
+    assert set(record["versions"]) == {"tpurun", "tensorflow", "python"}
+
+
+def test_eight_shards_split_the_global_batch(tmp_path):
+    result = assert_ok(
+        run_tpurun(
+            "train", "--config=iris", "--use_tpu=false", "--num_shards=8", "--train_steps=10",
+            "--iterations=5", f"--model_dir={tmp_path}",
+        )
+    )
+    assert "8 logical CPU replicas (MirroredStrategy)" in result.stderr
+    assert "Global batch 32 split over 8 replica(s): 4 examples per replica" in result.stderr
+
+
+SPLIT_CHECK = """
+import numpy as np, tensorflow as tf, ml_collections
+from tpurun import cluster, config_files, inputs
+from tpurun.model import Mode
+from tpurun.models.iris import Iris
+config = ml_collections.FrozenConfigDict(config_files.load(config_files.resolve("iris")))
+eight = cluster._local(8).strategy
+model = Iris(config)
+dist = inputs.distribute(eight, model, Mode.TRAIN, 32, seed=0)
+first = next(iter(dist))
+per_replica = eight.experimental_local_results(first[1])
+assert [int(t.shape[0]) for t in per_replica] == [4] * 8, per_replica
+single = next(iter(inputs.distribute(tf.distribute.get_strategy(), model, Mode.TRAIN, 32, 0)))
+np.testing.assert_array_equal(tf.concat(per_replica, 0).numpy(), single[1].numpy())
+print("SPLIT-OK")
+"""
+
+
+def test_eight_replicas_get_the_same_global_batch_in_eight_slices():
+    """Each replica gets 4 rows, and together they are the 1-replica batch of 32, in order."""
+    result = subprocess.run(
+        [sys.executable, "-c", SPLIT_CHECK], capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, **OFFLINE_ENV},
+    )
+    assert "SPLIT-OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_one_and_eight_replicas_reach_the_same_weights(tmp_path):
+    steps = 200
+    for shards in (1, 8):
+        assert_ok(
+            run_tpurun(
+                "train", "--config=iris", "--use_tpu=false", f"--num_shards={shards}",
+                f"--train_steps={steps}", "--seed=7", f"--model_dir={tmp_path / str(shards)}",
+            )
+        )
+    one, eight = checkpoint_weights(tmp_path / "1", steps), checkpoint_weights(tmp_path / "8", steps)
+    assert one.keys() == eight.keys() and len(one) >= 12
+    # The model's weights are tracked by the optimizer as its _trainable_variables.
+    weights = [k for k in one if "_trainable_variables" in k]
+    assert len(weights) == 6
+    worst = max(float(np.max(np.abs(one[k] - eight[k]))) for k in weights)
+    assert worst < 1e-5, f"max abs weight difference {worst}"
+    # Adagrad's accumulators grow into the hundreds: equal up to float32 rounding.
+    for name in set(one) - set(weights):
+        np.testing.assert_allclose(eight[name], one[name], rtol=1e-5, err_msg=name)
+
+
+def test_resume_continues_from_the_checkpoint_to_train_steps(tmp_path):
+    common = ("--config=iris", "--use_tpu=false", "--iterations=50", f"--model_dir={tmp_path}")
+    assert_ok(run_tpurun("train", *common, "--train_steps=150"))
+    assert (tmp_path / "ckpt-150.index").exists()
+    resumed = assert_ok(run_tpurun("train", *common, "--train_steps=300"))
+    assert "(step 150)" in resumed.stderr
+    assert "Training from step 150 to 300" in resumed.stderr
+    assert "step 200/300" in resumed.stderr and "step 300/300" in resumed.stderr
+    assert "step 100/300" not in resumed.stderr
+    assert (tmp_path / "ckpt-300.index").exists()
+    again = assert_ok(run_tpurun("train", *common, "--train_steps=300"))
+    assert "nothing to train" in again.stderr
+
+
+@pytest.mark.parametrize(
+    "batch_flags",
+    [
+        pytest.param(("--eval_batch_size=4",), id="batch4-1replica"),
+        pytest.param(("--eval_batch_size=7",), id="batch7-1replica"),
+        pytest.param(("--eval_batch_size=16", "--num_shards=8"), id="batch16-8replicas"),
+    ],
+)
+def test_eval_counts_exactly_the_30_examples(trained_iris, tmp_path, batch_flags):
+    reference = eval_results(trained_iris, 1000) if (
+        trained_iris / "eval" / "results-1000.json"
+    ).exists() else None
+    model_dir = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(trained_iris, model_dir)
+    result = assert_ok(run_tpurun("eval", "--config=iris", f"--model_dir={model_dir}", *batch_flags))
+    assert "(30 examples)" in result.stdout
+    results = eval_results(model_dir, 1000)
+    assert results["num_examples"] == 30
+    if reference is not None:
+        assert results["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-6)
+        assert results["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_predict_7_rows_with_batch_4_returns_7_rows_in_order(trained_iris, tmp_path, shards):
+    rows = tmp_path / "rows.csv"
+    write_rows(rows, 7)
+    out = tmp_path / "out.jsonl"
+    assert_ok(
+        run_tpurun(
+            "predict", "--config=iris", f"--model_dir={trained_iris}", f"--input={rows}",
+            f"--output={out}", "--predict_batch_size=4", f"--num_shards={shards}",
+        )
+    )
+    predictions = read_jsonl(out)
+    assert len(predictions) == 7
+    # The test rows' labels: 1,2,0,1,1,1,0 -- a trained model gets these in order.
+    assert [p["class_ids"] for p in predictions] == [1, 2, 0, 1, 1, 1, 0]
+    for p in predictions:
+        assert sum(p["probabilities"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_export_runs_under_saved_model_cli_and_matches_predict(trained_iris, tmp_path):
+    rows = tmp_path / "rows.csv"
+    features = write_rows(rows, 7)
+    out = tmp_path / "out.jsonl"
+    assert_ok(
+        run_tpurun(
+            "predict", "--config=iris", f"--model_dir={trained_iris}", f"--input={rows}",
+            f"--output={out}",
+        )
+    )
+    predicted = np.array([p["probabilities"] for p in read_jsonl(out)])
+
+    export_dir = tmp_path / "exported"
+    result = assert_ok(
+        run_tpurun("export", "--config=iris", f"--model_dir={trained_iris}",
+                   f"--export_dir={export_dir}")
+    )
+    assert str(export_dir) in result.stdout
+    assert (export_dir / "saved_model.pb").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+    # TensorFlow's own CLI, the TF1-style loader that TF Serving also uses.
+    exprs = ";".join(
+        f"{name}={features[:, i].tolist()}" for i, name in enumerate(FEATURES)
+    )
+    outdir = tmp_path / "cli_out"
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "saved_model_cli"), "run", "--dir", str(export_dir),
+         "--tag_set", "serve", "--signature_def", "serving_default", "--input_exprs", exprs,
+         "--outdir", str(outdir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    np.testing.assert_allclose(np.load(outdir / "probabilities.npy"), predicted, atol=1e-5)
+    np.testing.assert_array_equal(np.load(outdir / "class_ids.npy"), predicted.argmax(axis=1))
+
+    import tensorflow as tf
+
+    serving = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+    outputs = serving(**{name: tf.constant(features[:, i]) for i, name in enumerate(FEATURES)})
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), predicted, atol=1e-5)
+
+
+def test_default_export_goes_to_model_dir_export_timestamp(trained_iris, tmp_path):
+    import shutil
+
+    model_dir = tmp_path / "copy"
+    shutil.copytree(trained_iris, model_dir)
+    result = assert_ok(run_tpurun("export", "--config=iris", f"--model_dir={model_dir}"))
+    exports = list((model_dir / "export").iterdir())
+    assert len(exports) == 1 and exports[0].name.isdigit()
+    assert str(exports[0]) in result.stdout
+    assert (exports[0] / "saved_model.pb").exists()
+
+
+def test_default_model_dir_is_named_after_the_config(tmp_path):
+    result = assert_ok(
+        run_tpurun("train", "--config=iris", "--train_steps=10",
+                   "--iterations=10", cwd=tmp_path)
+    )
+    assert f"using {tmp_path / 'iris'}" in result.stderr
+    assert "running locally" in result.stderr
+    assert (tmp_path / "iris" / "ckpt-10.index").exists()
+    evaluated = assert_ok(run_tpurun("eval", "--config=iris", cwd=tmp_path))
+    assert "(30 examples)" in evaluated.stdout
