@@ -80,8 +80,9 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
         if bad.any():
             row = int(np.argmax(bad.to_numpy()))
             raise RunError(
-                f"data file {path}, line {row + 2}: label {labels.iloc[row]!r} is not a class "
-                f"id in 0..{n_classes - 1}"
+                # :g, not !r: numpy 2 reprs a label as "np.int64(7)".
+                f"data file {path}, line {row + 2}: label {float(labels.iloc[row]):g} is not a "
+                f"class id in 0..{n_classes - 1}; fix that row"
             )
         out[LABEL] = labels.astype(np.int32)
     for column in FEATURES:

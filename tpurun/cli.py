@@ -7,13 +7,14 @@ answer before it loads. Failures end as one line on stderr and an exit code
 
 from __future__ import annotations
 
+import difflib
+import logging as std_logging
 import os
+import re
 import sys
 import textwrap
 import traceback
 from collections.abc import Sequence
-
-import logging as std_logging
 
 from absl import flags, logging
 from absl.logging import converter
@@ -30,6 +31,7 @@ COMMAND_HELP = {
     "predict": "predict with the latest checkpoint; one output per input row, in order",
     "export": "export the latest checkpoint as a SavedModel for serving",
     "list": "list the registered configs",
+    "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8",
 }
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
     f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()
@@ -140,11 +142,22 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         # Expand --flagfile first so a --config inside it is resolved like one on the line.
         argv = FLAGS.read_flags_from_files(argv, force_gnu=True)
     except flags.Error as e:
-        raise UsageError(str(e)) from None
+        # absl words it "ERROR:: Unable to open flagfile: ..."; the prefix says nothing.
+        raise UsageError(_one_line(str(e).replace("ERROR::", ""))) from None
     argv, source = _resolve_config_arg(argv)
     config_files.check_override_keys(config_files.load(source), argv)
+    cli_flags.CONFIG_ARGV[:] = argv  # where config_flags finds the --config.<key> overrides
     try:
         leftover = FLAGS(argv)
+    except flags.UnrecognizedFlagError as e:
+        # absl's "Unknown command line flag 'x'" does not say where the valid ones are.
+        close = difflib.get_close_matches(e.flagname, cli_flags.COMMAND_FLAGS[command], n=1)
+        hint = f" (did you mean --{close[0]}?)" if close else ""
+        raise UsageError(
+            f"unknown flag --{e.flagname}{hint}; `tpurun {command} --help` lists the flags"
+        ) from None
+    except flags.IllegalFlagValueError as e:
+        raise UsageError(_bad_value(str(e))) from None
     except flags.Error as e:
         raise UsageError(_one_line(str(e))) from None
     except (AttributeError, KeyError, ValueError, OSError) as e:
@@ -154,23 +167,35 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     allowed = set(cli_flags.COMMAND_FLAGS[command]) | set(cli_flags.ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed and not name.startswith("config."):
-            raise UsageError(f"--{name} does not apply to `tpurun {command}`")
+            takers = [c for c, names in cli_flags.COMMAND_FLAGS.items() if name in names]
+            raise UsageError(
+                f"--{name} does not apply to `tpurun {command}`; drop it"
+                + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
+            )
 
     flag_values = {name: FLAGS[name].value for name in cli_flags.COMMON_FLAGS + ("input", "output")}
     config = merge_flags(cli_flags.CONFIG.value, flag_values)
     model_dir = cli_flags.MODEL_DIR.value
     if model_dir is None:
         model_dir = os.path.join(os.getcwd(), source.name)
-        print(f"tpurun {command}: --model_dir not set, using {model_dir}", file=sys.stderr)
+        if command != "check":  # check neither reads nor writes a model_dir
+            print(f"tpurun {command}: --model_dir not set, using {model_dir}", file=sys.stderr)
+    use_tpu = cli_flags.USE_TPU.value
+    tpu = cli_flags.TPU.value or None
+    if tpu is None and use_tpu is not False:
+        # Not with --use_tpu=false: a TPU_NAME left in the environment must not turn
+        # an explicit local run into a "--tpu contradicts --use_tpu=false" error.
+        tpu = os.environ.get("TPU_NAME") or None
     return RunConfig(
         command=command,
         config_name=source.name,
         config=config,
         model_dir=model_dir,
-        use_tpu=cli_flags.USE_TPU.value,
-        tpu=cli_flags.TPU.value or os.environ.get("TPU_NAME") or None,
+        use_tpu=use_tpu,
+        tpu=tpu,
         tpu_zone=cli_flags.TPU_ZONE.value,
         gcp_project=cli_flags.GCP_PROJECT.value,
+        tpu_init_timeout=cli_flags.TPU_INIT_TIMEOUT.value,
         num_shards=cli_flags.NUM_SHARDS.value,
         export_dir=cli_flags.EXPORT_DIR.value,
     )
@@ -190,6 +215,18 @@ def _resolve_config_arg(argv: list[str]) -> tuple[list[str], config_files.Config
             kept.append(arg)
     source = config_files.resolve(spec)
     return [kept[0], f"--config={source.flag_value}", *kept[1:]], source
+
+
+_FLAG_TYPES = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def _bad_value(message: str) -> str:
+    """absl's "flag --x=v: <parser error>", plus what --x takes (the fix)."""
+    message = _one_line(message)
+    match = re.match(r"flag --([\w.]+)=", message)
+    name = match.group(1) if match else None
+    kind = _FLAG_TYPES.get(FLAGS[name].flag_type()) if name and name in FLAGS else None
+    return f"{message}; --{name} takes {kind}" if kind else message
 
 
 def _one_line(message: str) -> str:

@@ -10,6 +10,12 @@ from __future__ import annotations
 from absl import flags
 from ml_collections import config_flags
 
+# The argv config_flags reads the `--config.<key>` overrides from. Without it,
+# config_flags reads sys.argv itself: at import time (so a missing --flagfile
+# crashed with a traceback before main() could catch it), and at parse time
+# (so `--config.x=v --config=iris` was an ordering error, and main(argv) ignored
+# its argv). cli.parse fills it with the argv it parses.
+CONFIG_ARGV: list[str] = []
 CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,
@@ -17,6 +23,7 @@ CONFIG = config_flags.DEFINE_config_file(
     "file with get_config(); `name:arg` passes arg to get_config. Override any key with "
     "--config.<key>=<value>, e.g. --config.optimizer.learning_rate=0.05. Default: iris.",
     lock_config=True,
+    sys_argv=CONFIG_ARGV,
 )
 MODEL_DIR = flags.DEFINE_string(
     "model_dir",
@@ -39,6 +46,12 @@ USE_TPU = flags.DEFINE_bool(
     None,
     "true: run on the TPU (fail if none is reachable); false: run on local CPU/GPUs; "
     "unset: use a TPU if one is configured or detected, else run locally.",
+)
+TPU_INIT_TIMEOUT = flags.DEFINE_float(
+    "tpu_init_timeout",
+    300,
+    "Seconds to wait for the Cloud TPU (looking it up, connecting, initialising) before "
+    "failing; connecting to an unreachable TPU otherwise hangs forever.",
 )
 NUM_SHARDS = flags.DEFINE_integer(
     "num_shards",
@@ -105,6 +118,7 @@ COMMON_FLAGS = (
     "tpu_zone",
     "gcp_project",
     "use_tpu",
+    "tpu_init_timeout",
     "num_shards",
     "iterations",
     "batch_size",
@@ -120,6 +134,9 @@ COMMAND_FLAGS = {
     "eval": COMMON_FLAGS,
     "predict": (*COMMON_FLAGS, "input", "output"),
     "export": (*COMMON_FLAGS, "export_dir"),
+    # --num_shards sets the replicas to check for (default 8, a v3-8); --model_dir,
+    # --tpu and --use_tpu are accepted but unused: check always traces on the CPU.
+    "check": COMMON_FLAGS,
     "list": (),
 }
 # Always accepted: absl's own (logging, flagfile, help).

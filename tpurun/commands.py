@@ -15,25 +15,58 @@ from tpurun.run_config import RunConfig
 
 
 def run(run: RunConfig) -> None:
+    if run.command == "check":
+        # Traces the steps on the CPU only: no model_dir, checkpoint or run record.
+        from tpurun import check
+
+        check.main(run)
+        return
+    created_dir = False
     if run.command == "train":
-        prepare_model_dir(run)
+        created_dir = prepare_model_dir(run)
     else:
         # Before anything is written: eval/predict/export of nothing is an error.
         checkpoints.require_latest(run)
-    # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
-    cluster = cluster_lib.build(run) if run.command != "export" else None
-    if cluster is not None:
-        cluster.check_batch_sizes(run)
-    model = model_lib.create(run.config)
-    write_record(run)
-    tf.keras.utils.set_random_seed(run.seed)
-    {"train": train, "eval": evaluate, "predict": predict, "export": export}[run.command](
-        run, cluster, model
-    )
+    checkpoint_before = checkpoints.latest(run.model_dir)
+    record = None
+    try:
+        # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
+        cluster = cluster_lib.build(run) if run.command != "export" else None
+        if cluster is not None:
+            cluster.check_batch_sizes(run)
+        model = model_lib.create(run.config)
+        record = write_record(run)
+        tf.keras.utils.set_random_seed(run.seed)
+        {"train": train, "eval": evaluate, "predict": predict, "export": export}[run.command](
+            run, cluster, model
+        )
+    except BaseException:
+        # Nothing half-written left behind: unless a train saved a checkpoint, a run
+        # that fails (no TPU, bad data, bad config, Ctrl-C) removes the model_dir it
+        # created, or else its run record: no model_dir records a run that made nothing.
+        if not (run.command == "train" and checkpoints.latest(run.model_dir) != checkpoint_before):
+            _undo(run.model_dir if created_dir else None, record)
+        raise
+
+
+def _undo(created_dir: str | None, record: str | None) -> None:
+    """Removes the model_dir this run created, else this run's record; never raises."""
+    try:
+        if created_dir:
+            tf.io.gfile.rmtree(created_dir)
+        elif record and tf.io.gfile.exists(record):
+            tf.io.gfile.remove(record)
+    except (tf.errors.OpError, OSError) as e:
+        logging.warning("Could not clean up after the failed run: %s", e)
 
 
 def train(run: RunConfig, cluster, model) -> None:
     from tpurun.train import Trainer
+
+    logging.info(
+        "Global batch %d split over %d replica(s): %d examples per replica.",
+        run.train_batch_size, cluster.num_replicas, run.train_batch_size // cluster.num_replicas,
+    )
 
     Trainer(run, cluster, model).train()
 
@@ -76,9 +109,13 @@ def export(run: RunConfig, cluster, model) -> None:
     print(export_model(run, model, checkpoints.require_latest(run)))
 
 
-def prepare_model_dir(run: RunConfig) -> None:
-    """Creates model_dir, or fails with a message if it cannot be written."""
+def prepare_model_dir(run: RunConfig) -> bool:
+    """Creates model_dir, or fails with a message if it cannot be written.
+
+    Returns whether it created the directory (then a failed run removes it again).
+    """
     try:
+        created = not tf.io.gfile.isdir(run.model_dir)
         tf.io.gfile.makedirs(run.model_dir)
         probe = tf.io.gfile.join(run.model_dir, ".tpurun-write-probe")
         with tf.io.gfile.GFile(probe, "w") as f:
@@ -90,9 +127,10 @@ def prepare_model_dir(run: RunConfig) -> None:
             f"cannot write to --model_dir={run.model_dir} ({' '.join(message.split())}); "
             "choose a directory you can write"
         ) from None
+    return created
 
 
-def write_record(run: RunConfig) -> None:
+def write_record(run: RunConfig) -> str:
     """The run record: run config and versions, one JSON file per run under model_dir/runs."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     runs = tf.io.gfile.join(run.model_dir, "runs")
@@ -102,3 +140,4 @@ def write_record(run: RunConfig) -> None:
         f.write(run.record(tf.__version__) + "\n")
     tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
+    return path

@@ -98,7 +98,9 @@ def load(source: ConfigSource) -> ml_collections.ConfigDict:
     except UsageError:
         raise
     except Exception as e:  # A user's file: any error is theirs to fix, shown in one line.
-        raise UsageError(f"config file {source.path} failed to load: {type(e).__name__}: {e}")
+        raise UsageError(
+            f"config file {source.path} failed to load: {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise UsageError(
             f"get_config() in {source.path} returned {type(config).__name__}; "
@@ -118,13 +120,20 @@ def check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) 
         dotted = arg[len("--config.") :].split("=", 1)[0]
         node = config
         walked = []
+        flag = arg.split("=", 1)[0]
         for key in dotted.split("."):
-            if not isinstance(node, ml_collections.ConfigDict) or key not in node:
-                where = ".".join(walked) or "the top level"
-                known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(not a group)"
+            if not isinstance(node, ml_collections.ConfigDict):
+                # Was "known keys there: (not a group)", which does not say what to do.
+                where = ".".join(walked)
                 raise UsageError(
-                    f"{arg.split('=', 1)[0]}: the config has no key {key!r} at {where}; "
-                    f"known keys there: {known}"
+                    f"{flag}: config key {where} is a value, not a group of keys; "
+                    f"set it with --config.{where}=<value>"
+                )
+            if key not in node:
+                where = ".".join(walked) or "the top level"
+                raise UsageError(
+                    f"{flag}: the config has no key {key!r} at {where}; "
+                    f"known keys there: {', '.join(sorted(node.keys()))}"
                 )
             node = node[key]
             walked.append(key)

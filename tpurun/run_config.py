@@ -18,7 +18,7 @@ import ml_collections
 from tpurun import __version__
 from tpurun.errors import UsageError
 
-COMMANDS = ("train", "eval", "predict", "export")
+COMMANDS = ("train", "eval", "predict", "export", "check")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,7 @@ class RunConfig:
     tpu: str | None = None
     tpu_zone: str | None = None
     gcp_project: str | None = None
+    tpu_init_timeout: float = 300  # seconds to reach the TPU before failing
     num_shards: int | None = None  # None: every local device (or every TPU core)
     export_dir: str | None = None
 
@@ -182,7 +183,19 @@ def _validate(run: RunConfig) -> None:
         check_divisible("--batch_size", config.train.batch_size, run.num_shards)
         check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
         check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
+    timeout = run.tpu_init_timeout
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        shown = f"{timeout:g}" if isinstance(timeout, (int, float)) else timeout
+        raise UsageError(f"--tpu_init_timeout={shown} must be a number of seconds > 0")
     if run.use_tpu is False and run.tpu:
         raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
+    is_tpu_name = run.tpu and run.tpu != "local" and not run.tpu.startswith("grpc://")
+    if is_tpu_name and not (run.tpu_zone and run.gcp_project):
+        # Also checked by tpu.connect; here it fails before TensorFlow loads and
+        # before train creates model_dir.
+        raise UsageError(
+            f"--tpu={run.tpu} is a TPU name: pass --tpu_zone and --gcp_project too "
+            "(or --tpu=grpc://HOST:8470, or --use_tpu=false to run locally)"
+        )
     if not run.model_dir:
         raise UsageError("--model_dir must not be empty")

@@ -1,0 +1,239 @@
+"""What the CLI offers: help, `list`, --flagfile, config files and overrides, TF-free answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_ok, run_tpurun
+
+from tpurun import config_files
+
+COMMANDS = ("train", "eval", "predict", "export", "list")
+COMMON = (
+    "--config",
+    "--model_dir",
+    "--tpu",
+    "--tpu_zone",
+    "--gcp_project",
+    "--use_tpu",
+    "--num_shards",
+    "--batch_size",
+    "--train_steps",
+    "--iterations",
+    "--flagfile",
+    "--verbosity",
+)
+
+
+def run_python(code: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Runs Python code in a fresh interpreter, so nothing this test process imported leaks in."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_top_level_help_lists_every_command(flag):
+    result = assert_ok(run_tpurun(flag))
+    assert result.stdout.startswith("usage: tpurun <command> [--flags]")
+    listed = [line.split()[0] for line in result.stdout.split("commands:\n")[1].splitlines()[:5]]
+    assert listed == list(COMMANDS)
+    assert "`tpurun <command> --help` lists the flags of a command" in result.stdout
+
+
+def test_no_command_prints_usage_and_exits_2():
+    result = run_tpurun()
+    assert result.returncode == 2
+    assert result.stdout.startswith("usage: tpurun <command> [--flags]")
+
+
+def test_version():
+    from tpurun import __version__
+
+    assert assert_ok(run_tpurun("--version")).stdout.strip() == f"tpurun {__version__}"
+
+
+@pytest.mark.parametrize(
+    "command, present, absent",
+    [
+        ("train", COMMON, ("--input", "--output", "--export_dir")),
+        ("eval", (*COMMON, "--eval_batch_size", "--eval_steps"), ("--input", "--export_dir")),
+        ("predict", (*COMMON, "--input", "--output", "--predict_batch_size"), ("--export_dir",)),
+        ("export", (*COMMON, "--export_dir"), ("--input", "--output")),
+        ("list", ("--flagfile", "--verbosity"), ("--config", "--model_dir")),
+    ],
+    ids=COMMANDS,
+)
+def test_command_help_lists_its_flags_only(command, present, absent):
+    result = assert_ok(run_tpurun(command, "--help"))
+    assert result.stdout.startswith(f"usage: tpurun {command} [--flags]")
+    flags = {
+        line.split(":")[0].strip() for line in result.stdout.splitlines() if line.startswith("  --")
+    }
+    assert set(present) <= flags
+    assert not set(absent) & flags
+
+
+def test_help_wins_over_other_flags():
+    """`--help` anywhere answers help, even next to flags that would be an error."""
+    result = assert_ok(run_tpurun("train", "--config=nope", "--batch_size=abc", "--help"))
+    assert result.stdout.startswith("usage: tpurun train [--flags]")
+
+
+@pytest.mark.parametrize(
+    "argv, exit_code",
+    [
+        (["--help"], 0),
+        (["train", "--help"], 0),
+        (["predict", "--help"], 0),
+        (["list"], 0),
+        (["train", "--config=nope"], 2),
+        (["train", "--num_shards=8", "--batch_size=100"], 2),
+        (["train", "--input=rows.csv"], 2),
+    ],
+    ids=[
+        "help",
+        "train_help",
+        "predict_help",
+        "list",
+        "unknown_config",
+        "not_divisible",
+        "wrong_flag",
+    ],
+)
+def test_answers_without_importing_tensorflow(argv, exit_code):
+    code = (
+        "import sys\n"
+        "from tpurun import cli\n"
+        f"code = cli.main(['tpurun', *{argv!r}])\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
+        "assert 'keras' not in sys.modules, 'keras was imported'\n"
+        "print('exit', code)\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f"exit {exit_code}")
+
+
+def test_help_answers_in_under_a_second():
+    run_tpurun("--help")  # warm the file cache
+    start = time.monotonic()
+    assert_ok(run_tpurun("train", "--help"))
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0, f"`tpurun train --help` took {elapsed:.2f}s"
+
+
+def test_list_shows_iris_with_its_one_liner():
+    result = assert_ok(run_tpurun("list"))
+    lines = result.stdout.splitlines()
+    assert lines == [f"iris  {config_files.summary(str(REPO / 'configs' / 'iris.py'))}"]
+    assert lines[0].startswith("iris  Iris classifier of the TPUEstimator tutorial")
+
+
+def test_parse_reads_overrides_from_its_argv_not_sys_argv():
+    """cli.parse(argv) used to look for `--config.<key>` overrides in sys.argv instead."""
+    code = (
+        "from tpurun import cli\n"
+        "run = cli.parse('train', ['tpurun', '--config.optimizer.learning_rate=0.05',\n"
+        "                          '--model_dir=/nonexistent/model'])\n"
+        "print(run.config.optimizer.learning_rate, run.model_dir)\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0.05", "/nonexistent/model"]
+
+
+def run_record(model_dir: Path) -> dict:
+    records = sorted((model_dir / "runs").glob("*-train.json"))
+    assert len(records) == 1, records
+    return json.loads(records[0].read_text())
+
+
+@pytest.mark.slow
+def test_flagfile_with_config_and_train_steps(tmp_path):
+    model_dir = tmp_path / "model"
+    flagfile = tmp_path / "iris.flags"
+    flagfile.write_text(
+        "--config=iris\n--train_steps=20\n--iterations=10\n--use_tpu=false\n"
+        f"--model_dir={model_dir}\n"
+    )
+    assert_ok(run_tpurun("train", f"--flagfile={flagfile}", cwd=tmp_path))
+    assert sorted(p.name for p in model_dir.glob("ckpt-*.index")) == ["ckpt-20.index"]
+    record = run_record(model_dir)["run_config"]
+    assert record["config_name"] == "iris"
+    assert record["config"]["train"]["steps"] == 20
+    assert record["config"]["train"]["iterations"] == 10
+
+
+MY_CONFIG = '''"""My Iris: wider layers, a config file that lives outside the repo."""
+
+from tpurun.configs import iris
+
+
+def get_config(arg=None):
+    config = iris.get_config()
+    config.hidden_units = (16, 16) if arg is None else (int(arg),)
+    config.train.steps = 20
+    config.train.iterations = 10
+    return config
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "spec_suffix, hidden_units", [("", [16, 16]), (":8", [8])], ids=["path", "path_with_arg"]
+)
+def test_config_file_outside_the_repo(tmp_path, spec_suffix, hidden_units):
+    config_file = tmp_path / "configs" / "my_iris.py"
+    config_file.parent.mkdir()
+    config_file.write_text(MY_CONFIG)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    result = assert_ok(
+        run_tpurun("train", f"--config={config_file}{spec_suffix}", "--use_tpu=false", cwd=workdir)
+    )
+    # No --model_dir: it defaults to ./<config file name>.
+    model_dir = workdir / "my_iris"
+    assert f"--model_dir not set, using {model_dir}" in result.stderr
+    assert (model_dir / "ckpt-20.index").exists()
+    record = run_record(model_dir)["run_config"]
+    assert record["config_name"] == "my_iris"
+    assert record["config"]["hidden_units"] == hidden_units
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--config=iris", "--config.optimizer.learning_rate=0.05"),
+        ("--config.optimizer.learning_rate=0.05", "--config=iris"),
+    ],
+    ids=["after_config", "before_config"],
+)
+def test_config_override_lands_in_the_run_record(tmp_path, args):
+    model_dir = tmp_path / "model"
+    assert_ok(
+        run_tpurun(
+            "train",
+            *args,
+            "--train_steps=1",
+            "--iterations=1",
+            f"--model_dir={model_dir}",
+            cwd=tmp_path,
+        )
+    )
+    record = run_record(model_dir)
+    assert record["run_config"]["config"]["optimizer"] == {"name": "adagrad", "learning_rate": 0.05}
+    assert record["run_config"]["config"]["train"]["steps"] == 1
+    versions = record["versions"]
+    assert set(versions) == {"tensorflow", "tpurun", "python"}
+    assert versions["tensorflow"].startswith("2.")
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    from tpurun import __version__
+
+    assert versions["tpurun"] == __version__
