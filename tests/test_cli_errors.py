@@ -322,27 +322,66 @@ def test_use_tpu_false_ignores_tpu_name_in_the_environment(tmp_path):
     assert (model_dir / "ckpt-1.index").exists()
 
 
-# An unknown optimizer name is not checked up front: Keras raises a ValueError,
-# which reaches the CLI's last line of defence as an unexpected failure.
-UNEXPECTED = ("train", "--config.optimizer.name=no_such_optimizer", "--train_steps=1")
+UNKNOWN_OPTIMIZER = ("train", "--config.optimizer.name=no_such_optimizer", "--train_steps=1")
+
+# A genuinely unexpected failure: a user's model whose build() has a bug.
+BROKEN_MODEL = """
+from tpurun.model import Model, register
+
+
+@register("broken")
+class Broken(Model):
+    def input_fn(self, mode, params):
+        raise AssertionError("not reached")
+
+    def build(self):
+        raise RuntimeError("bug in the user's build()")
+
+    def loss(self, labels, outputs):
+        raise AssertionError("not reached")
+"""
+BROKEN_CONFIG = """
+from tpurun import config_defaults
+
+
+def get_config():
+    config = config_defaults.base_config(model="broken")
+    config.model_module = "broken_model"
+    return config
+"""
+
+
+def broken_model_args(tmp_path: Path) -> tuple[str, ...]:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "broken_model.py").write_text(BROKEN_MODEL)
+    (project / "broken_config.py").write_text(BROKEN_CONFIG)
+    return ("train", f"--config={project / 'broken_config.py'}", "--train_steps=1")
+
+
+@pytest.mark.slow
+def test_unknown_optimizer_is_a_usage_error(tmp_path):
+    result = run_tpurun(*UNKNOWN_OPTIMIZER, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
+    assert_fails(result, USAGE, "no_such_optimizer", "is not a Keras optimizer", "adam")
+    assert contents(tmp_path) == set()
 
 
 @pytest.mark.slow
 def test_unexpected_failure_is_one_line_without_verbosity(tmp_path):
-    result = run_tpurun(*UNEXPECTED, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
-    assert_fails(result, RUN_FAILURE, "unexpected ValueError", "no_such_optimizer")
+    args = broken_model_args(tmp_path)
+    result = run_tpurun(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
+    assert_fails(result, RUN_FAILURE, "unexpected RuntimeError", "bug in the user's build()")
     assert "rerun with --verbosity=1 for the traceback" in result.stderr
-    assert contents(tmp_path) == set()
+    assert not (tmp_path / "model").exists()
 
 
 @pytest.mark.slow
 def test_verbosity_1_adds_the_traceback(tmp_path):
-    result = run_tpurun(
-        *UNEXPECTED, "--verbosity=1", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path
-    )
+    args = broken_model_args(tmp_path)
+    result = run_tpurun(*args, "--verbosity=1", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert result.returncode == RUN_FAILURE, result.stderr
     assert "Traceback (most recent call last)" in result.stderr
     lines = error_lines(result)
-    assert len(lines) == 1 and "unexpected ValueError" in lines[0], result.stderr
+    assert len(lines) == 1 and "unexpected RuntimeError" in lines[0], result.stderr
     assert "rerun with --verbosity=1" not in result.stderr
-    assert contents(tmp_path) == set()
+    assert not (tmp_path / "model").exists()

@@ -41,6 +41,15 @@ What the launcher guarantees, so the model never needs a device branch:
   as `input_fn(PREDICT)` yields them, with a variable batch dimension; override
   `serving_input_spec` to accept something else.
 
+Optional: a model whose `tpurun predict` is not "one output per input row" (a text
+generator sampling from a prompt, a benchmark) overrides
+`generate(keras_model, strategy)`. `tpurun predict` then restores the latest
+checkpoint into `keras_model` (built by `build()` in the strategy's scope) and
+writes the rows `generate` returns, through `format_predictions` or `--output`,
+instead of running `input_fn(PREDICT)` through `predictions`. It runs eagerly on
+the host: wrap its loops in `tf.function`, and call `strategy.run` to use the
+replicas. Export, eval and `tpurun check` still use `input_fn`/`predictions`.
+
 What a model must not do: call `tf.summary` or Python side effects inside `build`'s
 call path, use int64 or float64 features on a TPU (cast to int32/float32 in the
 input function), or produce tensors whose shape depends on the data.
@@ -109,12 +118,16 @@ class Model(abc.ABC):
 
     def optimizer(self) -> keras.optimizers.Optimizer:
         """The optimizer, from `config.optimizer` (name and learning_rate) by default."""
-        return keras.optimizers.get(
-            {
-                "class_name": self.config.optimizer.name,
-                "config": {"learning_rate": self.config.optimizer.learning_rate},
-            }
-        )
+        name = self.config.optimizer.name
+        try:
+            return keras.optimizers.get(
+                {"class_name": name, "config": {"learning_rate": self.config.optimizer.learning_rate}}
+            )
+        except ValueError:
+            raise UsageError(
+                f"config.optimizer.name={name!r} is not a Keras optimizer; use one of adam, "
+                "adamw, sgd, adagrad, rmsprop (any name keras.optimizers.get accepts)"
+            ) from None
 
     def serving_input_spec(
         self, predict_spec: Any
@@ -128,6 +141,21 @@ class Model(abc.ABC):
     def format_predictions(self, rows: list[dict[str, np.ndarray]]) -> list[str]:
         """Lines `tpurun predict` prints for rows of predictions; JSON by default."""
         return [json.dumps(to_json(row)) for row in rows]
+
+    def generate(
+        self, keras_model: keras.Model, strategy: tf.distribute.Strategy
+    ) -> list[dict[str, Any]]:
+        """Optional: a model-specific `tpurun predict` (see the module docstring).
+
+        Gets the restored model and the run's strategy; returns the rows to write,
+        each a dict of named values (numpy arrays, numbers or strings).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define generate()")
+
+
+def has_generate(model: Model) -> bool:
+    """Whether `tpurun predict` runs the model's own `generate` instead of `input_fn(PREDICT)`."""
+    return type(model).generate is not Model.generate
 
 
 def to_json(row: dict[str, np.ndarray]) -> dict[str, Any]:
