@@ -1,9 +1,40 @@
-"""The Cloud TPU path: resolve the TPU, connect, initialise, build a TPUStrategy."""
+"""The Cloud TPU path: find the TPU, check it is usable, connect, initialise, build a TPUStrategy.
+
+`--tpu` (else TPU_NAME) names the TPU in one of three ways:
+
+* a name, with --tpu_zone and --gcp_project: tpurun first reads the node from the
+  Cloud TPU API itself, so a TPU that does not exist, is not READY or cannot be read
+  fails at once with its state and the fix; TPUClusterResolver (cloud-tpu-client)
+  then turns the name into the grpc:// addresses of its workers.
+* grpc://HOST:PORT: a TPU worker's address, used as is (no API call).
+* local: the TPU chips of this TPU VM.
+
+Zone and project are never guessed: cloud-tpu-client would ask the GCE metadata
+server, which off GCE means waiting on an address that never answers. Connecting
+to an unreachable worker blocks forever in TF 2.21, so the API lookup, connecting
+and initialising share one deadline, --tpu_init_timeout.
+
+Environment:
+  TPU_API_DISCOVERY_URL: where the Cloud TPU API's discovery document is, as a
+      URI template with {api} and {apiVersion} (cloud-tpu-client reads it too).
+      Default: Google's discovery service.
+  TPURUN_TPU_ANONYMOUS_CREDENTIALS=1: for tests only. Calls the Cloud TPU API
+      without credentials (a fake API on 127.0.0.1) instead of with the
+      Application Default Credentials.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import glob
+import importlib.metadata
+import json
+import os
+import re
 import threading
+import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import tensorflow as tf
 from absl import logging
@@ -12,11 +43,88 @@ from tpurun.cluster import Cluster, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
 
-# Connecting to an unreachable grpc:// address blocks forever in TF 2.21.
-INIT_TIMEOUT_SECS = 300
+DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"
+ANONYMOUS_CREDENTIALS_ENV = "TPURUN_TPU_ANONYMOUS_CREDENTIALS"
+
+_T = TypeVar("_T")
+
+# Node states (Cloud TPU API v1) that pass by themselves: wait, then rerun.
+_PASSING_STATES = {
+    "STATE_UNSPECIFIED": "has no state yet",
+    "CREATING": "is still being created",
+    "STARTING": "is starting",
+    "RESTARTING": "is restarting",
+    "REIMAGING": "is being reimaged (its software is changing)",
+    "REPAIRING": "is being repaired by Google",
+    "UNHIDING": "is being unhidden",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """What `connect` knows about the TPU, for its log line and its error messages."""
+
+    where: str  # "the TPU 'x' (v3-8, grpc://10.0.0.2:8470)", for messages
+    kind: str  # "name", "grpc" or "local"
+    version_note: str | None = None  # set when the TPU's TensorFlow is not ours
+    health_note: str | None = None  # set when a READY node reports bad health
+    accelerator: str | None = None
 
 
 def connect(run: RunConfig) -> Cluster:
+    """Finds, connects to and initialises the TPU of `run`; returns its TPUStrategy.
+
+    Every failure is a RunError (UsageError for a bad --tpu) naming what was tried
+    and what to do; nothing waits longer than --tpu_init_timeout in total.
+    """
+    deadline = time.monotonic() + run.tpu_init_timeout
+    resolver, target = _resolve(run, deadline)
+
+    _step(run, target, deadline, "connecting to", lambda: _connect(resolver))
+    if target.kind != "local":
+        # What experimental_connect_to_cluster does by default, but in this thread:
+        # ops outside the strategy run on the first TPU worker's host.
+        tf.device(f"/job:{resolver.task_type}/replica:0/task:{resolver.task_id}").__enter__()
+    _step(
+        run,
+        target,
+        deadline,
+        "initialising",
+        lambda: tf.tpu.experimental.initialize_tpu_system(resolver),
+    )
+    try:
+        strategy = tf.distribute.TPUStrategy(resolver)
+    except Exception as e:  # noqa: BLE001 - mapped to one message with the fix
+        raise _failure(run, "creating the TPUStrategy for", target, e) from None
+    kind = f"{target.accelerator}, " if target.accelerator else ""
+    description = (
+        f"TPU {run.tpu or 'local'} ({kind}{strategy.num_replicas_in_sync} cores, TPUStrategy)"
+    )
+    logging.info("Running on %s.", description)
+    return Cluster(strategy, description, is_tpu=True)
+
+
+def _connect(resolver: tf.distribute.cluster_resolver.TPUClusterResolver) -> None:
+    # make_master_device_default=False: by default TF enters the master's device
+    # scope, which is thread-local and would end with this thread; connect()
+    # enters it in its own. The connection itself is lazy: it is made (or hangs,
+    # for an unreachable worker) when the eager context initialises, so that
+    # happens here too, under the timeout.
+    tf.config.experimental_connect_to_cluster(resolver, make_master_device_default=False)
+    tf.config.list_logical_devices()
+
+
+def resolve(run: RunConfig) -> tf.distribute.cluster_resolver.TPUClusterResolver:
+    """The TPUClusterResolver for `run`'s TPU; for a name, only once the node is READY.
+
+    Waits at most --tpu_init_timeout for the Cloud TPU API; does not connect.
+    """
+    return _resolve(run, time.monotonic() + run.tpu_init_timeout)[0]
+
+
+def _resolve(
+    run: RunConfig, deadline: float
+) -> tuple[tf.distribute.cluster_resolver.TPUClusterResolver, _Target]:
     name = run.tpu
     if not name:
         if not tpu_vm_detected():
@@ -26,45 +134,371 @@ def connect(run: RunConfig) -> Cluster:
                 "TPU VM (or set TPU_NAME); --use_tpu=false runs locally"
             )
         name = "local"
-    is_name = name != "local" and not name.startswith("grpc://")
-    if is_name and not (run.tpu_zone and run.gcp_project):
+    TPUClusterResolver = tf.distribute.cluster_resolver.TPUClusterResolver
+    if name == "local":
+        return TPUClusterResolver(tpu="local"), _Target("the TPU of this TPU VM", "local")
+    if name.startswith("grpc://"):
+        if not re.fullmatch(r"grpc://[^/:\s]+(:\d+)?", name):
+            raise UsageError(
+                f"--tpu={name} is not a grpc://HOST:PORT address, e.g. grpc://10.0.0.2:8470"
+            )
+        return TPUClusterResolver(tpu=name), _Target(f"the TPU worker at {name}", "grpc")
+    if not (run.tpu_zone and run.gcp_project):
         raise UsageError(
             f"--tpu={name} is a TPU name: pass --tpu_zone and --gcp_project too "
             "(tpurun does not wait on the metadata server to guess them)"
         )
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=name, zone=run.tpu_zone, project=run.gcp_project
+
+    discovery_url = os.environ.get(DISCOVERY_URL_ENV) or None
+    credentials = _credentials(run)
+    node = _within(
+        deadline,
+        lambda: _get_node(run, credentials, discovery_url),
+        timeout=lambda: RunError(
+            f"gave up after --tpu_init_timeout={run.tpu_init_timeout:g}s looking up the TPU "
+            f"{name!r} in the Cloud TPU API ({_api_host(discovery_url)}): check this "
+            "machine's network access to it"
+        ),
+    )
+    state = node.get("state") or "STATE_UNSPECIFIED"
+    if state != "READY":
+        raise RunError(_state_message(run, state, node.get("healthDescription")))
+    endpoints = _endpoints(node)
+    if not endpoints:
+        raise RunError(
+            f"the TPU {name!r} (project {run.gcp_project}, zone {run.tpu_zone}) is READY but "
+            "the Cloud TPU API lists no worker addresses for it; if it is a TPU VM, run tpurun "
+            "on the TPU VM itself with --tpu=local"
         )
-    except Exception as e:  # noqa: BLE001 - the resolver raises many kinds; all mean "not found"
-        raise RunError(f"cannot resolve the TPU {name!r}: {' '.join(str(e).split())}") from None
-    _within(INIT_TIMEOUT_SECS, f"connecting to the TPU {name!r}",
-            lambda: tf.config.experimental_connect_to_cluster(resolver))
-    _within(INIT_TIMEOUT_SECS, f"initialising the TPU {name!r}",
-            lambda: tf.tpu.experimental.initialize_tpu_system(resolver))
-    strategy = tf.distribute.TPUStrategy(resolver)
-    description = f"TPU {name} ({strategy.num_replicas_in_sync} cores, TPUStrategy)"
-    logging.info("Running on %s.", description)
-    return Cluster(strategy, description, is_tpu=True)
+
+    accelerator = node.get("acceleratorType")
+    address = f"grpc://{endpoints[0]}" + (
+        f" +{len(endpoints) - 1} workers" if len(endpoints) > 1 else ""
+    )
+    details = ", ".join(
+        x
+        for x in (
+            accelerator,
+            f"TensorFlow {node.get('tensorflowVersion')}"
+            if node.get("tensorflowVersion")
+            else None,
+            address,
+        )
+        if x
+    )
+    target = _Target(
+        where=f"the TPU {name!r} ({details})",
+        kind="name",
+        version_note=_version_note(node.get("tensorflowVersion"), run),
+        health_note=_health_note(node),
+        accelerator=accelerator,
+    )
+    for note in (target.version_note, target.health_note):
+        if note:
+            logging.warning("%s", note)
+    logging.info(
+        "Found %s: READY%s.", target.where, f", {node['health']}" if node.get("health") else ""
+    )
+    resolver = TPUClusterResolver(
+        tpu=name,
+        zone=run.tpu_zone,
+        project=run.gcp_project,
+        credentials=credentials,
+        discovery_url=discovery_url,
+    )
+    return resolver, target
 
 
-def _within(seconds: float, what: str, action: Callable[[], object]) -> None:
-    """Runs `action` in a thread; a hang past `seconds` becomes a RunError."""
+# --- The Cloud TPU API --------------------------------------------------------------
+
+
+def _credentials(run: RunConfig) -> Any:
+    """The credentials cloud-tpu-client would use by default: the Application Default ones.
+
+    Looked up once here, so a missing login fails with its own message and the
+    resolver's later API calls use the same credentials.
+    """
+    if os.environ.get(ANONYMOUS_CREDENTIALS_ENV) == "1":
+        import google.auth.credentials
+
+        return google.auth.credentials.AnonymousCredentials()
+    try:
+        from oauth2client.client import ApplicationDefaultCredentialsError, GoogleCredentials
+    except ImportError as e:
+        raise RunError(
+            f"looking up --tpu={run.tpu} needs the Google API client ({e}): "
+            "pip install cloud-tpu-client, or pass --tpu=grpc://HOST:8470"
+        ) from None
+    try:
+        return GoogleCredentials.get_application_default()
+    except ApplicationDefaultCredentialsError as e:
+        raise RunError(
+            f"no Google Cloud credentials to look up the TPU {run.tpu!r} in project "
+            f"{run.gcp_project}: run `gcloud auth application-default login`, or set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run on a GCE VM "
+            "whose service account may read TPUs; or pass --tpu=grpc://HOST:8470 to skip the "
+            f"lookup ({_first_line(e)})"
+        ) from None
+
+
+def _get_node(run: RunConfig, credentials: Any, discovery_url: str | None) -> dict[str, Any]:
+    """GET projects/P/locations/Z/nodes/NAME from the Cloud TPU API, or a RunError."""
+    from googleapiclient import discovery, errors
+
+    node_name = f"projects/{run.gcp_project}/locations/{run.tpu_zone}/nodes/{run.tpu}"
+    where = f"the TPU {run.tpu!r} (project {run.gcp_project}, zone {run.tpu_zone})"
+    try:
+        kwargs = {"discoveryServiceUrl": discovery_url} if discovery_url else {}
+        service = discovery.build(
+            "tpu", "v1", credentials=credentials, cache_discovery=False, **kwargs
+        )
+    except errors.HttpError as e:
+        raise RunError(
+            f"cannot load the Cloud TPU API description from {e.uri} (HTTP {e.resp.status}) to "
+            f"look up {where}: check {DISCOVERY_URL_ENV} if set, and network access to Google APIs"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - socket/httplib2/auth errors all mean "unreachable"
+        raise RunError(_api_unreachable(run, discovery_url, e)) from None
+    try:
+        return service.projects().locations().nodes().get(name=node_name).execute()
+    except errors.HttpError as e:
+        raise RunError(_http_error_message(run, e)) from None
+    except Exception as e:  # noqa: BLE001
+        raise RunError(_api_unreachable(run, discovery_url, e)) from None
+
+
+def _http_error_message(run: RunConfig, e: Any) -> str:
+    status = e.resp.status
+    where = f"the TPU {run.tpu!r} (project {run.gcp_project}, zone {run.tpu_zone})"
+    listing = f"gcloud compute tpus list --zone={run.tpu_zone} --project={run.gcp_project}"
+    reason = _api_reason(e)
+    if status == 404:
+        return (
+            f"there is no TPU named {run.tpu!r} in project {run.gcp_project}, zone "
+            f"{run.tpu_zone} (Cloud TPU API: 404 {reason}): check --tpu, --tpu_zone and "
+            f"--gcp_project against `{listing}`"
+        )
+    if status in (401, 403):
+        return (
+            f"not allowed to read {where} (Cloud TPU API: {status} {reason}): the credentials "
+            f"need the TPU Viewer role (roles/tpu.viewer) on {run.gcp_project}, and the Cloud "
+            f"TPU API must be enabled there (`gcloud services enable tpu.googleapis.com "
+            f"--project={run.gcp_project}`); `gcloud auth application-default login` renews "
+            "expired credentials"
+        )
+    return (
+        f"the Cloud TPU API failed to look up {where} ({status} {reason}); "
+        f"retry, or check `{listing}`"
+    )
+
+
+def _api_reason(e: Any) -> str:
+    try:
+        message = json.loads(e.content.decode("utf-8"))["error"]["message"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message = getattr(e.resp, "reason", "") or ""
+    return _first_line(message)
+
+
+def _api_unreachable(run: RunConfig, discovery_url: str | None, e: BaseException) -> str:
+    if type(e).__module__.startswith(("oauth2client", "google.auth")):
+        return (
+            f"the Google Cloud credentials were refused while looking up the TPU {run.tpu!r} "
+            f"({type(e).__name__}: {_first_line(e)}): run `gcloud auth application-default "
+            "login`, or point GOOGLE_APPLICATION_CREDENTIALS at a valid service-account key"
+        )
+    return (
+        f"cannot reach the Cloud TPU API ({_api_host(discovery_url)}) to look up the TPU "
+        f"{run.tpu!r} ({type(e).__name__}: {_first_line(e)}): check this machine's network "
+        f"access{f' and {DISCOVERY_URL_ENV}' if discovery_url else ''}, or pass "
+        "--tpu=grpc://HOST:8470 to skip the lookup"
+    )
+
+
+def _api_host(discovery_url: str | None) -> str:
+    if not discovery_url:
+        return "googleapis.com"
+    match = re.match(r"\w+://[^/]+", discovery_url)
+    return match.group(0) if match else discovery_url
+
+
+def _endpoints(node: dict[str, Any]) -> list[str]:
+    """The workers' host:port, as cloud-tpu-client reads them from a node."""
+    endpoints = node.get("networkEndpoints")
+    if endpoints is None and node.get("ipAddress"):
+        endpoints = [{"ipAddress": node["ipAddress"], "port": node.get("port", "8470")}]
+    return [
+        f"{e['ipAddress']}:{e.get('port', '8470')}" for e in endpoints or [] if e.get("ipAddress")
+    ]
+
+
+def _state_message(run: RunConfig, state: str, health_description: str | None) -> str:
+    flags = f"--zone={run.tpu_zone} --project={run.gcp_project}"
+    where = f"the TPU {run.tpu!r} (project {run.gcp_project}, zone {run.tpu_zone}) is {state}"
+    why = f" ({_first_line(health_description)})" if health_description else ""
+    if state in _PASSING_STATES:
+        return (
+            f"{where}, not READY: it {_PASSING_STATES[state]}{why}; wait until `gcloud compute "
+            f"tpus describe {run.tpu} {flags}` shows state: READY, then rerun"
+        )
+    if state in ("STOPPED", "STOPPING"):
+        return (
+            f"{where}, not READY{why}: start it with `gcloud compute tpus start {run.tpu} "
+            f"{flags}`, then rerun"
+        )
+    if state in ("PREEMPTED", "TERMINATED"):
+        return (
+            f"{where}, not READY{why}: it cannot be restarted; delete it (`gcloud compute tpus "
+            f"delete {run.tpu} {flags}`) and create it again, then rerun (train resumes from "
+            "the latest checkpoint in --model_dir)"
+        )
+    if state in ("DELETING", "HIDING", "HIDDEN"):
+        return (
+            f"{where}, not READY{why}: it is going away; create a new TPU "
+            "(`gcloud compute tpus create ...`) and pass its name with --tpu"
+        )
+    return (
+        f"{where}, not READY{why}: wait until `gcloud compute tpus describe {run.tpu} {flags}` "
+        "shows state: READY, or recreate it"
+    )
+
+
+def _health_note(node: dict[str, Any]) -> str | None:
+    health = node.get("health")
+    if not health or health in ("HEALTHY", "HEALTH_UNSPECIFIED"):
+        return None
+    why = f" ({_first_line(node['healthDescription'])})" if node.get("healthDescription") else ""
+    return f"the TPU {node.get('name', '').rsplit('/', 1)[-1]!r} is READY but {health}{why}"
+
+
+def _version_note(tpu_version: str | None, run: RunConfig) -> str | None:
+    """Says so when the TPU runs another TensorFlow (major.minor) than this machine."""
+    ours = re.match(r"(\d+)\.(\d+)", tf.__version__)
+    theirs = re.search(r"(\d+)\.(\d+)", tpu_version or "")
+    if not (ours and theirs) or ours.groups() == theirs.groups():
+        return None
+    flags = f"--zone={run.tpu_zone} --project={run.gcp_project}"
+    return (
+        f"the TPU {run.tpu!r} runs TensorFlow {tpu_version} but this machine has "
+        f"{tf.__version__}, and the two must match: reimage the TPU (`gcloud compute tpus "
+        f"reimage {run.tpu} --version={tf.__version__} {flags}`) or install "
+        f"tensorflow=={theirs.group(1)}.{theirs.group(2)}.* here"
+    )
+
+
+# --- Connecting and initialising ----------------------------------------------------
+
+
+def _step(
+    run: RunConfig, target: _Target, deadline: float, step: str, action: Callable[[], object]
+) -> None:
+    """One step of reaching the TPU; its hang or failure becomes a RunError."""
+
+    def timed_out() -> RunError:
+        return RunError(
+            f"gave up after --tpu_init_timeout={run.tpu_init_timeout:g}s {step} "
+            f"{target.where}: {_hint(target, waited=True)}"
+        )
+
+    try:
+        _within(deadline, action, timeout=timed_out)
+    except RunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - mapped to one message with the fix
+        raise _failure(run, step, target, e) from None
+
+
+def _failure(run: RunConfig, step: str, target: _Target, e: BaseException) -> RunError:
+    text = " ".join(str(getattr(e, "message", None) or e).split())
+    # cloud-tpu-client reads the node again on every cluster_spec(): it may have
+    # changed state, or vanished, since _resolve looked.
+    not_ready = re.search(r'is not yet ready; state: "(\w+)"', text)
+    if not_ready:
+        return RunError(_state_message(run, not_ready.group(1), None))
+    if isinstance(e, ValueError) and "Could not lookup TPU metadata" in text:
+        cause = e.__context__
+        if cause is not None and hasattr(cause, "resp") and hasattr(cause, "content"):
+            return RunError(_http_error_message(run, cause))  # a googleapiclient HttpError
+        return RunError(_api_unreachable(run, os.environ.get(DISCOVERY_URL_ENV), cause or e))
+    if target.kind == "local" and "ConfigureDistributedTPU" in text and "No OpKernel" in text:
+        detail = "this TensorFlow has no TPU support (no TPU kernels are registered)"
+    else:
+        detail = f"{type(e).__name__}: {_first_line(text)}"
+    return RunError(f"{step} {target.where} failed ({detail}): {_hint(target, waited=False)}")
+
+
+def _hint(target: _Target, waited: bool) -> str:
+    """What to check, most likely cause first."""
+    if target.kind == "local":
+        return _local_hint()
+    notes = [n for n in (target.version_note, target.health_note) if n]
+    checks = []
+    if waited:
+        checks.append(
+            "check that this VM can reach the TPU's workers on port 8470 (same VPC network, "
+            "firewall)"
+        )
+    if target.kind == "grpc":
+        checks.append(
+            "check the address, that the TPU is READY (`gcloud compute tpus list`) and that it "
+            f"runs TensorFlow {tf.__version__} like this machine"
+        )
+    elif not notes:
+        checks.append(f"check that the TPU runs TensorFlow {tf.__version__} like this machine")
+    if waited:
+        checks.append("a large pod may need a longer --tpu_init_timeout")
+    return "; ".join(notes + checks)
+
+
+def _local_hint() -> str:
+    if not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+        return (
+            "this machine has no TPU chips (no /dev/accel* or /dev/vfio/*): --tpu=local works "
+            "only on a Cloud TPU VM; use --tpu=NAME for a TPU node, or --use_tpu=false"
+        )
+    libtpu = _version_of("libtpu") or _version_of("libtpu-nightly") or "not installed"
+    return (
+        f"TensorFlow {tf.__version__} and libtpu ({libtpu}) must be a matched pair: install "
+        "the tensorflow-tpu release for this TensorFlow, which pins its libtpu (`pip install "
+        "tensorflow-tpu==X.Y.Z -f https://storage.googleapis.com/libtpu-tf-releases/index.html`); "
+        "if another process holds the TPU, stop it (`sudo lsof -w /dev/accel* /dev/vfio/*`)"
+    )
+
+
+def _version_of(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _within(deadline: float, action: Callable[[], _T], timeout: Callable[[], RunError]) -> _T:
+    """Runs `action` in a daemon thread until `deadline`: its result, its exception, or timeout().
+
+    A daemon thread, because a hung gRPC connect cannot be cancelled: the process
+    exits without it. Checked with TF 2.21: a process whose connect is still hung
+    exits as promptly as after any other error, so no os._exit is needed.
+    """
+    result: list[_T] = []
     failure: list[BaseException] = []
 
     def target() -> None:
         try:
-            action()
+            result.append(action())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             failure.append(e)
 
-    thread = threading.Thread(target=target, daemon=True, name=what)
+    thread = threading.Thread(target=target, daemon=True, name="tpurun-tpu-init")
     thread.start()
-    thread.join(seconds)
+    remaining = deadline - time.monotonic()
+    thread.join(max(0.0, remaining) if remaining != float("inf") else None)
     if thread.is_alive():
-        raise RunError(
-            f"timed out after {seconds:.0f}s {what}: check that the TPU is READY "
-            "(gcloud compute tpus list), that this VM can reach it, and the TF version matches"
-        )
+        raise timeout()
     if failure:
-        raise RunError(f"failed {what}: {' '.join(str(failure[0]).split())}") from None
+        raise failure[0]
+    return result[0]
+
+
+def _first_line(value: object) -> str:
+    lines = str(value).strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""
