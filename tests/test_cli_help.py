@@ -128,11 +128,17 @@ def test_help_answers_in_under_a_second():
     assert elapsed < 1.0, f"`tpurun train --help` took {elapsed:.2f}s"
 
 
-def test_list_shows_iris_with_its_one_liner():
+def test_list_shows_every_config_with_its_one_liner():
     result = assert_ok(run_tpurun("list"))
-    lines = result.stdout.splitlines()
-    assert lines == [f"iris  {config_files.summary(str(REPO / 'configs' / 'iris.py'))}"]
-    assert lines[0].startswith("iris  Iris classifier of the TPUEstimator tutorial")
+    names = config_files.builtin_names()
+    width = max(len(name) for name in names)
+    expected = [
+        f"{name:<{width}}  {config_files.summary(str(REPO / 'configs' / f'{name}.py'))}"
+        for name in names
+    ]
+    assert result.stdout.splitlines() == expected
+    iris = next(line for line in expected if line.startswith("iris "))
+    assert iris.split(None, 1)[1].startswith("Iris classifier of the TPUEstimator tutorial")
 
 
 def test_parse_reads_overrides_from_its_argv_not_sys_argv():

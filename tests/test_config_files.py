@@ -56,7 +56,7 @@ def test_resolve_a_path(tmp_path, monkeypatch, relative):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("nope", "--config=nope: unknown config 'nope'; use one of iris (see `tpurun list`)"),
+        ("nope", "--config=nope: unknown config 'nope'; use one of "),
         ("nope:arg", "unknown config 'nope'"),
         ("", "unknown config ''"),
         ("missing.py", "no such config file 'missing.py'; pass an existing .py file"),
@@ -69,6 +69,14 @@ def test_resolve_rejects(tmp_path, monkeypatch, spec, message):
     with pytest.raises(UsageError) as raised:
         config_files.resolve(spec)
     assert message in str(raised.value)
+
+
+def test_unknown_config_lists_the_registered_ones():
+    with pytest.raises(UsageError) as raised:
+        config_files.resolve("nope")
+    names = ", ".join(config_files.builtin_names())
+    assert f"use one of {names} (see `tpurun list`)" in str(raised.value)
+    assert "iris" in config_files.builtin_names()
 
 
 def test_load_the_iris_config():
