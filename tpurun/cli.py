@@ -118,7 +118,7 @@ def command_help(command: str) -> str:
     lines = [f"usage: tpurun {command} [--flags]", "", COMMAND_HELP[command] + ".", "", "flags:"]
     for name in cli_flags.COMMAND_FLAGS[command]:
         flag = FLAGS[name]
-        default = "" if flag.default is None else f" (default: {flag.default_as_str})"
+        default = "" if flag.default is None else f" (default: {flag.default})"
         lines.append(f"  --{name}")
         lines.extend(textwrap.wrap(flag.help + default, 76, initial_indent="      ",
                                    subsequent_indent="      "))
@@ -173,7 +173,9 @@ def parse(command: str, argv: list[str]) -> RunConfig:
                 + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
             )
 
-    flag_values = {name: FLAGS[name].value for name in cli_flags.COMMON_FLAGS + ("input", "output")}
+    flag_values = {
+        name: FLAGS[name].value for name in cli_flags.COMMON_FLAGS + ("input", "output", "prompt")
+    }
     config = merge_flags(cli_flags.CONFIG.value, flag_values)
     model_dir = cli_flags.MODEL_DIR.value
     if model_dir is None:
