@@ -1,0 +1,55 @@
+"""Packaging: what `pip install .` installs, and the TPU VM requirements list."""
+
+from __future__ import annotations
+
+import configparser
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from conftest import REPO
+
+
+def install_requires() -> list[str]:
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    lines = parser["options"]["install_requires"].splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+def test_tpu_requirements_are_install_requires_without_tensorflow():
+    listed = [
+        line.strip()
+        for line in (REPO / "requirements-tpu.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    expected = [r for r in install_requires() if not r.startswith("tensorflow")]
+    assert listed == expected
+
+
+def test_tensorflow_range_admits_the_tpu_vm_release():
+    assert "tensorflow>=2.20,<2.22" in install_requires()
+    assert any(r.startswith("tensorboard") for r in install_requires())
+
+
+@pytest.mark.slow
+def test_wheel_carries_configs_models_and_data(tmp_path):
+    """`--config=iris` must resolve from an installed tpurun, away from the checkout."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (wheel,) = tmp_path.glob("tpurun-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for expected in (
+        "tpurun/cli.py",
+        "tpurun/configs/iris.py",
+        "tpurun/models/iris.py",
+        "tpurun/models/data/iris_training.csv",
+        "tpurun/models/data/iris_test.csv",
+    ):
+        assert expected in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "tpurun = tpurun.cli:run" in zipfile.ZipFile(wheel).read(entry_points).decode()
