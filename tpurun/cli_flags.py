@@ -104,6 +104,19 @@ OUTPUT = flags.DEFINE_string(
     "predict: write one JSON line per input row here instead of printing. "
     "Config key predict.output.",
 )
+PROMPT = flags.DEFINE_string(
+    "prompt",
+    None,
+    "predict: the text a generative model continues (shakespeare). "
+    "Config key predict.prompt, for configs that have it.",
+)
+# Model data (configs with a data.data_dir key, e.g. mnist).
+DATA_DIR = flags.DEFINE_string(
+    "data_dir",
+    None,
+    "Directory of the model's data files (local or gs://), e.g. the train-*.tfrecord and "
+    "test-*.tfrecord files of mnist. Config key data.data_dir, for configs that have it.",
+)
 # export
 EXPORT_DIR = flags.DEFINE_string(
     "export_dir",
@@ -127,12 +140,13 @@ COMMON_FLAGS = (
     "train_steps",
     "eval_steps",
     "seed",
+    "data_dir",
 )
 # Flags that only make sense for one command: given to another, they are an error.
 COMMAND_FLAGS = {
     "train": COMMON_FLAGS,
     "eval": COMMON_FLAGS,
-    "predict": (*COMMON_FLAGS, "input", "output"),
+    "predict": (*COMMON_FLAGS, "input", "output", "prompt"),
     "export": (*COMMON_FLAGS, "export_dir"),
     # --num_shards sets the replicas to check for (default 8, a v3-8); --model_dir,
     # --tpu and --use_tpu are accepted but unused: check always traces on the CPU.

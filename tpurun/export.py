@@ -55,7 +55,9 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     archive.track(keras_model)
     archive.add_endpoint(
         "serving_default",
-        lambda features: model.predictions(keras_model(features, training=False)),
+        lambda inputs: model.predictions(
+            keras_model(model.serving_features(inputs), training=False)
+        ),
         input_signature=[serving_input_spec(model)],
     )
     final = target_dir(run)

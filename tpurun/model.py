@@ -39,7 +39,8 @@ What the launcher guarantees, so the model never needs a device branch:
   what `tpurun predict` writes and the exported `serving_default` signature returns.
 * Export serves `predictions(model(features))` with the features named and typed
   as `input_fn(PREDICT)` yields them, with a variable batch dimension; override
-  `serving_input_spec` to accept something else.
+  `serving_input_spec` to accept something else, and `serving_features` to turn
+  those inputs into the features (e.g. parse serialized tf.Example strings).
 
 Optional: a model whose `tpurun predict` is not "one output per input row" (a text
 generator sampling from a prompt, a benchmark) overrides
@@ -137,6 +138,11 @@ class Model(abc.ABC):
         return tf.nest.map_structure(
             lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype, name=s.name), predict_spec
         )
+
+    def serving_features(self, inputs: Any) -> Any:
+        """The features `build()`'s model takes, from the exported signature's inputs
+        (`serving_input_spec`); the inputs themselves by default."""
+        return inputs
 
     def format_predictions(self, rows: list[dict[str, np.ndarray]]) -> list[str]:
         """Lines `tpurun predict` prints for rows of predictions; JSON by default."""

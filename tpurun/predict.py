@@ -1,15 +1,20 @@
-"""Prediction: N input rows give exactly N output rows, in input order."""
+"""Prediction: N input rows give exactly N output rows, in input order.
+
+A model that defines `generate` (see `tpurun.model`) predicts its own way instead:
+its rows are whatever `generate` returns for the restored model.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from tpurun import checkpoints, inputs
 from tpurun.cluster import Cluster
-from tpurun.model import Mode, Model
+from tpurun.model import Mode, Model, has_generate
 from tpurun.run_config import RunConfig
 from tpurun.train import build_model
 
@@ -31,9 +36,15 @@ class Predictor:
         per_replica = self.strategy.run(self._replica_step, args=batch)
         return inputs.gather_replicas(self.strategy, per_replica)
 
-    def predict(self, checkpoint_path: str) -> Iterator[dict[str, np.ndarray]]:
-        """Yields one dict of numpy values per input row; padding rows are dropped."""
+    def predict(self, checkpoint_path: str) -> Iterator[dict[str, Any]]:
+        """Yields one dict of numpy values per input row; padding rows are dropped.
+
+        For a model with its own `generate`: the rows it returns.
+        """
         checkpoints.restore_model(self.keras_model, checkpoint_path)
+        if has_generate(self.model):
+            yield from self.model.generate(self.keras_model, self.strategy)
+            return
         dataset = inputs.distribute(
             self.strategy, self.model, Mode.PREDICT, self.run.predict_batch_size, self.run.seed
         )

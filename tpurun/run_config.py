@@ -98,7 +98,12 @@ FLAG_TO_CONFIG_KEY = {
     "seed": "seed",
     "input": "predict.input",
     "output": "predict.output",
+    "prompt": "predict.prompt",
+    "data_dir": "data.data_dir",
 }
+# Flags for keys that only some configs have (not in base_config): given to a config
+# without the key they are an error, left unset they are fine.
+MODEL_SPECIFIC_FLAGS = ("prompt", "data_dir")
 
 
 def merge_flags(
@@ -111,8 +116,13 @@ def merge_flags(
         if value is None:
             continue
         section, _, leaf = key.rpartition(".")
-        node = config[section] if section else config
-        if leaf not in node:
+        node = config if not section else config.get(section)
+        if flag_name in MODEL_SPECIFIC_FLAGS and (node is None or leaf not in node):
+            raise UsageError(
+                f"--{flag_name} sets config key {key}, which config {config.get('model')!r} "
+                "does not have: it applies only to configs that define it; drop the flag"
+            )
+        if node is None or leaf not in node:
             raise UsageError(
                 f"--{flag_name} sets config key {key}, which this config does not have; "
                 "start the config from tpurun.config_defaults.base_config()"
@@ -145,7 +155,7 @@ _REQUIRED_KEYS = (
     "seed",
     "optimizer.name",
     "optimizer.learning_rate",
-    *FLAG_TO_CONFIG_KEY.values(),
+    *(key for flag, key in FLAG_TO_CONFIG_KEY.items() if flag not in MODEL_SPECIFIC_FLAGS),
     "train.save_checkpoints_steps",
     "train.keep_checkpoint_max",
 )
