@@ -9,21 +9,23 @@ The schema is that of TensorFlow's `convert_to_records.py` MNIST example:
 Reading (`dataset`) decodes the pixels with `tf.io.decode_raw`, scales them to
 float32 in [-0.5, 0.5] as that example does, and casts the label to int32 (a TPU
 takes no int64). Writing (`write_records`) shards examples into files named
-`<split>-00000-of-00006.tfrecord`; `read_idx` and `read_npz` read the official
-IDX files and keras' `mnist.npz`, for `scripts/convert_mnist.py`.
+`<split>-00000-of-00006.tfrecord`; `read_idx` and `read_split` read the official
+IDX files and keras' `mnist.npz`, for `scripts/convert_mnist.py`. After a run
+fails on the data, `find_bad_record` names the first record the reader rejects
+and why (`ImageClassifier.diagnose_data`).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
 from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, to_json
@@ -68,7 +70,28 @@ def list_files(patterns: str, what: str) -> list[str]:
             f"{what}: no file matches {patterns!r}; make TFRecords with "
             "scripts/convert_mnist.py and point --data_dir (or the config's file globs) at them"
         )
-    return sorted(files)
+    listed = sorted(files)
+    require_data(listed, what)
+    return listed
+
+
+def require_data(files: Sequence[str], what: str) -> None:
+    """A RunError when every file is empty: training would wait forever for a record.
+
+    Stops at the first file with data, so a normal run pays for one stat.
+    """
+    for path in files:
+        try:
+            if tf.io.gfile.stat(path).length:
+                return
+        except tf.errors.OpError as e:
+            raise RunError(f"{what}: cannot read {path}: {' '.join(e.message.split())}") from None
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    are = "file is" if len(files) == 1 else "files are"
+    raise RunError(
+        f"{what}: no examples: the data {are} empty (0 bytes): {shown}; write the records "
+        "again (scripts/convert_mnist.py) or point at the right files"
+    )
 
 
 def files_for(data_config, mode: Mode, predict_input: str = "") -> list[str]:
@@ -83,7 +106,7 @@ def files_for(data_config, mode: Mode, predict_input: str = "") -> list[str]:
     key = "train_files" if mode is Mode.TRAIN else "eval_files"
     patterns = data_config[key]
     if not patterns and data_config.data_dir:
-        patterns = os.path.join(data_config.data_dir, DEFAULT_PATTERNS[mode])
+        patterns = tf.io.gfile.join(data_config.data_dir, DEFAULT_PATTERNS[mode])
     if not patterns:
         raise RunError(
             f"no {mode.value} data: pass --data_dir (a directory with {DEFAULT_PATTERNS[mode]}) "
@@ -162,6 +185,89 @@ def read_arrays(files: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+# Diagnosing ----------------------------------------------------------------------------
+
+SCHEMA_FIX = (
+    "write image_raw as the 784 bytes of a 28x28 uint8 image and label as one int64 "
+    "(the schema scripts/convert_mnist.py writes)"
+)
+
+
+def find_bad_record(files: Sequence[str], mode: Mode) -> str | None:
+    """The first record of `files` that `dataset` would fail on, or None if all are fine.
+
+    One line: the file, the record (counted from 1), what is wrong and the fix. Reads
+    every record, one at a time: for after a failure (`Model.diagnose_data`), never
+    for the happy path.
+    """
+    for path in files:
+        count = 0  # records read whole from this file
+        try:
+            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+                count += 1
+                problem = record_problem(record, mode)
+                if problem:
+                    return f"data file {path}, record {count}: {problem}"
+        except tf.errors.DataLossError as e:
+            return f"data file {path}, record {count + 1}: {framing_problem(e, count)}"
+    return None
+
+
+def framing_problem(error: tf.errors.DataLossError, records_before: int) -> str:
+    """Why TFRecordDataset could not read the next record of a file."""
+    if "truncated" in error.message:
+        return (
+            "the file ends inside this record (truncated: an interrupted write or copy?); "
+            "write or copy the file again"
+        )
+    if records_before == 0:
+        return (
+            "not a TFRecord file (or a compressed one; tpurun reads uncompressed TFRecords); "
+            "pass only TFRecord files of tf.train.Example"
+        )
+    return "corrupted data (TFRecord checksum mismatch); write or copy the file again"
+
+
+def record_problem(record: bytes, mode: Mode) -> str | None:
+    """What `parse_batch` (or the loss, for labels) would reject in one record, or None."""
+    try:
+        features = tf.train.Example.FromString(record).features.feature
+    except DecodeError:
+        return f"not a serialized tf.train.Example; {SCHEMA_FIX}"
+    if IMAGE_KEY not in features:
+        return f"no feature {IMAGE_KEY!r}; {SCHEMA_FIX}"
+    problem = _not_one_value(IMAGE_KEY, features[IMAGE_KEY], "bytes_list")
+    if problem:
+        return problem
+    size = len(features[IMAGE_KEY].bytes_list.value[0])
+    if size != PIXELS:
+        return f"feature {IMAGE_KEY!r} has {size} bytes, not {PIXELS}; {SCHEMA_FIX}"
+    if LABEL_KEY in features:  # optional: parse_batch reads a missing label as 0
+        problem = _not_one_value(LABEL_KEY, features[LABEL_KEY], "int64_list")
+        if problem:
+            return problem
+        label = features[LABEL_KEY].int64_list.value[0]
+        # Predict ignores labels; train and eval fail on them (the loss on a CPU) or,
+        # on a TPU, silently learn from garbage.
+        if mode is not Mode.PREDICT and not 0 <= label < NUM_CLASSES:
+            return f"label {label} is not a class id in 0..{NUM_CLASSES - 1}; fix the label"
+    return None
+
+
+def _not_one_value(key: str, feature: tf.train.Feature, kind: str) -> str | None:
+    """A message unless `feature` holds exactly one value of `kind` (what parse_example needs)."""
+    found = feature.WhichOneof("kind")
+    count = len(getattr(feature, found).value) if found else 0
+    if found == kind and count == 1:
+        return None
+    holds = (
+        f"{count} {found.removesuffix('_list')} value{'s' * (count != 1)}" if found else "nothing"
+    )
+    return (
+        f"feature {key!r} holds {holds}, not one {kind.removesuffix('_list')} value; {SCHEMA_FIX}"
+    )
+
+
 # Writing -----------------------------------------------------------------------------
 
 
@@ -209,7 +315,7 @@ def write_records(
     num_files = max(1, -(-len(images) // examples_per_file))
     paths = []
     for index in range(num_files):
-        path = os.path.join(output_dir, f"{split}-{index:05d}-of-{num_files:05d}.tfrecord")
+        path = tf.io.gfile.join(output_dir, f"{split}-{index:05d}-of-{num_files:05d}.tfrecord")
         tmp = path + ".tmp"
         start = index * examples_per_file
         with tf.io.TFRecordWriter(tmp) as writer:
@@ -253,7 +359,7 @@ def find_idx(directory: str, name: str) -> str:
     dotted = name.replace("-idx", ".idx")
     candidates = [name, name + ".gz", dotted, dotted + ".gz"]
     for candidate in candidates:
-        path = os.path.join(directory, candidate)
+        path = tf.io.gfile.join(directory, candidate)
         if tf.io.gfile.exists(path):
             return path
     raise RunError(f"{directory} has none of {', '.join(candidates)}")
@@ -320,6 +426,9 @@ class ImageClassifier(Model):
         data = self.config.data
         files = files_for(data, mode, self.config.predict.input)
         return dataset(files, mode, params, data.shuffle_buffer, data.cycle_length)
+
+    def diagnose_data(self, mode: Mode) -> str | None:
+        return find_bad_record(files_for(self.config.data, mode, self.config.predict.input), mode)
 
     def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)

@@ -1,7 +1,8 @@
 """Iris: the DNN classifier of the TPUEstimator tutorial (4 measurements -> 3 species).
 
 Data are the tutorial's CSVs (120 training and 30 test rows, shipped in
-`tpurun/models/data/`), read with pandas, so a `gs://` path works through gcsfs.
+`tpurun/models/data/`), read with pandas through `tf.io.gfile`, so a `gs://` path
+works as it does for model_dir.
 """
 
 from __future__ import annotations
@@ -43,15 +44,22 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     """
     columns = FEATURES + ((LABEL,) if with_labels else ())
     try:
-        frame = pd.read_csv(path, header=0, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
+        # Through TensorFlow's file systems, like every other path of a run (gs://, ...).
+        with tf.io.gfile.GFile(path, "rb") as f:
+            frame = pd.read_csv(f, header=0, dtype=str, keep_default_na=False)
+    except tf.errors.NotFoundError:
         raise RunError(f"data file {path} does not exist; check the path") from None
     except pd.errors.EmptyDataError:
         raise RunError(f"data file {path} is empty; it needs a header line and rows") from None
     except pd.errors.ParserError as e:
         raise RunError(f"data file {path} is not a valid CSV: {' '.join(str(e).split())}") from None
-    except (OSError, ValueError) as e:
-        raise RunError(f"cannot read data file {path}: {e}") from None
+    except UnicodeDecodeError:
+        raise RunError(
+            f"data file {path} is not UTF-8 text; pass a CSV file, saved as UTF-8"
+        ) from None
+    except (OSError, ValueError, tf.errors.OpError) as e:
+        message = e.message if isinstance(e, tf.errors.OpError) else str(e)
+        raise RunError(f"cannot read data file {path}: {' '.join(message.split())}") from None
     if set(columns) <= set(frame.columns):
         frame = frame[list(columns)]
     elif len(frame.columns) >= len(columns):

@@ -24,12 +24,25 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_tpurun(
-    *args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: int = 300
+    *args: str,
+    cwd: str | os.PathLike | None = None,
+    env: dict | None = None,
+    timeout: int = 300,
+    console_script: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Runs `tpurun args...` as a user would; returns the finished process (never raises)."""
+    """Runs `tpurun args...` as a user would; returns the finished process (never raises).
+
+    `console_script`: run the installed `tpurun` script rather than `python -m tpurun`,
+    which also puts the working directory on sys.path (a user's `tpurun` does not).
+    """
     full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
+    command = (
+        [str(Path(sys.executable).with_name("tpurun"))]
+        if console_script
+        else [sys.executable, "-m", "tpurun"]
+    )
     return subprocess.run(
-        [sys.executable, "-m", "tpurun", *args],
+        [*command, *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,
@@ -46,6 +59,27 @@ def assert_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProces
 def error_lines(result: subprocess.CompletedProcess) -> list[str]:
     """The `tpurun ...: error:` lines on stderr."""
     return [line for line in result.stderr.splitlines() if ": error: " in line]
+
+
+USAGE, RUN_FAILURE = 2, 1  # the exit codes of tpurun.errors
+
+
+def assert_fails(result: subprocess.CompletedProcess, exit_code: int, *keywords: str) -> str:
+    """Exit code, exactly one `error:` line containing every keyword, no traceback."""
+    report = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == exit_code, report
+    assert "Traceback" not in result.stderr, report
+    lines = error_lines(result)
+    assert len(lines) == 1, report
+    missing = [k for k in keywords if k not in lines[0]]
+    assert not missing, f"{missing} not in {lines[0]!r}"
+    assert result.stdout == "", "an error must not print results"
+    return lines[0]
+
+
+def contents(directory: Path) -> set[str]:
+    """Every path below `directory`, relative to it."""
+    return {str(p.relative_to(directory)) for p in directory.rglob("*")}
 
 
 @pytest.fixture(scope="session")

@@ -10,33 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_ok, error_lines, run_tpurun
-
-USAGE, RUN_FAILURE = 2, 1
-
-
-def assert_fails(result: subprocess.CompletedProcess, exit_code: int, *keywords: str) -> str:
-    """Exit code, exactly one `error:` line containing every keyword, no traceback."""
-    report = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert result.returncode == exit_code, report
-    assert "Traceback" not in result.stderr, report
-    lines = error_lines(result)
-    assert len(lines) == 1, report
-    missing = [k for k in keywords if k not in lines[0]]
-    assert not missing, f"{missing} not in {lines[0]!r}"
-    assert result.stdout == "", "an error must not print results"
-    return lines[0]
-
-
-def contents(directory: Path) -> set[str]:
-    """Every path below `directory`, relative to it."""
-    return {str(p.relative_to(directory)) for p in directory.rglob("*")}
-
+from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, contents, error_lines, run_tpurun
 
 # --- Usage errors: exit 2, before TensorFlow is imported (fast, not marked slow). ---
 
@@ -212,6 +190,14 @@ MALFORMED_DATA = {
         HEADER + GOOD_ROW + "5.0,2.3,3.3,1.0,3\n",
         ["line 3", "label 3 is not a class id in 0..2", "fix that row"],
     ),
+    "truncated_file": (
+        HEADER + GOOD_ROW + "5.0,2.3,3",
+        ["line 3", "column PetalWidth is ''", "missing or malformed value"],
+    ),
+    "an_image": (  # a PNG header, then bytes no UTF-8 text has
+        b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)) * 8,
+        ["is not UTF-8 text", "pass a CSV file"],
+    ),
 }
 
 
@@ -221,7 +207,9 @@ MALFORMED_DATA = {
 )
 def test_malformed_train_data_leaves_no_model_dir(tmp_path, text, keywords):
     data = tmp_path / "train.csv"
-    if text is not None:
+    if isinstance(text, bytes):
+        data.write_bytes(text)
+    elif text is not None:
         data.write_text(text)
     before = contents(tmp_path)
     result = run_tpurun(

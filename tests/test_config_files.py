@@ -183,3 +183,33 @@ def test_summary_is_the_first_docstring_line():
 )
 def test_summary_reads_without_importing(tmp_path, text, expected):
     assert config_files.summary(str(write(tmp_path / "c.py", text))) == expected
+
+
+CONFIG_FILE = '"""{summary}"""\n\ndef get_config():\n    return None\n'
+
+
+def test_local_configs_finds_config_files_here_and_one_level_down(tmp_path):
+    write(tmp_path / "top.py", CONFIG_FILE.format(summary="Top."))
+    write(tmp_path / "project" / "cfg.py", CONFIG_FILE.format(summary="In a project."))
+    write(tmp_path / "project" / "model.py", "class Model:\n    def get_config(self): ...\n")
+    write(tmp_path / "project" / "notes.py", "# def get_config(): in a comment\n")
+    write(tmp_path / "project" / "broken.py", "def get_config(:\n")
+    # Never imported: listing must not run the user's code (or import TensorFlow).
+    write(
+        tmp_path / "project" / "loud.py", 'raise SystemExit("imported!")\ndef get_config(): ...\n'
+    )
+    write(tmp_path / "project" / "deeper" / "too_deep.py", CONFIG_FILE.format(summary="No."))
+    write(tmp_path / ".hidden" / "secret.py", CONFIG_FILE.format(summary="No."))
+    write(tmp_path / "venv" / "pyvenv.cfg", "home = /usr/bin\n")
+    write(tmp_path / "venv" / "tool.py", CONFIG_FILE.format(summary="No."))
+    write(tmp_path / "site-packages" / "lib.py", CONFIG_FILE.format(summary="No."))
+    assert config_files.local_configs(str(tmp_path)) == [
+        ("top.py", "Top."),
+        (os.path.join("project", "cfg.py"), "In a project."),
+        (os.path.join("project", "loud.py"), "(no docstring)"),
+    ]
+
+
+def test_local_configs_leaves_out_tpuruns_own(monkeypatch):
+    monkeypatch.chdir(REPO)  # configs/ is tpurun.configs in a development install
+    assert not [path for path, _ in config_files.local_configs() if path.startswith("configs")]

@@ -30,7 +30,7 @@ COMMAND_HELP = {
     "eval": "evaluate the latest checkpoint: one exact pass over the eval data",
     "predict": "predict with the latest checkpoint; one output per input row, in order",
     "export": "export the latest checkpoint as a SavedModel for serving",
-    "list": "list the registered configs",
+    "list": "list the registered configs, and the config files in this directory",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8",
 }
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
@@ -101,8 +101,10 @@ def _report(command: str, message: str) -> None:
     if _verbose():
         traceback.print_exc()
     print(f"{prefix}: error: {message}", file=sys.stderr)
-    if not _verbose() and sys.exc_info()[0] is not None and not isinstance(
-        sys.exc_info()[1], TpurunError
+    if (
+        not _verbose()
+        and sys.exc_info()[0] is not None
+        and not isinstance(sys.exc_info()[1], TpurunError)
     ):
         print(f"{prefix}: (rerun with --verbosity=1 for the traceback)", file=sys.stderr)
 
@@ -120,8 +122,11 @@ def command_help(command: str) -> str:
         flag = FLAGS[name]
         default = "" if flag.default is None else f" (default: {flag.default})"
         lines.append(f"  --{name}")
-        lines.extend(textwrap.wrap(flag.help + default, 76, initial_indent="      ",
-                                   subsequent_indent="      "))
+        lines.extend(
+            textwrap.wrap(
+                flag.help + default, 76, initial_indent="      ", subsequent_indent="      "
+            )
+        )
     lines.append("  --flagfile: read flags from a file, one per line.")
     lines.append("  --verbosity: absl log level; 1 or more also prints tracebacks on errors.")
     return "\n".join(lines)
@@ -133,11 +138,18 @@ def list_configs() -> int:
     for name in names:
         path = os.path.join(config_files.builtin_dir(), name + ".py")
         print(f"{name:<{width}}  {config_files.summary(path)}")
+    local = config_files.local_configs()
+    if local:
+        print("\nconfig files in this directory (pass --config=<path>):")
+        width = max(len(path) for path, _ in local)
+        for path, summary in local:
+            print(f"  {path:<{width}}  {summary}")
     return 0
 
 
 def parse(command: str, argv: list[str]) -> RunConfig:
     """Parses flags and config into a RunConfig, or raises UsageError."""
+    _forget_earlier_parse()
     try:
         # Expand --flagfile first so a --config inside it is resolved like one on the line.
         argv = FLAGS.read_flags_from_files(argv, force_gnu=True)
@@ -201,6 +213,18 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         num_shards=cli_flags.NUM_SHARDS.value,
         export_dir=cli_flags.EXPORT_DIR.value,
     )
+
+
+def _forget_earlier_parse() -> None:
+    """Makes a second parse in one process (cli.main called again) start from scratch.
+
+    absl keeps the values and `present` of the last parse, and config_flags the
+    `--config.<key>` flags it defined for that parse's overrides, which defining
+    them again for the same key would reject as a duplicate.
+    """
+    FLAGS.unparse_flags()
+    for name in [name for name in FLAGS if name.startswith("config.")]:
+        delattr(FLAGS, name)
 
 
 def _resolve_config_arg(argv: list[str]) -> tuple[list[str], config_files.ConfigSource]:

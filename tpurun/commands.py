@@ -9,8 +9,11 @@ import sys
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, cluster as cluster_lib, model as model_lib
+from tpurun import checkpoints
+from tpurun import cluster as cluster_lib
+from tpurun import model as model_lib
 from tpurun.errors import RunError
+from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 
 
@@ -37,9 +40,7 @@ def run(run: RunConfig) -> None:
         model = model_lib.create(run.config)
         record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
-        {"train": train, "eval": evaluate, "predict": predict, "export": export}[run.command](
-            run, cluster, model
-        )
+        run_command(run, cluster, model)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint, a run
         # that fails (no TPU, bad data, bad config, Ctrl-C) removes the model_dir it
@@ -47,6 +48,43 @@ def run(run: RunConfig) -> None:
         if not (run.command == "train" and checkpoints.latest(run.model_dir) != checkpoint_before):
             _undo(run.model_dir if created_dir else None, record)
         raise
+
+
+# What a bad record raises inside the compiled loops (a feature of the wrong type or
+# size, a truncated or corrupt file): TensorFlow's message names an op, not the file.
+DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
+
+
+def run_command(run: RunConfig, cluster, model) -> None:
+    """Runs the command; a data error becomes the model's diagnosis when it has one."""
+    command = {"train": train, "eval": evaluate, "predict": predict, "export": export}
+    try:
+        command[run.command](run, cluster, model)
+    except DATA_ERRORS as error:
+        diagnosis = diagnose_data(run, model, error)
+        if diagnosis is None:
+            raise
+        raise RunError(diagnosis) from error
+
+
+def diagnose_data(run: RunConfig, model, error: Exception) -> str | None:
+    """The model's `diagnose_data` for the data this command read; None if it finds nothing."""
+    if run.command not in ("train", "eval", "predict"):
+        return None  # export reads no data
+    mode = Mode(run.command)
+    if mode is Mode.PREDICT and model_lib.has_generate(model):
+        return None  # predict ran the model's generate(), not its input_fn
+    logging.info(
+        "%s during %s; looking for a bad record in the %s data.",
+        type(error).__name__,
+        run.command,
+        mode.value,
+    )
+    try:
+        return model.diagnose_data(mode)
+    except Exception as e:  # noqa: BLE001 - a failed diagnosis must not hide the real error
+        logging.warning("%s.diagnose_data(%s) failed: %s", type(model).__name__, mode.value, e)
+        return None
 
 
 def _undo(created_dir: str | None, record: str | None) -> None:
@@ -65,7 +103,9 @@ def train(run: RunConfig, cluster, model) -> None:
 
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
-        run.train_batch_size, cluster.num_replicas, run.train_batch_size // cluster.num_replicas,
+        run.train_batch_size,
+        cluster.num_replicas,
+        run.train_batch_size // cluster.num_replicas,
     )
 
     Trainer(run, cluster, model).train()
@@ -80,8 +120,7 @@ def evaluate(run: RunConfig, cluster, model) -> None:
     metrics = "  ".join(
         f"{k}={v:.4f}" for k, v in results.items() if k not in ("num_examples", "global_step")
     )
-    print(f"eval at step {results['global_step']}: {metrics}  "
-          f"({results['num_examples']} examples)")
+    print(f"eval at step {results['global_step']}: {metrics}  ({results['num_examples']} examples)")
     logging.info("Wrote %s.", written)
 
 

@@ -73,9 +73,72 @@ def resolve(spec: str) -> ConfigSource:
 def summary(path: str) -> str:
     """First line of a config file's docstring, read without importing it."""
     with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), filename=path)
+        return _summary(ast.parse(f.read(), filename=path))
+
+
+def _summary(tree: ast.Module) -> str:
     doc = ast.get_docstring(tree) or ""
     return doc.strip().splitlines()[0] if doc.strip() else "(no docstring)"
+
+
+# Directories `local_configs` never looks into: tools' and packages' own files.
+_SKIPPED_DIRS = {"__pycache__", "site-packages", "dist-packages", "node_modules"}
+
+
+def local_configs(root: str = ".") -> list[tuple[str, str]]:
+    """Config files a user can pass as --config=<path>, found without importing them.
+
+    The .py files in `root` and its subdirectories (one level, not hidden ones,
+    virtualenvs or installed packages) that define a top-level get_config(),
+    except tpurun's own configs; as (path relative to root, docstring summary).
+    """
+    builtin = os.path.realpath(builtin_dir())
+    found = []
+    for directory in [root, *_subdirectories(root)]:
+        if os.path.realpath(directory) == builtin:
+            continue
+        for entry in _entries(directory):
+            if entry.name.endswith(".py") and entry.is_file():
+                tree = _config_tree(entry.path)
+                if tree is not None:
+                    found.append((os.path.relpath(entry.path, root), _summary(tree)))
+    return found
+
+
+def _subdirectories(root: str) -> list[str]:
+    subdirectories = []
+    for entry in _entries(root):
+        if (
+            entry.is_dir()
+            and not entry.name.startswith(".")
+            and entry.name not in _SKIPPED_DIRS
+            and not os.path.exists(os.path.join(entry.path, "pyvenv.cfg"))  # a virtualenv
+        ):
+            subdirectories.append(entry.path)
+    return subdirectories
+
+
+def _entries(directory: str) -> list[os.DirEntry]:
+    try:
+        return sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except OSError:
+        return []  # unreadable: nothing to list there
+
+
+def _config_tree(path: str) -> ast.Module | None:
+    """The parsed file if it defines get_config() at the top level, else None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if "def get_config" not in text:  # most files: no need to parse them
+            return None
+        tree = ast.parse(text, filename=path)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None  # not ours to judge here; `--config=<path>` reports it
+    defines = any(
+        isinstance(node, ast.FunctionDef) and node.name == "get_config" for node in tree.body
+    )
+    return tree if defines else None
 
 
 def load(source: ConfigSource) -> ml_collections.ConfigDict:
@@ -119,7 +182,7 @@ def check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) 
             continue
         dotted = arg[len("--config.") :].split("=", 1)[0]
         node = config
-        walked = []
+        walked: list[str] = []
         flag = arg.split("=", 1)[0]
         for key in dotted.split("."):
             if not isinstance(node, ml_collections.ConfigDict):

@@ -23,8 +23,12 @@ from tpurun.train import build_model
 def serving_input_spec(model: Model):
     """The model's serving inputs; named after the features so clients can pass them by name."""
     params = InputParams(
-        batch_size=1, global_batch_size=1, num_replicas=1, input_pipeline_id=0,
-        num_input_pipelines=1, seed=0,
+        batch_size=1,
+        global_batch_size=1,
+        num_replicas=1,
+        input_pipeline_id=0,
+        num_input_pipelines=1,
+        seed=0,
     )
     predict_spec = model.input_fn(Mode.PREDICT, params).element_spec
     spec = model.serving_input_spec(predict_spec)
@@ -36,7 +40,9 @@ def serving_input_spec(model: Model):
 def target_dir(run: RunConfig) -> str:
     if run.export_dir:
         if tf.io.gfile.exists(run.export_dir) and tf.io.gfile.listdir(run.export_dir):
-            raise UsageError(f"--export_dir={run.export_dir} exists and is not empty; pick a new one")
+            raise UsageError(
+                f"--export_dir={run.export_dir} exists and is not empty; pick a new one"
+            )
         return run.export_dir
     base = tf.io.gfile.join(run.model_dir, "export")
     stamp = int(time.time())
@@ -61,14 +67,16 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
         input_signature=[serving_input_spec(model)],
     )
     final = target_dir(run)
-    parent, name = os.path.split(final.rstrip("/"))
+    # Not os.path: the path may be gs://... or any other TensorFlow file system.
+    parent, _, name = final.rstrip("/").rpartition("/")
+    parent = parent or "."
     tmp = tf.io.gfile.join(parent, f".{name}.tmp-{os.getpid()}")
     tf.io.gfile.makedirs(parent)
     try:
         archive.write_out(tmp, verbose=False)
         if tf.io.gfile.exists(final):  # an empty --export_dir
             tf.io.gfile.remove(final) if not tf.io.gfile.isdir(final) else tf.io.gfile.rmtree(final)
-        tf.io.gfile.rename(tmp, final)
+        rename_dir(tmp, final)
     except BaseException:
         if tf.io.gfile.exists(tmp):
             tf.io.gfile.rmtree(tmp)
@@ -77,3 +85,21 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     return final
 
 
+def rename_dir(source: str, target: str) -> None:
+    """Renames a directory with its contents, on any TensorFlow file system.
+
+    A local disk renames it at once and GCS object by object, but TensorFlow's
+    in-memory ram:// renames only the directory's own entry and leaves what is in it
+    under the old name: there the files are moved one by one.
+    """
+    tf.io.gfile.rename(source, target)
+    if not tf.io.gfile.exists(source):
+        return
+    for directory, _, files in tf.io.gfile.walk(source):
+        moved_to = target + directory[len(source) :]
+        tf.io.gfile.makedirs(moved_to)
+        for name in files:
+            tf.io.gfile.rename(tf.io.gfile.join(directory, name), tf.io.gfile.join(moved_to, name))
+    # Left behind: empty subdirectories, through which alone the source still exists.
+    for child in tf.io.gfile.listdir(source):
+        tf.io.gfile.rmtree(tf.io.gfile.join(source, child))

@@ -12,7 +12,8 @@ A model is a subclass of `Model`, registered by name::
         def metrics(self): ...                  # {name: keras.metrics.Metric}
         def predictions(self, outputs): ...     # {name: tensor with a batch dimension}
 
-and selected by a config whose `model` key names it (`configs/<name>.py`).
+and selected by a config whose `model` key names it: `configs/<name>.py`, or a
+config file of your own beside your model (README, "Your own model").
 
 What the launcher guarantees, so the model never needs a device branch:
 
@@ -51,9 +52,29 @@ instead of running `input_fn(PREDICT)` through `predictions`. It runs eagerly on
 the host: wrap its loops in `tf.function`, and call `strategy.run` to use the
 replicas. Export, eval and `tpurun check` still use `input_fn`/`predictions`.
 
+Optional: `diagnose_data(mode)`. A bad record (a feature of the wrong type or size,
+a truncated file) fails inside the compiled loop, where TensorFlow's error names an
+op, not the file. When a train, eval or predict run fails with an InvalidArgumentError
+or DataLossError, the launcher calls `diagnose_data(mode)`: read `mode`'s data record
+by record and return one line, "data file F, record N: what is wrong; the fix", which
+becomes the run's error, or None if the data are fine (TensorFlow's error is shown
+then). It runs only after a failure, so it may read everything; never scan the data
+on the happy path. `models/image_records.py` diagnoses its TFRecords.
+
+What a model may assume: every batch a replica step sees has exactly
+`params.batch_size` rows, in every mode (eval and predict batches are padded), so
+shapes are static; `build()` must still not bake the batch size in, as the export
+takes any batch size. Config files and the model's module may live anywhere: the
+config file's directory is put on `sys.path`, so `config.model_module = "my_model"`
+imports `my_model.py` beside it.
+
 What a model must not do: call `tf.summary` or Python side effects inside `build`'s
 call path, use int64 or float64 features on a TPU (cast to int32/float32 in the
-input function), or produce tensors whose shape depends on the data.
+input function), produce tensors whose shape depends on the data (`tf.unique`,
+`tf.boolean_mask`, ...), or open files with `open()` / `os.path`: read them with
+tf.data or `tf.io.gfile`, so that `gs://` paths work (on a TPU node the tf.data
+pipeline runs on the TPU's own host, which sees `gs://` but not this machine's
+disk). `tpurun check` finds the graph problems on a CPU.
 """
 
 from __future__ import annotations
@@ -122,7 +143,10 @@ class Model(abc.ABC):
         name = self.config.optimizer.name
         try:
             return keras.optimizers.get(
-                {"class_name": name, "config": {"learning_rate": self.config.optimizer.learning_rate}}
+                {
+                    "class_name": name,
+                    "config": {"learning_rate": self.config.optimizer.learning_rate},
+                }
             )
         except ValueError:
             raise UsageError(
@@ -130,9 +154,7 @@ class Model(abc.ABC):
                 "adamw, sgd, adagrad, rmsprop (any name keras.optimizers.get accepts)"
             ) from None
 
-    def serving_input_spec(
-        self, predict_spec: Any
-    ) -> Any:
+    def serving_input_spec(self, predict_spec: Any) -> Any:
         """The exported signature's inputs; by default what input_fn(PREDICT) yields,
         with a variable batch dimension."""
         return tf.nest.map_structure(
@@ -157,6 +179,14 @@ class Model(abc.ABC):
         each a dict of named values (numpy arrays, numbers or strings).
         """
         raise NotImplementedError(f"{type(self).__name__} does not define generate()")
+
+    def diagnose_data(self, mode: Mode) -> str | None:
+        """Optional: after TensorFlow failed on `mode`'s data, the first bad record.
+
+        One line naming the file, the record and the fix, or None when the data are
+        fine; see the module docstring.
+        """
+        return None
 
 
 def has_generate(model: Model) -> bool:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 from tpurun.errors import EXIT_RUN_FAILURE
+
+# What TensorFlow puts around the message of an error raised inside a tf.function
+# ("Graph execution error:", the node and its Python trace, "[[{{node ...}}]]"), and
+# before the message of one raised inside a tf.data function.
+_GRAPH_NOISE = ("Graph execution error:", "Detected at node", "File ", "<stack traces", "[[")
+_DATASET_PREFIX = re.compile(r"^Error in user-defined function passed to .*? with iterator: \S+: ")
 
 
 def describe(error: BaseException) -> tuple[str, int]:
@@ -13,8 +20,18 @@ def describe(error: BaseException) -> tuple[str, int]:
         import tensorflow as tf
 
         if isinstance(error, tf.errors.OpError):
-            # OpError messages carry the failing node and a graph trace after the first line.
-            return f"{type(error).__name__}: {error.message.strip().splitlines()[0]}", (
-                EXIT_RUN_FAILURE
-            )
+            return f"{type(error).__name__}: {op_error_line(error.message)}", EXIT_RUN_FAILURE
     return f"unexpected {type(error).__name__}: {first_line}", EXIT_RUN_FAILURE
+
+
+def op_error_line(message: str) -> str:
+    """The line of an OpError's message that says what went wrong.
+
+    An error from a tf.function starts "Graph execution error:", then the failing
+    node and a trace; the line that matters is the last one that is none of those.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [""]
+    if lines[0] != "Graph execution error:":
+        return lines[0]
+    meaningful = [line for line in lines if not line.startswith(_GRAPH_NOISE)]
+    return _DATASET_PREFIX.sub("", meaningful[-1]) if meaningful else lines[0]

@@ -1,0 +1,72 @@
+"""A user's own model, outside this repo: the README's example, run as the README says.
+
+The two files are taken from README.md's code blocks (those starting with
+`# my_project/<file>.py`), so the documented example cannot rot: it is written
+into a directory of its own, and tpurun runs from there as an installed command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_ok, run_tpurun
+
+CONFIG = "--config=my_project/my_config.py"
+
+
+def readme_project(directory: Path) -> Path:
+    """Writes the README's `my_project/*.py` code blocks below `directory`; returns it."""
+    blocks = re.findall(
+        r"^```python\n# (my_project/\w+\.py)\n(.*?)^```",
+        (REPO / "README.md").read_text(),
+        re.MULTILINE | re.DOTALL,
+    )
+    assert sorted(name for name, _ in blocks) == [
+        "my_project/my_config.py",
+        "my_project/my_model.py",
+    ]
+    for name, code in blocks:
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    return directory
+
+
+def tpurun(*args: str, cwd: Path):
+    return assert_ok(run_tpurun(*args, cwd=cwd, console_script=True))
+
+
+def test_list_shows_the_users_config(tmp_path):
+    result = tpurun("list", cwd=readme_project(tmp_path))
+    lines = result.stdout.splitlines()
+    assert "config files in this directory (pass --config=<path>):" in lines
+    assert (
+        "  my_project/my_config.py  Above the line: a small classifier of random points in the "
+        "plane (my own model)."
+    ) in lines
+    assert not [line for line in lines if "my_model.py" in line], "the model file has no get_config"
+
+
+@pytest.mark.slow
+def test_readme_example_trains_evaluates_predicts_and_exports(tmp_path):
+    project = readme_project(tmp_path)
+    assert REPO not in project.parents
+    tpurun("train", CONFIG, "--use_tpu=false", cwd=project)
+    model_dir = project / "my_config"  # the default: ./<config name>
+    assert (model_dir / "ckpt-300.index").is_file()
+
+    result = tpurun("eval", CONFIG, cwd=project)
+    assert "(1000 examples)" in result.stdout
+    accuracy = json.loads((model_dir / "eval" / "results-300.json").read_text())["accuracy"]
+    assert accuracy >= 0.95, f"the README promises about 0.99, got {accuracy}"
+
+    tpurun("predict", CONFIG, "--output=predictions.jsonl", cwd=project)
+    rows = [json.loads(line) for line in (project / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 1000 and set(rows[0]) == {"class_ids", "probabilities"}
+
+    export_dir = Path(tpurun("export", CONFIG, cwd=project).stdout.strip())
+    assert (export_dir / "saved_model.pb").is_file()
+    assert export_dir.parent == model_dir / "export"
