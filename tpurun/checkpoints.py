@@ -12,12 +12,25 @@ from tpurun.run_config import RunConfig
 
 
 def manager(
-    run: RunConfig, keras_model: keras.Model, optimizer: keras.optimizers.Optimizer
+    run: RunConfig,
+    keras_model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    directory: str | None = None,
 ) -> tf.train.CheckpointManager:
+    """Writes ckpt-<step> to `directory` (default: model_dir)."""
     checkpoint = tf.train.Checkpoint(model=keras_model, optimizer=optimizer)
     return tf.train.CheckpointManager(
-        checkpoint, run.model_dir, max_to_keep=run.config.train.keep_checkpoint_max
+        checkpoint, directory or run.model_dir, max_to_keep=run.config.train.keep_checkpoint_max
     )
+
+
+def scratch_dir(run: RunConfig, task: str) -> str:
+    """Where a non-chief worker writes its copy of a checkpoint, deleted right after.
+
+    Every worker of a MultiWorkerMirroredStrategy must take part in a save, but
+    only the chief's copy is kept.
+    """
+    return tf.io.gfile.join(run.model_dir, ".scratch", task)
 
 
 def latest(model_dir: str) -> str | None:

@@ -8,13 +8,21 @@ about 2.5x faster per step than MirroredStrategy over one device.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import importlib.util
+import json
 import os
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
+
+# Only for PackedReductionToOneDevice: tf.distribute has no public constructor for
+# the PerReplica and Mirrored values a CrossDeviceOps takes and returns.
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import values as values_lib
 
 from tpurun import run_config as run_config_lib
 from tpurun.errors import RunError, UsageError
@@ -26,6 +34,10 @@ class Cluster:
     strategy: tf.distribute.Strategy
     description: str
     is_tpu: bool = False
+    # Multi-worker runs: only the chief writes checkpoints, summaries and records;
+    # the other workers write their part of each checkpoint to a scratch dir.
+    is_chief: bool = True
+    task: str = "chief"  # "<type>-<index>" in a TF_CONFIG cluster
 
     @property
     def num_replicas(self) -> int:
@@ -54,6 +66,10 @@ def build(run: RunConfig) -> Cluster:
         from tpurun import tpu
 
         return tpu.connect(run)
+    multi_worker = _multi_worker()
+    if multi_worker is not None:
+        logging.info("Running on %s as %s.", multi_worker.description, multi_worker.task)
+        return multi_worker
     if run.use_tpu is None:
         logging.info(
             "No TPU configured (--tpu and TPU_NAME unset, not a TPU VM): running locally."
@@ -61,6 +77,38 @@ def build(run: RunConfig) -> Cluster:
     cluster = _local(run.num_shards)
     logging.info("Running on %s.", cluster.description)
     return cluster
+
+
+def _multi_worker() -> Cluster | None:
+    """MultiWorkerMirroredStrategy when TF_CONFIG describes several workers (a GPU cluster)."""
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return None
+    try:
+        tf_config = json.loads(raw)
+        cluster_spec = tf_config.get("cluster", {})
+        task_type, task_index = tf_config["task"]["type"], int(tf_config["task"]["index"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UsageError(
+            "TF_CONFIG is not valid: it must be JSON like "
+            '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
+            '"task": {"type": "worker", "index": 0}}'
+        ) from None
+    workers = len(cluster_spec.get("chief", [])) + len(cluster_spec.get("worker", []))
+    if workers <= 1:
+        return None
+    # The chief is the "chief" task, or worker 0 when the cluster names no chief.
+    is_chief = task_type == "chief" or (
+        task_type == "worker" and task_index == 0 and not cluster_spec.get("chief")
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    )
+    description = (
+        f"{workers} workers, {strategy.num_replicas_in_sync} replicas "
+        "(MultiWorkerMirroredStrategy)"
+    )
+    return Cluster(strategy, description, is_chief=is_chief, task=f"{task_type}-{task_index}")
 
 
 def _local(num_shards: int | None) -> Cluster:
@@ -84,9 +132,84 @@ def _local(num_shards: int | None) -> Cluster:
     _split_cpu(count)
     devices = [f"/cpu:{i}" for i in range(count)]
     strategy = tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+        devices, cross_device_ops=PackedReductionToOneDevice()
     )
     return Cluster(strategy, f"{count} logical CPU replicas (MirroredStrategy)")
+
+
+class PackedReductionToOneDevice(tf.distribute.ReductionToOneDevice):
+    """ReductionToOneDevice that all-reduces a batch of dense tensors as one tensor per dtype.
+
+    Keras's optimizer all-reduces all the gradients of a step in one batch.
+    ReductionToOneDevice reduces them one at a time: per variable, a fan-in of
+    every replica's gradient to one device and a fan-out of the sum back, i.e.
+    2 x replicas cross-device copies, each costing the executor a few
+    microseconds whatever the size. Here each replica's gradients are first
+    concatenated into one flat tensor (per dtype), so a step pays that fan-in and
+    fan-out once; the sum is the same add_n, bit for bit. With Iris on 8 logical
+    CPUs this cut the all-reduce from ~400 to ~150 us per step.
+
+    Not HierarchicalCopyAllReduce(num_packs=1), which also packs: it splits the
+    devices into two equal halves (a DGX-1 layout), so with an odd count it
+    silently leaves one replica out of the sum, and it cannot pack mixed dtypes.
+    """
+
+    def batch_reduce_implementation(
+        self, reduce_op: tf.distribute.ReduceOp, value_destination_pairs: Any, options: Any
+    ) -> list[Any]:
+        pairs = list(value_destination_pairs)
+        # dtype -> indices of the values packed together; None: reduced one by one.
+        groups: dict[tf.DType | None, list[int]] = collections.defaultdict(list)
+        for i, (value, destinations) in enumerate(pairs):
+            groups[value.values[0].dtype if _packable(value, destinations) else None].append(i)
+        results: list[Any] = [None] * len(pairs)
+        for dtype, indices in groups.items():
+            if dtype is None or len(indices) == 1:
+                for i in indices:
+                    results[i] = self.reduce_implementation(reduce_op, *pairs[i], options)
+                continue
+            reduced = self._reduce_packed(reduce_op, [pairs[i][0] for i in indices], options)
+            for i, value in zip(indices, reduced, strict=True):
+                results[i] = value
+        return results
+
+    def _reduce_packed(
+        self, reduce_op: tf.distribute.ReduceOp, per_replica_values: list[Any], options: Any
+    ) -> list[Any]:
+        """All-reduces same-dtype PerReplica values as one; returns one Mirrored per value."""
+        shapes = [value.values[0].shape for value in per_replica_values]
+        sizes = [shape.num_elements() for shape in shapes]
+        packed = []
+        for parts in zip(*(value.values for value in per_replica_values), strict=True):
+            with tf.device(parts[0].device):
+                packed.append(tf.concat([tf.reshape(part, [-1]) for part in parts], axis=0))
+        packed_value = values_lib.PerReplica(packed)
+        summed = self.reduce_implementation(reduce_op, packed_value, packed_value, options)
+        unpacked = []  # [replica][value]
+        for flat in summed.values:
+            with tf.device(flat.device):
+                pieces = tf.split(flat, sizes)
+                unpacked.append([tf.reshape(p, s) for p, s in zip(pieces, shapes, strict=True)])
+        return [
+            distribute_utils.regroup(
+                [replica[k] for replica in unpacked], wrap_class=values_lib.Mirrored
+            )
+            for k in range(len(per_replica_values))
+        ]
+
+
+def _packable(value: Any, destinations: Any) -> bool:
+    """An all-reduce (destinations = the value's own devices) of dense tensors of one static shape."""
+    if not isinstance(value, values_lib.PerReplica) or destinations is not value:
+        return False
+    parts = value.values
+    return all(
+        isinstance(part, tf.Tensor)
+        and part.shape.is_fully_defined()
+        and part.shape == parts[0].shape
+        and part.dtype == parts[0].dtype
+        for part in parts
+    )
 
 
 def _split_cpu(count: int) -> None:

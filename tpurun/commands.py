@@ -38,7 +38,8 @@ def run(run: RunConfig) -> None:
         if cluster is not None:
             cluster.check_batch_sizes(run)
         model = model_lib.create(run.config)
-        record = write_record(run)
+        if cluster is None or cluster.is_chief:  # one record per run, not per worker
+            record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
         run_command(run, cluster, model)
     except BaseException:

@@ -41,7 +41,9 @@ class Trainer:
             # Slot variables must exist before the first replicated step: created
             # lazily inside it, they break with 2+ replicas.
             self.optimizer.build(self.keras_model.trainable_variables)
-        self.manager = checkpoints.manager(run, self.keras_model, self.optimizer)
+        self.is_chief = cluster.is_chief
+        self.scratch = None if cluster.is_chief else checkpoints.scratch_dir(run, cluster.task)
+        self.manager = checkpoints.manager(run, self.keras_model, self.optimizer, self.scratch)
         self._loop = tf.function(self._host_loop)
 
     @property
@@ -49,7 +51,7 @@ class Trainer:
         return int(self.optimizer.iterations.numpy())
 
     def restore(self) -> None:
-        path = self.manager.latest_checkpoint
+        path = checkpoints.latest(self.run.model_dir)  # the chief's, on every worker
         if path:
             self.manager.checkpoint.restore(path).assert_existing_objects_matched()
             logging.info("Resuming from %s (step %d).", path, self.step)
@@ -75,6 +77,13 @@ class Trainer:
             per_replica_loss = self.strategy.run(self._replica_step, args=next(iterator))
             total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
         return total / tf.cast(num_steps, tf.float32)
+
+    def save(self, step: int) -> None:
+        path = self.manager.save(checkpoint_number=step)
+        if self.scratch is None:
+            logging.info("Saved checkpoint %s.", path)
+        else:
+            tf.io.gfile.rmtree(self.scratch)
 
     def train(self) -> None:
         run = self.run
@@ -106,5 +115,4 @@ class Trainer:
                 step, last, loss, num_steps / elapsed, num_steps * self.global_batch / elapsed,
             )
             if step == last or (save_every and step % save_every == 0):
-                path = self.manager.save(checkpoint_number=step)
-                logging.info("Saved checkpoint %s.", path)
+                self.save(step)
