@@ -72,8 +72,13 @@ def test_run_record_written_with_versions(trained_iris):
 def test_eight_shards_split_the_global_batch(tmp_path):
     result = assert_ok(
         run_tpurun(
-            "train", "--config=iris", "--use_tpu=false", "--num_shards=8", "--train_steps=10",
-            "--iterations=5", f"--model_dir={tmp_path}",
+            "train",
+            "--config=iris",
+            "--use_tpu=false",
+            "--num_shards=8",
+            "--train_steps=10",
+            "--iterations=5",
+            f"--model_dir={tmp_path}",
         )
     )
     assert "8 logical CPU replicas (MirroredStrategy)" in result.stderr
@@ -101,7 +106,10 @@ print("SPLIT-OK")
 def test_eight_replicas_get_the_same_global_batch_in_eight_slices():
     """Each replica gets 4 rows, and together they are the 1-replica batch of 32, in order."""
     result = subprocess.run(
-        [sys.executable, "-c", SPLIT_CHECK], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", SPLIT_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**__import__("os").environ, **OFFLINE_ENV},
     )
     assert "SPLIT-OK" in result.stdout, result.stderr[-3000:]
@@ -112,11 +120,19 @@ def test_one_and_eight_replicas_reach_the_same_weights(tmp_path):
     for shards in (1, 8):
         assert_ok(
             run_tpurun(
-                "train", "--config=iris", "--use_tpu=false", f"--num_shards={shards}",
-                f"--train_steps={steps}", "--seed=7", f"--model_dir={tmp_path / str(shards)}",
+                "train",
+                "--config=iris",
+                "--use_tpu=false",
+                f"--num_shards={shards}",
+                f"--train_steps={steps}",
+                "--seed=7",
+                f"--model_dir={tmp_path / str(shards)}",
             )
         )
-    one, eight = checkpoint_weights(tmp_path / "1", steps), checkpoint_weights(tmp_path / "8", steps)
+    one, eight = (
+        checkpoint_weights(tmp_path / "1", steps),
+        checkpoint_weights(tmp_path / "8", steps),
+    )
     assert one.keys() == eight.keys() and len(one) >= 12
     # The model's weights are tracked by the optimizer as its _trainable_variables.
     weights = [k for k in one if "_trainable_variables" in k]
@@ -151,14 +167,18 @@ def test_resume_continues_from_the_checkpoint_to_train_steps(tmp_path):
     ],
 )
 def test_eval_counts_exactly_the_30_examples(trained_iris, tmp_path, batch_flags):
-    reference = eval_results(trained_iris, 1000) if (
-        trained_iris / "eval" / "results-1000.json"
-    ).exists() else None
+    reference = (
+        eval_results(trained_iris, 1000)
+        if (trained_iris / "eval" / "results-1000.json").exists()
+        else None
+    )
     model_dir = tmp_path / "copy"
     import shutil
 
     shutil.copytree(trained_iris, model_dir)
-    result = assert_ok(run_tpurun("eval", "--config=iris", f"--model_dir={model_dir}", *batch_flags))
+    result = assert_ok(
+        run_tpurun("eval", "--config=iris", f"--model_dir={model_dir}", *batch_flags)
+    )
     assert "(30 examples)" in result.stdout
     results = eval_results(model_dir, 1000)
     assert results["num_examples"] == 30
@@ -174,8 +194,13 @@ def test_predict_7_rows_with_batch_4_returns_7_rows_in_order(trained_iris, tmp_p
     out = tmp_path / "out.jsonl"
     assert_ok(
         run_tpurun(
-            "predict", "--config=iris", f"--model_dir={trained_iris}", f"--input={rows}",
-            f"--output={out}", "--predict_batch_size=4", f"--num_shards={shards}",
+            "predict",
+            "--config=iris",
+            f"--model_dir={trained_iris}",
+            f"--input={rows}",
+            f"--output={out}",
+            "--predict_batch_size=4",
+            f"--num_shards={shards}",
         )
     )
     predictions = read_jsonl(out)
@@ -192,7 +217,10 @@ def test_export_runs_under_saved_model_cli_and_matches_predict(trained_iris, tmp
     out = tmp_path / "out.jsonl"
     assert_ok(
         run_tpurun(
-            "predict", "--config=iris", f"--model_dir={trained_iris}", f"--input={rows}",
+            "predict",
+            "--config=iris",
+            f"--model_dir={trained_iris}",
+            f"--input={rows}",
             f"--output={out}",
         )
     )
@@ -200,23 +228,35 @@ def test_export_runs_under_saved_model_cli_and_matches_predict(trained_iris, tmp
 
     export_dir = tmp_path / "exported"
     result = assert_ok(
-        run_tpurun("export", "--config=iris", f"--model_dir={trained_iris}",
-                   f"--export_dir={export_dir}")
+        run_tpurun(
+            "export", "--config=iris", f"--model_dir={trained_iris}", f"--export_dir={export_dir}"
+        )
     )
     assert str(export_dir) in result.stdout
     assert (export_dir / "saved_model.pb").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
     # TensorFlow's own CLI, the TF1-style loader that TF Serving also uses.
-    exprs = ";".join(
-        f"{name}={features[:, i].tolist()}" for i, name in enumerate(FEATURES)
-    )
+    exprs = ";".join(f"{name}={features[:, i].tolist()}" for i, name in enumerate(FEATURES))
     outdir = tmp_path / "cli_out"
     cli = subprocess.run(
-        [str(Path(sys.executable).parent / "saved_model_cli"), "run", "--dir", str(export_dir),
-         "--tag_set", "serve", "--signature_def", "serving_default", "--input_exprs", exprs,
-         "--outdir", str(outdir)],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(Path(sys.executable).parent / "saved_model_cli"),
+            "run",
+            "--dir",
+            str(export_dir),
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "serving_default",
+            "--input_exprs",
+            exprs,
+            "--outdir",
+            str(outdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     np.testing.assert_allclose(np.load(outdir / "probabilities.npy"), predicted, atol=1e-5)
@@ -243,8 +283,7 @@ def test_default_export_goes_to_model_dir_export_timestamp(trained_iris, tmp_pat
 
 def test_default_model_dir_is_named_after_the_config(tmp_path):
     result = assert_ok(
-        run_tpurun("train", "--config=iris", "--train_steps=10",
-                   "--iterations=10", cwd=tmp_path)
+        run_tpurun("train", "--config=iris", "--train_steps=10", "--iterations=10", cwd=tmp_path)
     )
     assert f"using {tmp_path / 'iris'}" in result.stderr
     assert "running locally" in result.stderr

@@ -56,16 +56,24 @@ def test_two_workers_end_with_identical_weights_and_only_the_chief_writes(tmp_pa
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
         args = [
-            sys.executable, "-c", WORKER, str(tmp_path / f"weights-{index}.npz"),
-            "--config=iris", "--use_tpu=false", "--train_steps=40", "--iterations=10",
-            "--config.train.save_checkpoints_steps=20", f"--model_dir={model_dir}",
+            sys.executable,
+            "-c",
+            WORKER,
+            str(tmp_path / f"weights-{index}.npz"),
+            "--config=iris",
+            "--use_tpu=false",
+            "--train_steps=40",
+            "--iterations=10",
+            "--config.train.save_checkpoints_steps=20",
+            f"--model_dir={model_dir}",
         ]
         processes.append(
-            subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+            subprocess.Popen(
+                args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         )
     outputs = [p.communicate(timeout=300) for p in processes]
-    for process, (out, err) in zip(processes, outputs, strict=True):
+    for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err[-4000:]
     assert "task worker-0 chief True replicas 2" in outputs[0][0]
     assert "task worker-1 chief False replicas 2" in outputs[1][0]

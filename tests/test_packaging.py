@@ -37,9 +37,20 @@ def test_tensorflow_range_admits_the_tpu_vm_release():
 def test_wheel_carries_configs_models_and_data(tmp_path):
     """`--config=iris` must resolve from an installed tpurun, away from the checkout."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = tmp_path.glob("tpurun-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

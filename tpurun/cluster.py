@@ -71,9 +71,7 @@ def build(run: RunConfig) -> Cluster:
         logging.info("Running on %s as %s.", multi_worker.description, multi_worker.task)
         return multi_worker
     if run.use_tpu is None:
-        logging.info(
-            "No TPU configured (--tpu and TPU_NAME unset, not a TPU VM): running locally."
-        )
+        logging.info("No TPU configured (--tpu and TPU_NAME unset, not a TPU VM): running locally.")
     cluster = _local(run.num_shards)
     logging.info("Running on %s.", cluster.description)
     return cluster
@@ -105,8 +103,7 @@ def _multi_worker() -> Cluster | None:
         cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver()
     )
     description = (
-        f"{workers} workers, {strategy.num_replicas_in_sync} replicas "
-        "(MultiWorkerMirroredStrategy)"
+        f"{workers} workers, {strategy.num_replicas_in_sync} replicas (MultiWorkerMirroredStrategy)"
     )
     return Cluster(strategy, description, is_chief=is_chief, task=f"{task_type}-{task_index}")
 
@@ -123,9 +120,7 @@ def _local(num_shards: int | None) -> Cluster:
         if count == 1:
             return Cluster(tf.distribute.OneDeviceStrategy("/gpu:0"), "1 GPU")
         devices = [f"/gpu:{i}" for i in range(count)]
-        return Cluster(
-            tf.distribute.MirroredStrategy(devices), f"{count} GPUs (MirroredStrategy)"
-        )
+        return Cluster(tf.distribute.MirroredStrategy(devices), f"{count} GPUs (MirroredStrategy)")
     count = num_shards or 1
     if count == 1:
         return Cluster(tf.distribute.get_strategy(), "1 CPU replica (default strategy)")

@@ -33,7 +33,9 @@ class Evaluator:
         self.metrics = dict(model.metrics())
         for reserved in ("loss", "num_examples"):
             if reserved in self.metrics:
-                raise RunError(f"{type(model).__name__}.metrics() may not name a metric {reserved!r}")
+                raise RunError(
+                    f"{type(model).__name__}.metrics() may not name a metric {reserved!r}"
+                )
         self.metrics["loss"] = keras.metrics.Mean()
         self.num_examples = keras.metrics.Sum()
         self._loop = tf.function(self._host_loop)
@@ -88,8 +90,9 @@ class Evaluator:
         results = {name: float(metric.result()) for name, metric in self.metrics.items()}
         results["num_examples"] = count
         results["global_step"] = checkpoints.step_of(checkpoint_path)
-        logging.info("Evaluated %d examples in %d steps (%.2fs).", count, steps,
-                     time.perf_counter() - start)
+        logging.info(
+            "Evaluated %d examples in %d steps (%.2fs).", count, steps, time.perf_counter() - start
+        )
         return results
 
 

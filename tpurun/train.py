@@ -97,7 +97,9 @@ class Trainer:
         if save_every != run.config.train.save_checkpoints_steps:
             logging.info(
                 "save_checkpoints_steps=%d rounded up to %d, a multiple of --iterations=%d.",
-                run.config.train.save_checkpoints_steps, save_every, iterations,
+                run.config.train.save_checkpoints_steps,
+                save_every,
+                iterations,
             )
         dataset = inputs.distribute(
             self.strategy, self.model, Mode.TRAIN, self.global_batch, run.seed
@@ -112,7 +114,11 @@ class Trainer:
             step += num_steps
             logging.info(
                 "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec",
-                step, last, loss, num_steps / elapsed, num_steps * self.global_batch / elapsed,
+                step,
+                last,
+                loss,
+                num_steps / elapsed,
+                num_steps * self.global_batch / elapsed,
             )
             if step == last or (save_every and step % save_every == 0):
                 self.save(step)
