@@ -28,7 +28,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from tpurun.errors import RunError, UsageError
-from tpurun.model import InputParams, Mode, Model, to_json
+from tpurun.model import Classifier, InputParams, Mode, to_json
 
 HEIGHT = WIDTH = 28
 PIXELS = HEIGHT * WIDTH
@@ -404,7 +404,7 @@ def convert(source: str, output_dir: str, examples_per_file: int = 10_000) -> di
 # The models' shared half -----------------------------------------------------------------
 
 
-class ImageClassifier(Model):
+class ImageClassifier(Classifier):
     """A classifier of 28x28 images read from these TFRecords; subclasses define `build`.
 
     Features are `{"image": float32 [batch, 784]}` in every mode, labels int32 class
@@ -429,18 +429,6 @@ class ImageClassifier(Model):
 
     def diagnose_data(self, mode: Mode) -> str | None:
         return find_bad_record(files_for(self.config.data, mode, self.config.predict.input), mode)
-
-    def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)
-
-    def metrics(self) -> dict[str, keras.metrics.Metric]:
-        return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
-
-    def predictions(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
-        return {
-            "class_ids": tf.argmax(outputs, axis=-1, output_type=tf.int32),
-            "probabilities": tf.nn.softmax(outputs),
-        }
 
     def serving_input_spec(self, predict_spec: Any) -> Any:
         """`tf_example`: serialized tf.Example strings of the TFRecord schema, as

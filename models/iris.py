@@ -16,7 +16,7 @@ import pandas as pd
 import tensorflow as tf
 
 from tpurun.errors import RunError
-from tpurun.model import InputParams, Mode, Model, register, to_json
+from tpurun.model import Classifier, InputParams, Mode, register
 
 FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
 LABEL = "Species"
@@ -99,7 +99,7 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
 
 
 @register("iris")
-class Iris(Model):
+class Iris(Classifier):
     """Dense 10-10 ReLU network over the four measurements; logits for three species."""
 
     def _path(self, mode: Mode) -> str:
@@ -137,18 +137,8 @@ class Iris(Model):
         logits = keras.layers.Dense(self.config.n_classes, name="logits")(net)
         return keras.Model(inputs=inputs, outputs=logits, name="iris")
 
-    def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)
-
-    def metrics(self) -> dict[str, keras.metrics.Metric]:
-        return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
-
     def predictions(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
-        return {
-            "class_ids": tf.argmax(outputs, axis=-1, output_type=tf.int32),
-            "probabilities": tf.nn.softmax(outputs),
-            "logits": outputs,
-        }
+        return {**super().predictions(outputs), "logits": outputs}
 
     def format_predictions(self, rows: list[Mapping[str, np.ndarray]]) -> list[str]:
         if self.config.predict.input:
@@ -164,4 +154,4 @@ class Iris(Model):
         return lines
 
 
-__all__ = ["Iris", "read_csv", "to_json"]
+__all__ = ["Iris", "read_csv"]

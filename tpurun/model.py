@@ -14,6 +14,8 @@ A model is a subclass of `Model`, registered by name::
 
 and selected by a config whose `model` key names it: `configs/<name>.py`, or a
 config file of your own beside your model (README, "Your own model").
+A classifier (logits out, int32 class ids as labels) can subclass `Classifier`,
+which supplies the loss, the accuracy metric and `class_ids`/`probabilities`.
 
 What the launcher guarantees, so the model never needs a device branch:
 
@@ -203,6 +205,27 @@ def to_json(row: dict[str, np.ndarray]) -> dict[str, Any]:
             value = np.char.decode(value.astype(bytes), "utf-8")
         out[key] = value.tolist()
     return out
+
+
+class Classifier(Model):
+    """A Model whose outputs are class logits and whose labels are int32 class ids.
+
+    Supplies the loss (softmax cross-entropy), the accuracy metric and the
+    `class_ids` / `probabilities` predictions; subclasses still provide
+    `input_fn` and `build`.
+    """
+
+    def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)
+
+    def metrics(self) -> dict[str, keras.metrics.Metric]:
+        return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
+
+    def predictions(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {
+            "class_ids": tf.argmax(outputs, axis=-1, output_type=tf.int32),
+            "probabilities": tf.nn.softmax(outputs),
+        }
 
 
 _REGISTRY: dict[str, type[Model]] = {}
