@@ -58,15 +58,7 @@ def test_30_rows_by_4_give_8_batches_of_4_with_masks_summing_to_30():
 @pytest.mark.parametrize(
     "replicas",
     [
-        pytest.param(
-            1,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="pad_batches leaves the mask's shape (None,) with 1 replica: "
-                "concat of ones([real]) and zeros([batch - real]) has no static size "
-                "(inputs.py, reported; fix: mask.set_shape([batch_size]))",
-            ),
-        ),
+        1,
         8,
     ],
     ids=["1replica", "8replicas"],

@@ -149,6 +149,7 @@ def pad_batches(dataset: tf.data.Dataset, batch_size: int, replicas: int) -> tf.
         first = tf.nest.flatten(element)[0]
         real = tf.shape(first)[0]
         mask = tf.concat([tf.ones([real]), tf.zeros([batch_size - real])], axis=0)
+        mask.set_shape([batch_size])  # concat of two dynamic lengths has no static size
         padded = tf.nest.map_structure(lambda t: _pad_rows(t, batch_size), element)
         return (*padded, mask)
 
