@@ -220,3 +220,32 @@ def test_graph_walker_finds_the_root_of_each_problem():
     found = {name: graph_findings(fn) for name, (fn, _) in caught.items()}
     found["float64"] = found["float64"][:1]  # float64 ops are grouped by layer later
     assert found == {name: [expected] for name, (_, expected) in caught.items()}
+
+
+def shipped_config_args(name: str, data: Path) -> list[str]:
+    """What each shipped config needs to find its data, made here on the fly."""
+    if name in ("mnist", "fashion_mnist"):
+        from tests.synthetic_images import write_digit_records
+
+        return [f"--data_dir={write_digit_records(data, train=64, test=16)}"]
+    if name == "shakespeare":
+        data.mkdir()
+        text = data / "text.txt"
+        text.write_text("ROMEO: But soft, what light through yonder window breaks?\n" * 60)
+        return [f"--config.data.path={text}"]
+    return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "shakespeare", "flops"])
+def test_every_shipped_config_passes_check(tmp_path, name):
+    """The shipped models run on a v3-8 as far as a trace can tell (warnings allowed)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_tpurun(
+        "check", f"--config={name}", *shipped_config_args(name, tmp_path / "data"), cwd=work
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert f"tpurun check: clean: the train, eval and predict steps of {name}" in result.stdout
+    assert "error" not in "\n".join(findings(result)).lower()
+    assert list(work.iterdir()) == []
