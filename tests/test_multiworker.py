@@ -1,4 +1,4 @@
-"""MultiWorkerMirroredStrategy from TF_CONFIG: two worker processes on 127.0.0.1 train together."""
+"""MultiWorkerMirroredStrategy from TF_CONFIG: two worker processes on 127.0.0.1 work together."""
 
 from __future__ import annotations
 
@@ -7,27 +7,33 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV
+from conftest import OFFLINE_ENV, assert_ok, run_tpurun
 
 pytestmark = pytest.mark.slow
 
-# Runs the launcher's own train path, then saves this worker's final weights so the
-# test can compare workers (a non-chief keeps no checkpoint of its own).
-WORKER = """
+# Both worker scripts run the launcher's own code paths. The train one then saves
+# this worker's final weights so the test can compare workers (a non-chief keeps
+# no checkpoint of its own).
+PRELUDE = """
 import logging
 import sys
 import numpy as np
 from absl import logging as absl_logging
 from tpurun import cli, cluster as cluster_lib, commands, model as model_lib
-from tpurun.train import Trainer
 
-run = cli.parse("train", ["tpurun", *sys.argv[2:]])
+run = cli.parse(sys.argv[2], ["tpurun", *sys.argv[3:]])
 absl_logging.use_absl_handler()
 logging.root.setLevel(logging.INFO)
 cluster = cluster_lib.build(run)
+"""
+TRAIN_WORKER = (
+    PRELUDE
+    + """
+from tpurun.train import Trainer
 if cluster.is_chief:
     commands.prepare_model_dir(run)
     commands.write_record(run)
@@ -36,6 +42,13 @@ trainer.train()
 np.savez(sys.argv[1], *[v.numpy() for v in trainer.keras_model.weights])
 print("task", cluster.task, "chief", cluster.is_chief, "replicas", cluster.num_replicas)
 """
+)
+EVAL_WORKER = (
+    PRELUDE
+    + """
+commands.evaluate(run, cluster, model_lib.create(run.config))
+"""
+)
 
 
 def free_ports(count: int) -> list[int]:
@@ -48,33 +61,40 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def test_two_workers_end_with_identical_weights_and_only_the_chief_writes(tmp_path):
+def run_workers(script: str, command: str, tmp_path: Path, *args: str) -> list[tuple[str, str]]:
+    """Runs `script` as worker 0 and worker 1 of one cluster; returns their (stdout, stderr)."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    model_dir = tmp_path / "model"
     processes = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
-        args = [
-            sys.executable,
-            "-c",
-            WORKER,
-            str(tmp_path / f"weights-{index}.npz"),
-            "--config=iris",
-            "--use_tpu=false",
-            "--train_steps=40",
-            "--iterations=10",
-            "--config.train.save_checkpoints_steps=20",
-            f"--model_dir={model_dir}",
-        ]
+        argv = [sys.executable, "-c", script, str(tmp_path / f"weights-{index}.npz"), command]
         processes.append(
             subprocess.Popen(
-                args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                [*argv, "--config=iris", "--use_tpu=false", *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
     outputs = [p.communicate(timeout=300) for p in processes]
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err[-4000:]
+    return outputs
+
+
+def test_two_workers_train_to_identical_weights_and_eval_exactly(tmp_path):
+    model_dir = tmp_path / "model"
+    outputs = run_workers(
+        TRAIN_WORKER,
+        "train",
+        tmp_path,
+        "--train_steps=40",
+        "--iterations=10",
+        "--config.train.save_checkpoints_steps=20",
+        f"--model_dir={model_dir}",
+    )
     assert "task worker-0 chief True replicas 2" in outputs[0][0]
     assert "task worker-1 chief False replicas 2" in outputs[1][0]
 
@@ -90,3 +110,15 @@ def test_two_workers_end_with_identical_weights_and_only_the_chief_writes(tmp_pa
     scratch = model_dir / ".scratch"
     assert not scratch.exists() or not any(scratch.rglob("*.index"))
     assert "Saved checkpoint" in outputs[0][1] and "Saved checkpoint" not in outputs[1][1]
+
+    # Each worker evaluates its half of the 30 rows (padded, masked); the metric
+    # state is summed across workers, so both report what one process reports.
+    reference = assert_ok(
+        run_tpurun("eval", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}")
+    )
+    expected = next(line for line in reference.stdout.splitlines() if line.startswith("eval at"))
+    assert expected.endswith("(30 examples)")
+    for out, _ in run_workers(
+        EVAL_WORKER, "eval", tmp_path, "--eval_batch_size=8", f"--model_dir={model_dir}"
+    ):
+        assert expected in out

@@ -38,6 +38,7 @@ class Cluster:
     # the other workers write their part of each checkpoint to a scratch dir.
     is_chief: bool = True
     task: str = "chief"  # "<type>-<index>" in a TF_CONFIG cluster
+    num_workers: int = 1
 
     @property
     def num_replicas(self) -> int:
@@ -105,7 +106,13 @@ def _multi_worker() -> Cluster | None:
     description = (
         f"{workers} workers, {strategy.num_replicas_in_sync} replicas (MultiWorkerMirroredStrategy)"
     )
-    return Cluster(strategy, description, is_chief=is_chief, task=f"{task_type}-{task_index}")
+    return Cluster(
+        strategy,
+        description,
+        is_chief=is_chief,
+        task=f"{task_type}-{task_index}",
+        num_workers=workers,
+    )
 
 
 def _local(num_shards: int | None) -> Cluster:

@@ -12,7 +12,7 @@ from absl import logging
 from tpurun import checkpoints
 from tpurun import cluster as cluster_lib
 from tpurun import model as model_lib
-from tpurun.errors import RunError
+from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 
@@ -117,18 +117,24 @@ def evaluate(run: RunConfig, cluster, model) -> None:
 
     path = checkpoints.require_latest(run)
     results = Evaluator(run, cluster, model).evaluate(path)
-    written = write_results(run, results)
+    if cluster.is_chief:  # every worker has the same (summed) results
+        logging.info("Wrote %s.", write_results(run, results))
     metrics = "  ".join(
         f"{k}={v:.4f}" for k, v in results.items() if k not in ("num_examples", "global_step")
     )
     print(f"eval at step {results['global_step']}: {metrics}  ({results['num_examples']} examples)")
-    logging.info("Wrote %s.", written)
 
 
 def predict(run: RunConfig, cluster, model) -> None:
     from tpurun.model import to_json
     from tpurun.predict import Predictor
 
+    if cluster.num_workers > 1:
+        # Each worker would predict only its own shard of the rows.
+        raise UsageError(
+            "tpurun predict runs on one machine: unset TF_CONFIG (it describes "
+            f"{cluster.num_workers} workers) and run it once"
+        )
     rows = list(Predictor(run, cluster, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
     if output:

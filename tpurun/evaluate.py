@@ -27,6 +27,7 @@ class Evaluator:
     def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
         self.run = run
         self.strategy = cluster.strategy
+        self.num_workers = cluster.num_workers
         self.model = model
         with self.strategy.scope():
             self.keras_model = build_model(model)
@@ -62,6 +63,30 @@ class Evaluator:
             steps += 1
         return steps
 
+    def _sum_across_workers(self) -> None:
+        """Adds up every worker's metric state, so each reports the whole eval set.
+
+        Each worker of a MultiWorkerMirroredStrategy evaluates its own shard with
+        its own host-side metrics. Keras metrics keep additive state (totals and
+        counts), so the sum over workers is the state of one pass over all shards.
+        """
+        variables = [v for m in (*self.metrics.values(), self.num_examples) for v in m.variables]
+        local_replicas = self.strategy.num_replicas_in_sync // self.num_workers
+
+        def all_reduce(values):
+            summed = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, values
+            )
+            # Every local replica contributed this worker's (same) state.
+            return [value / local_replicas for value in summed]
+
+        values = [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in variables]
+        summed = self.strategy.experimental_local_results(
+            self.strategy.run(all_reduce, args=(values,))
+        )[0]
+        for variable, value in zip(variables, summed, strict=True):
+            variable.assign(tf.cast(value, variable.dtype))
+
     def evaluate(self, checkpoint_path: str) -> dict[str, float]:
         checkpoints.restore_model(self.keras_model, checkpoint_path)
         for metric in (*self.metrics.values(), self.num_examples):
@@ -84,6 +109,8 @@ class Evaluator:
             steps += ran
             if ran < want:
                 break
+        if self.num_workers > 1:
+            self._sum_across_workers()
         count = int(self.num_examples.result())
         if count == 0:
             raise RunError(f"{type(self.model).__name__}.input_fn(eval) yielded no examples")
