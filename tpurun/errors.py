@@ -24,7 +24,14 @@ class RunError(TpurunError):
     exit_code = 1
 
 
-# Documented in the README: a supervisor may restart a run that exits with this.
+class Preempted(TpurunError):
+    """SIGTERM (a TPU VM's preemption notice): a checkpoint was saved; rerun to continue."""
+
+    exit_code = 75  # EX_TEMPFAIL: temporary failure, try again
+
+
+# Documented in the README: a supervisor may restart a run that exits with EXIT_PREEMPTED.
 EXIT_OK = 0
+EXIT_PREEMPTED = Preempted.exit_code
 EXIT_RUN_FAILURE = RunError.exit_code
 EXIT_USAGE = UsageError.exit_code

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import signal
+import threading
 import time
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -10,8 +15,27 @@ from absl import logging
 
 from tpurun import checkpoints, inputs
 from tpurun.cluster import Cluster
+from tpurun.errors import Preempted, RunError
 from tpurun.model import Mode, Model
 from tpurun.run_config import RunConfig, aligned_to_loop
+
+
+@contextlib.contextmanager
+def sigterm_notice() -> Iterator[threading.Event]:
+    """Turns SIGTERM (what a TPU VM gets before preemption) into an event the loop checks.
+
+    The loop finishes its current host loop, saves a checkpoint at that step and
+    exits with Preempted.exit_code, so a restart loses no step.
+    """
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event  # signal handlers can only be installed from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_model(model: Model) -> keras.Model:
@@ -52,9 +76,26 @@ class Trainer:
 
     def restore(self) -> None:
         path = checkpoints.latest(self.run.model_dir)  # the chief's, on every worker
-        if path:
-            self.manager.checkpoint.restore(path).assert_existing_objects_matched()
-            logging.info("Resuming from %s (step %d).", path, self.step)
+        if not path:
+            return
+        configured = self._constant_learning_rate()
+        self.manager.checkpoint.restore(path).assert_existing_objects_matched()
+        logging.info("Resuming from %s (step %d).", path, self.step)
+        # A constant learning rate is a variable, so the checkpoint brought back the
+        # old one; the config of this run decides, as the flags did for TPUEstimator.
+        restored = self._constant_learning_rate()
+        if configured is not None and restored != configured:
+            self.optimizer.learning_rate = configured
+            logging.info(
+                "Learning rate %g from the config (the checkpoint had %g).", configured, restored
+            )
+
+    def _constant_learning_rate(self) -> float | None:
+        """The optimizer's learning rate, or None when it follows a schedule."""
+        schedule = keras.optimizers.schedules.LearningRateSchedule
+        if isinstance(getattr(self.optimizer, "_learning_rate", None), schedule):
+            return None
+        return float(self.optimizer.learning_rate)
 
     def _replica_step(self, features, labels) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -106,6 +147,13 @@ class Trainer:
         )
         iterator = iter(dataset)
         logging.info("Training from step %d to %d, %d steps per loop.", step, last, iterations)
+        with sigterm_notice() as preempted:
+            self._run_loops(iterator, step, last, save_every, preempted)
+
+    def _run_loops(
+        self, iterator, step: int, last: int, save_every: int, preempted: threading.Event
+    ) -> None:
+        iterations = self.run.iterations
         while step < last:
             num_steps = min(iterations, last - step)
             start = time.perf_counter()
@@ -120,5 +168,18 @@ class Trainer:
                 num_steps / elapsed,
                 num_steps * self.global_batch / elapsed,
             )
-            if step == last or (save_every and step % save_every == 0):
+            if not math.isfinite(loss):
+                # Nothing after the last good checkpoint is saved: it stays the latest.
+                raise RunError(
+                    f"the loss became {loss} between steps {step - num_steps + 1} and {step}; "
+                    f"the latest checkpoint is still "
+                    f"{checkpoints.latest(self.run.model_dir) or 'none (nothing was saved)'}; "
+                    "lower config.optimizer.learning_rate or look for NaN/Inf in the data"
+                )
+            if step == last or (save_every and step % save_every == 0) or preempted.is_set():
                 self.save(step)
+            if preempted.is_set():
+                raise Preempted(
+                    f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "
+                    f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
+                )

@@ -1,0 +1,84 @@
+"""Guard rails of a training run: NaN stops it cleanly; SIGTERM saves and says "restart me"."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import OFFLINE_ENV, assert_ok, error_lines, run_tpurun
+
+from tpurun.errors import EXIT_PREEMPTED
+
+pytestmark = pytest.mark.slow
+
+
+def test_exploding_learning_rate_stops_with_the_step_range_and_keeps_the_good_checkpoint(
+    tmp_path,
+):
+    common = ("--config=iris", "--use_tpu=false", "--iterations=50", f"--model_dir={tmp_path}")
+    assert_ok(run_tpurun("train", *common, "--train_steps=100"))
+    result = run_tpurun(
+        "train", *common, "--train_steps=300", "--config.optimizer.learning_rate=1e30"
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = error_lines(result)
+    assert "between steps 101 and 150" in line
+    assert f"{tmp_path / 'ckpt-100'}" in line and "lower config.optimizer.learning_rate" in line
+
+    import tensorflow as tf
+
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-100")
+    assert not list(tmp_path.glob("ckpt-150*")) and not list(tmp_path.glob("ckpt-300*"))
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-100"))
+    for name in reader.get_variable_to_shape_map():
+        if name.endswith("VARIABLE_VALUE"):
+            assert np.all(np.isfinite(reader.get_tensor(name))), name
+
+
+def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tmp_path):
+    args = [
+        sys.executable,
+        "-m",
+        "tpurun",
+        "train",
+        "--config=iris",
+        "--use_tpu=false",
+        "--iterations=100",
+        "--train_steps=10000000",
+        f"--model_dir={tmp_path}",
+    ]
+    process = subprocess.Popen(
+        args, env={**__import__("os").environ, **OFFLINE_ENV}, stderr=subprocess.PIPE, text=True
+    )
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if re.search(r"step \d+/10000000", line):
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = process.stderr.read()
+    process.wait(timeout=120)
+    stderr = "".join(seen) + rest
+    assert process.returncode == EXIT_PREEMPTED, stderr
+    saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stderr).group(1))
+    logged = [int(s) for s in re.findall(r"step (\d+)/10000000", stderr)]
+    assert saved == max(logged) and saved % 100 == 0
+    assert (tmp_path / f"ckpt-{saved}.index").exists()
+
+    resumed = assert_ok(
+        run_tpurun(
+            "train",
+            "--config=iris",
+            "--use_tpu=false",
+            "--iterations=100",
+            f"--train_steps={saved + 200}",
+            f"--model_dir={tmp_path}",
+        )
+    )
+    assert f"(step {saved})" in resumed.stderr
+    assert f"Training from step {saved} to {saved + 200}" in resumed.stderr
