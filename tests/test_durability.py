@@ -82,3 +82,36 @@ def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tmp_path):
     )
     assert f"(step {saved})" in resumed.stderr
     assert f"Training from step {saved} to {saved + 200}" in resumed.stderr
+
+
+def scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """Scalar summaries by tag, read back as TensorBoard reads them: [(step, value)]."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(
+        str(directory), size_guidance={event_accumulator.TENSORS: 0}
+    ).Reload()
+    out = {}
+    for tag in accumulator.Tags()["tensors"]:
+        out[tag] = [
+            (e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)
+        ]
+    return out
+
+
+def test_train_and_eval_summaries_read_back_by_tag(tmp_path):
+    common = ("--config=iris", "--use_tpu=false", f"--model_dir={tmp_path}")
+    assert_ok(run_tpurun("train", *common, "--train_steps=200", "--iterations=50"))
+    assert_ok(run_tpurun("eval", *common))
+
+    train = scalars(tmp_path)
+    assert set(train) == {"loss", "learning_rate", "global_step/sec", "examples/sec"}
+    assert [step for step, _ in train["loss"]] == [50, 100, 150, 200]
+    assert all(value == pytest.approx(0.1) for _, value in train["learning_rate"])
+    assert train["loss"][-1][1] < train["loss"][0][1]
+
+    evaluation = scalars(tmp_path / "eval")
+    assert {"accuracy", "loss", "num_examples"} <= set(evaluation)
+    assert evaluation["num_examples"] == [(200, 30.0)]
+    assert not any(tag.startswith("while") for tag in (*train, *evaluation))

@@ -113,12 +113,13 @@ def train(run: RunConfig, cluster, model) -> None:
 
 
 def evaluate(run: RunConfig, cluster, model) -> None:
-    from tpurun.evaluate import Evaluator, write_results
+    from tpurun.evaluate import Evaluator, write_eval_summaries, write_results
 
     path = checkpoints.require_latest(run)
     results = Evaluator(run, cluster, model).evaluate(path)
     if cluster.is_chief:  # every worker has the same (summed) results
         logging.info("Wrote %s.", write_results(run, results))
+        write_eval_summaries(run, results)
     metrics = "  ".join(
         f"{k}={v:.4f}" for k, v in results.items() if k not in ("num_examples", "global_step")
     )

@@ -133,3 +133,13 @@ def write_results(run: RunConfig, results: dict[str, float]) -> str:
         f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
     tf.io.gfile.rename(tmp, path, overwrite=True)
     return path
+
+
+def write_eval_summaries(run: RunConfig, results: dict[str, float]) -> None:
+    """Every eval metric as a TensorBoard scalar under model_dir/eval, at the checkpoint's step."""
+    writer = tf.summary.create_file_writer(tf.io.gfile.join(run.model_dir, "eval"))
+    with writer.as_default(step=int(results["global_step"])):
+        for name, value in results.items():
+            if name != "global_step":
+                tf.summary.scalar(name, value)
+    writer.close()

@@ -147,11 +147,22 @@ class Trainer:
         )
         iterator = iter(dataset)
         logging.info("Training from step %d to %d, %d steps per loop.", step, last, iterations)
+        # TensorBoard events (the chief's only): written from Python between host
+        # loops, so tags carry no while/ prefix and cost nothing inside the loop.
+        writer = tf.summary.create_file_writer(run.model_dir) if self.is_chief else None
         with sigterm_notice() as preempted:
-            self._run_loops(iterator, step, last, save_every, preempted)
+            self._run_loops(iterator, step, last, save_every, preempted, writer)
+        if writer is not None:
+            writer.close()
 
     def _run_loops(
-        self, iterator, step: int, last: int, save_every: int, preempted: threading.Event
+        self,
+        iterator,
+        step: int,
+        last: int,
+        save_every: int,
+        preempted: threading.Event,
+        writer: tf.summary.SummaryWriter | None,
     ) -> None:
         iterations = self.run.iterations
         while step < last:
@@ -168,6 +179,12 @@ class Trainer:
                 num_steps / elapsed,
                 num_steps * self.global_batch / elapsed,
             )
+            if writer is not None:
+                with writer.as_default(step=step):
+                    tf.summary.scalar("loss", loss)
+                    tf.summary.scalar("learning_rate", float(self.optimizer.learning_rate))
+                    tf.summary.scalar("global_step/sec", num_steps / elapsed)
+                    tf.summary.scalar("examples/sec", num_steps * self.global_batch / elapsed)
             if not math.isfinite(loss):
                 # Nothing after the last good checkpoint is saved: it stays the latest.
                 raise RunError(
