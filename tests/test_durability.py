@@ -22,7 +22,12 @@ def test_exploding_learning_rate_stops_with_the_step_range_and_keeps_the_good_ch
     common = ("--config=iris", "--use_tpu=false", "--iterations=50", f"--model_dir={tmp_path}")
     assert_ok(run_tpurun("train", *common, "--train_steps=100"))
     result = run_tpurun(
-        "train", *common, "--train_steps=300", "--config.optimizer.learning_rate=1e30"
+        # 2 replicas: the resumed learning rate is a MirroredVariable there.
+        "train",
+        *common,
+        "--train_steps=300",
+        "--config.optimizer.learning_rate=1e30",
+        "--num_shards=2",
     )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr

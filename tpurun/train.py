@@ -95,7 +95,7 @@ class Trainer:
         schedule = keras.optimizers.schedules.LearningRateSchedule
         if isinstance(getattr(self.optimizer, "_learning_rate", None), schedule):
             return None
-        return float(self.optimizer.learning_rate)
+        return float(tf.convert_to_tensor(self.optimizer.learning_rate))
 
     def _replica_step(self, features, labels) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -182,7 +182,9 @@ class Trainer:
             if writer is not None:
                 with writer.as_default(step=step):
                     tf.summary.scalar("loss", loss)
-                    tf.summary.scalar("learning_rate", float(self.optimizer.learning_rate))
+                    tf.summary.scalar(
+                        "learning_rate", float(tf.convert_to_tensor(self.optimizer.learning_rate))
+                    )
                     tf.summary.scalar("global_step/sec", num_steps / elapsed)
                     tf.summary.scalar("examples/sec", num_steps * self.global_batch / elapsed)
             if not math.isfinite(loss):
