@@ -40,8 +40,6 @@ def sigterm_notice() -> Iterator[threading.Event]:
 
 def build_model(model: Model) -> keras.Model:
     """Calls the model's build() (inside the caller's strategy scope) and checks the result."""
-    from tpurun.errors import RunError
-
     keras_model = model.build()
     if not isinstance(keras_model, keras.Model) or not keras_model.built:
         raise RunError(
