@@ -21,7 +21,7 @@ from absl.logging import converter
 
 from tpurun import __version__, cli_flags, config_files
 from tpurun.errors import TpurunError, UsageError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags
 
 FLAGS = flags.FLAGS
 
@@ -185,9 +185,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
                 + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
             )
 
-    flag_values = {
-        name: FLAGS[name].value for name in cli_flags.COMMON_FLAGS + ("input", "output", "prompt")
-    }
+    flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     config = merge_flags(cli_flags.CONFIG.value, flag_values)
     model_dir = cli_flags.MODEL_DIR.value
     if model_dir is None:
@@ -212,7 +210,25 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         tpu_init_timeout=cli_flags.TPU_INIT_TIMEOUT.value,
         num_shards=cli_flags.NUM_SHARDS.value,
         export_dir=cli_flags.EXPORT_DIR.value,
+        export_best=cli_flags.BEST.value,
+        force_resume=cli_flags.FORCE_RESUME.value,
+        hang_timeout=cli_flags.HANG_TIMEOUT.value,
+        profile_steps=_step_range(cli_flags.PROFILE_STEPS.value),
+        continuous=cli_flags.CONTINUOUS.value,
+        eval_timeout=cli_flags.EVAL_TIMEOUT.value,
     )
+
+
+def _step_range(text: str | None) -> tuple[int, int] | None:
+    """--profile_steps=START,END as two ints."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", text)
+    if not match:
+        raise UsageError(
+            f"--profile_steps={text} must be two step numbers START,END, e.g. --profile_steps=100,110"
+        )
+    return int(match.group(1)), int(match.group(2))
 
 
 def _forget_earlier_parse() -> None:

@@ -91,6 +91,72 @@ EVAL_STEPS = flags.DEFINE_integer(
 )
 SEED = flags.DEFINE_integer("seed", None, "Random seed (weights, shuffling). Config key seed.")
 
+# train: checkpoints, resume, guard rails, visibility
+SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
+    "save_checkpoints_steps",
+    None,
+    "Save a checkpoint every this many steps (rounded up to a multiple of --iterations; "
+    "0 = by time only). Config key train.save_checkpoints_steps.",
+)
+SAVE_CHECKPOINTS_SECS = flags.DEFINE_integer(
+    "save_checkpoints_secs",
+    None,
+    "Save a checkpoint when this many seconds passed since the last one, checked after "
+    "every host loop; with --save_checkpoints_steps, whichever comes first (0 = by steps "
+    "only). Config key train.save_checkpoints_secs.",
+)
+KEEP_CHECKPOINT_MAX = flags.DEFINE_integer(
+    "keep_checkpoint_max",
+    None,
+    "Keep this many most recent checkpoints (the best one is kept apart, see "
+    "--eval_every). Config key train.keep_checkpoint_max.",
+)
+WARM_START_FROM = flags.DEFINE_string(
+    "warm_start_from",
+    None,
+    "Initialise the model from another run's checkpoint (a ckpt-N path or a model_dir), "
+    "then train from step 0; only variables matching config.train.warm_start_vars (a "
+    "regex, default all) are taken. Config key train.warm_start_from.",
+)
+FORCE_RESUME = flags.DEFINE_bool(
+    "force_resume",
+    False,
+    "Resume from model_dir's checkpoint even though this config changes the model or "
+    "the batch size (tpurun refuses and lists the differences otherwise).",
+)
+HANG_TIMEOUT = flags.DEFINE_float(
+    "hang_timeout",
+    3600,
+    "Exit with an error when a host loop (or a save) makes no progress for this many "
+    "seconds (a stuck infeed or TPU) instead of hanging forever; 0 = never.",
+)
+PROFILE_STEPS = flags.DEFINE_string(
+    "profile_steps",
+    None,
+    "START,END: capture a TensorFlow profiler trace of these steps (whole host loops) "
+    "into model_dir/plugins/profile, for TensorBoard's profile tab.",
+)
+EVAL_EVERY = flags.DEFINE_integer(
+    "eval_every",
+    None,
+    "Evaluate (one exact pass) every this many steps and at the end, in the training "
+    "process (rounded up to a multiple of --iterations; 0 = never). "
+    "Config key train.eval_every.",
+)
+
+# eval
+CONTINUOUS = flags.DEFINE_bool(
+    "continuous",
+    False,
+    "eval: watch model_dir and evaluate every new checkpoint once (a sidecar evaluator); "
+    "stop after the final step (--train_steps) or after --eval_timeout without a new one.",
+)
+EVAL_TIMEOUT = flags.DEFINE_float(
+    "eval_timeout",
+    3600,
+    "eval --continuous: stop after this many seconds without a new checkpoint.",
+)
+
 # predict
 INPUT = flags.DEFINE_string(
     "input",
@@ -123,6 +189,12 @@ EXPORT_DIR = flags.DEFINE_string(
     None,
     "export: directory for the SavedModel. Default: <model_dir>/export/<timestamp>.",
 )
+BEST = flags.DEFINE_bool(
+    "best",
+    False,
+    "export: the best checkpoint by config.eval.best_metric (kept by eval runs) instead "
+    "of the latest.",
+)
 
 COMMON_FLAGS = (
     "config",
@@ -144,10 +216,20 @@ COMMON_FLAGS = (
 )
 # Flags that only make sense for one command: given to another, they are an error.
 COMMAND_FLAGS = {
-    "train": COMMON_FLAGS,
-    "eval": COMMON_FLAGS,
+    "train": (
+        *COMMON_FLAGS,
+        "save_checkpoints_steps",
+        "save_checkpoints_secs",
+        "keep_checkpoint_max",
+        "warm_start_from",
+        "force_resume",
+        "hang_timeout",
+        "profile_steps",
+        "eval_every",
+    ),
+    "eval": (*COMMON_FLAGS, "continuous", "eval_timeout"),
     "predict": (*COMMON_FLAGS, "input", "output", "prompt"),
-    "export": (*COMMON_FLAGS, "export_dir"),
+    "export": (*COMMON_FLAGS, "export_dir", "best"),
     # --num_shards sets the replicas to check for (default 8, a v3-8); --model_dir,
     # --tpu and --use_tpu are accepted but unused: check always traces on the CPU.
     "check": COMMON_FLAGS,

@@ -28,13 +28,24 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.train.batch_size = 128  # global: split evenly across replicas
     config.train.steps = 1000  # total (max_steps): a resumed run continues to it
     config.train.iterations = 100  # steps per host loop (iterations_per_loop)
-    # 0 = only at the end of training; rounded up to a multiple of iterations.
+    # A checkpoint every N steps (rounded up to a multiple of iterations) or every
+    # N seconds, whichever comes first; 0 turns one off. Always one at the end.
     config.train.save_checkpoints_steps = 0
+    config.train.save_checkpoints_secs = 600  # TPUEstimator's default
     config.train.keep_checkpoint_max = 5
+    config.train.eval_every = 0  # steps between evals in the training process; 0 = never
+    # Initialise from another run's checkpoint (ckpt-N or a model_dir), then train
+    # from step 0; only variables whose checkpoint key matches the regex are taken.
+    config.train.warm_start_from = ""
+    config.train.warm_start_vars = ".*"
 
     config.eval = ml_collections.ConfigDict()
     config.eval.batch_size = 128  # global
     config.eval.steps = 0  # 0 = one exact pass over the eval data
+    # The checkpoint with the best value of this eval metric is kept in model_dir/best
+    # (for `tpurun export --best`); best_mode says whether "min" or "max" is best.
+    config.eval.best_metric = "loss"
+    config.eval.best_mode = "min"
 
     config.predict = ml_collections.ConfigDict()
     config.predict.batch_size = 128  # global

@@ -36,6 +36,12 @@ class RunConfig:
     tpu_init_timeout: float = 300  # seconds to reach the TPU before failing
     num_shards: int | None = None  # None: every local device (or every TPU core)
     export_dir: str | None = None
+    export_best: bool = False  # export: the best checkpoint instead of the latest
+    force_resume: bool = False  # train: resume even though the config changed the model
+    hang_timeout: float = 3600  # train: seconds without progress before failing; 0 = never
+    profile_steps: tuple[int, int] | None = None  # train: first and last step to profile
+    continuous: bool = False  # eval: evaluate every new checkpoint until the final step
+    eval_timeout: float = 3600  # eval --continuous: seconds to wait for a new checkpoint
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -100,6 +106,11 @@ FLAG_TO_CONFIG_KEY = {
     "output": "predict.output",
     "prompt": "predict.prompt",
     "data_dir": "data.data_dir",
+    "save_checkpoints_steps": "train.save_checkpoints_steps",
+    "save_checkpoints_secs": "train.save_checkpoints_secs",
+    "keep_checkpoint_max": "train.keep_checkpoint_max",
+    "warm_start_from": "train.warm_start_from",
+    "eval_every": "train.eval_every",
 }
 # Flags for keys that only some configs have (not in base_config): given to a config
 # without the key they are an error, left unset they are fine.
@@ -156,8 +167,9 @@ _REQUIRED_KEYS = (
     "optimizer.name",
     "optimizer.learning_rate",
     *(key for flag, key in FLAG_TO_CONFIG_KEY.items() if flag not in MODEL_SPECIFIC_FLAGS),
-    "train.save_checkpoints_steps",
-    "train.keep_checkpoint_max",
+    "train.warm_start_vars",
+    "eval.best_metric",
+    "eval.best_mode",
 )
 
 
@@ -185,9 +197,30 @@ def _validate(run: RunConfig) -> None:
         raise UsageError(f"--train_steps={config.train.steps} must be >= 0")
     if config.eval.steps < 0:
         raise UsageError(f"--eval_steps={config.eval.steps} must be >= 0 (0 = one exact pass)")
-    if config.train.save_checkpoints_steps < 0:
-        raise UsageError("config.train.save_checkpoints_steps must be >= 0 (0 = at the end only)")
-    positive("config.train.keep_checkpoint_max", config.train.keep_checkpoint_max)
+    for name in ("save_checkpoints_steps", "save_checkpoints_secs", "eval_every"):
+        value = config.train[name]
+        if not isinstance(value, int) or value < 0:
+            raise UsageError(
+                f"--{name}={value} (config.train.{name}) must be an integer >= 0 (0 = off)"
+            )
+    positive(
+        "--keep_checkpoint_max (config.train.keep_checkpoint_max)", config.train.keep_checkpoint_max
+    )
+    if config.eval.best_mode not in ("min", "max"):
+        raise UsageError(
+            f"config.eval.best_mode={config.eval.best_mode!r} must be 'min' or 'max' "
+            f"(is a smaller or a larger {config.eval.best_metric} better?)"
+        )
+    for name in ("hang_timeout", "eval_timeout"):
+        value = getattr(run, name)
+        if not isinstance(value, (int, float)) or value < 0:
+            raise UsageError(f"--{name}={value} must be a number of seconds >= 0")
+    if run.profile_steps is not None:
+        first, last = run.profile_steps
+        if not 1 <= first <= last:
+            raise UsageError(
+                f"--profile_steps={first},{last} must be START,END with 1 <= START <= END"
+            )
     if run.num_shards is not None:
         positive("--num_shards", run.num_shards)
         check_divisible("--batch_size", config.train.batch_size, run.num_shards)
