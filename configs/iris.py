@@ -23,7 +23,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.train_path = ""
     config.data.eval_path = ""
-    config.data.shuffle_buffer = 1000
 
     config.hidden_units = (10, 10)
     config.n_classes = 3
@@ -37,5 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.iterations = 100
     config.train.save_checkpoints_steps = 500
     config.eval.batch_size = 32
+    config.eval.best_metric = "accuracy"
+    config.eval.best_mode = "max"
     config.predict.batch_size = 8
     return config

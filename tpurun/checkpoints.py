@@ -1,24 +1,37 @@
-"""Checkpoints in model_dir: `ckpt-<step>` files written by tf.train.CheckpointManager."""
+"""Checkpoints in model_dir: `ckpt-<step>` files written by tf.train.CheckpointManager.
+
+A save is atomic in the way that matters: TensorFlow writes the tensors to a
+`ckpt-<step>_temp` directory, merges them into `ckpt-<step>.index/.data-*`, and
+only then rewrites the `checkpoint` state file (itself through a temporary file
+and a rename). A process killed at any moment therefore leaves either the new
+complete checkpoint or the previous state. On resume every candidate is checked
+(the tensor bundle carries a CRC32C per tensor, verified as it is read) and a
+damaged one is moved to `model_dir/damaged/`, falling back to the one before.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 
 import keras
 import tensorflow as tf
+from absl import logging
 
-from tpurun.errors import RunError
+from tpurun.errors import RunError, UsageError
+from tpurun.model import Model
 from tpurun.run_config import RunConfig
+
+# What restoring a damaged or partial checkpoint raises: a missing or truncated
+# file, a checksum mismatch, an index that does not parse or does not match.
+DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)
+TRAIN_CONFIG = "train_config.json"
 
 
 def manager(
-    run: RunConfig,
-    keras_model: keras.Model,
-    optimizer: keras.optimizers.Optimizer,
-    directory: str | None = None,
+    run: RunConfig, checkpoint: tf.train.Checkpoint, directory: str | None = None
 ) -> tf.train.CheckpointManager:
     """Writes ckpt-<step> to `directory` (default: model_dir)."""
-    checkpoint = tf.train.Checkpoint(model=keras_model, optimizer=optimizer)
     return tf.train.CheckpointManager(
         checkpoint, directory or run.model_dir, max_to_keep=run.config.train.keep_checkpoint_max
     )
@@ -31,6 +44,10 @@ def scratch_dir(run: RunConfig, task: str) -> str:
     only the chief's copy is kept.
     """
     return tf.io.gfile.join(run.model_dir, ".scratch", task)
+
+
+def path_of(model_dir: str, step: int) -> str:
+    return tf.io.gfile.join(model_dir, f"ckpt-{step}")
 
 
 def latest(model_dir: str) -> str | None:
@@ -54,6 +71,210 @@ def step_of(path: str) -> int:
     if not match:
         raise RunError(f"checkpoint {path} is not named ckpt-<step>; was it written by tpurun?")
     return int(match.group(1))
+
+
+def candidates(model_dir: str) -> list[str]:
+    """Every checkpoint in model_dir with an index file, newest step first.
+
+    Read from the files, not only from the state file: a run killed after the
+    merge but before the state file was rewritten left a complete newer one, and
+    the state file itself may be what is damaged.
+    """
+    paths = {
+        index[: -len(".index")]
+        for index in tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*.index"))
+        if re.search(r"ckpt-\d+\.index$", index)
+    }
+    return sorted(paths, key=step_of, reverse=True)
+
+
+def remove_partial_saves(model_dir: str) -> None:
+    """Deletes what a save killed before its merge left: `ckpt-<step>_temp*` directories."""
+    for temp in tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*_temp*")):
+        logging.info("Removing %s, left by a save that was interrupted.", temp)
+        if tf.io.gfile.isdir(temp):
+            tf.io.gfile.rmtree(temp)
+        else:
+            tf.io.gfile.remove(temp)
+
+
+def restore_newest_intact(
+    checkpoint: tf.train.Checkpoint, run: RunConfig, is_chief: bool
+) -> str | None:
+    """Restores the newest checkpoint that reads back whole; returns its path (None: none).
+
+    A damaged checkpoint (the tensors do not read back, or do not match the
+    model) is moved to model_dir/damaged/ by the chief, and the one before it is
+    tried, so a run always resumes from the last complete checkpoint.
+    """
+    model_dir = run.model_dir
+    if is_chief:
+        remove_partial_saves(model_dir)
+    found = candidates(model_dir)
+    if found:
+        check_resume_config(run)
+    damaged = []
+    for path in found:
+        try:
+            checkpoint.read(path).assert_existing_objects_matched()
+        except DAMAGE_ERRORS as e:
+            damaged.append(path)
+            reason = " ".join(getattr(e, "message", str(e)).split())[:300]
+            logging.warning("Checkpoint %s is damaged (%s); trying the one before.", path, reason)
+            continue
+        if is_chief:
+            for bad in damaged:
+                _move_aside(bad, model_dir)
+            if damaged or latest(model_dir) != path:
+                _rewrite_state(model_dir, path)
+        return path
+    if found:
+        raise RunError(
+            f"every checkpoint in {model_dir} is damaged ({', '.join(found)}); move them "
+            "away to train from scratch, or restore the model_dir from a backup"
+        )
+    return None
+
+
+def _move_aside(path: str, model_dir: str) -> None:
+    damaged_dir = tf.io.gfile.join(model_dir, "damaged")
+    tf.io.gfile.makedirs(damaged_dir)
+    for file in tf.io.gfile.glob(path + ".*"):
+        target = tf.io.gfile.join(damaged_dir, file.rsplit("/", 1)[-1])
+        tf.io.gfile.rename(file, target, overwrite=True)
+    logging.warning("Moved the damaged checkpoint %s to %s.", path, damaged_dir)
+
+
+def _rewrite_state(model_dir: str, newest: str) -> None:
+    """Points the `checkpoint` state file at `newest`, listing the intact older ones."""
+    kept = [p for p in reversed(candidates(model_dir)) if step_of(p) <= step_of(newest)]
+    tf.compat.v1.train.update_checkpoint_state(model_dir, newest, all_model_checkpoint_paths=kept)
+
+
+# Config keys a resumed run may change: how long and how often, not what is trained.
+RESUMABLE_CHANGES = (
+    "train.steps",
+    "train.iterations",
+    "train.save_checkpoints_steps",
+    "train.save_checkpoints_secs",
+    "train.keep_checkpoint_max",
+    "train.eval_every",
+    "train.warm_start_from",
+    "train.warm_start_vars",
+    "optimizer.learning_rate",
+    "data.data_dir",
+    "eval.",
+    "predict.",
+)
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _trained_config(config: dict) -> dict[str, object]:
+    """The keys that decide what a checkpoint holds: the model, its data order, the batch."""
+    return {
+        key: value
+        for key, value in _flatten(json.loads(json.dumps(config, default=str))).items()
+        if not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
+    }
+
+
+def write_train_config(run: RunConfig) -> None:
+    """Records the config the checkpoints in model_dir are trained with (atomically)."""
+    path = tf.io.gfile.join(run.model_dir, TRAIN_CONFIG)
+    tmp = path + ".tmp"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write(json.dumps(run.config.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def check_resume_config(run: RunConfig) -> None:
+    """Refuses to resume when this config changes what the checkpoints were trained as."""
+    path = tf.io.gfile.join(run.model_dir, TRAIN_CONFIG)
+    if not tf.io.gfile.exists(path):
+        return  # written by a tpurun that kept no record: nothing to compare with
+    with tf.io.gfile.GFile(path) as f:
+        before = _trained_config(json.load(f))
+    now = _trained_config(run.config.to_dict())
+    differences = [
+        f"{key}: {before.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
+        for key in sorted(set(before) | set(now))
+        if before.get(key, "(absent)") != now.get(key, "(absent)")
+    ]
+    if not differences:
+        return
+    listed = "; ".join(differences)
+    if run.force_resume:
+        logging.warning("Resuming with a changed config (--force_resume): %s.", listed)
+        return
+    raise UsageError(
+        f"the checkpoints in {run.model_dir} were trained with a different config: {listed}. "
+        "Use a new --model_dir (or --warm_start_from to start from these weights), or pass "
+        "--force_resume to continue anyway"
+    )
+
+
+def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
+    """Copies the variables matching train.warm_start_vars from another run's checkpoint.
+
+    The checkpoint is read into a second copy of this config's model, so a
+    variable is found by its place in the model, as a restore would; only the
+    model's weights are taken (no optimizer state, no step).
+    """
+    source = run.config.train.warm_start_from
+    path = source
+    if tf.io.gfile.isdir(source):
+        path = latest(source)
+        if path is None:
+            raise UsageError(f"--warm_start_from={source} holds no checkpoint; pass a ckpt-N path")
+    elif not tf.io.gfile.exists(path + ".index"):
+        raise UsageError(
+            f"--warm_start_from={source} is neither a model_dir nor a checkpoint (no {path}.index)"
+        )
+    pattern_text = run.config.train.warm_start_vars
+    try:
+        pattern = re.compile(pattern_text)
+    except re.error as e:
+        raise UsageError(
+            f"config.train.warm_start_vars={pattern_text!r} is not a regex: {e}"
+        ) from None
+    source_model = model.build()
+    try:
+        tf.train.Checkpoint(model=source_model).read(path).expect_partial()
+    except DAMAGE_ERRORS as e:
+        reason = " ".join(getattr(e, "message", str(e)).split())[:300]
+        raise RunError(
+            f"cannot warm-start from {path}: it does not fit the model of this config ({reason})"
+        ) from None
+    taken = []
+    for target, value in zip(keras_model.variables, source_model.variables, strict=True):
+        if pattern.search(target.path):
+            if tuple(target.shape) != tuple(value.shape):
+                raise RunError(
+                    f"cannot warm-start {target.path}: shape {tuple(target.shape)} here, "
+                    f"{tuple(value.shape)} in {path}; exclude it with config.train.warm_start_vars"
+                )
+            target.assign(value)
+            taken.append(target.path)
+    if not taken:
+        raise UsageError(
+            f"config.train.warm_start_vars={pattern_text!r} matches none of the model's "
+            f"variables ({', '.join(v.path for v in keras_model.variables[:6])}, ...)"
+        )
+    logging.info(
+        "Warm-started %d of %d variables from %s; training starts at step 0.",
+        len(taken),
+        len(keras_model.variables),
+        path,
+    )
 
 
 def restore_model(keras_model: keras.Model, path: str) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from tpurun.errors import RunError
 from tpurun.model import InputParams, Mode, Model
 
 
-def input_params(ctx: tf.distribute.InputContext, global_batch: int, seed: int) -> InputParams:
+def input_params(
+    ctx: tf.distribute.InputContext, global_batch: int, seed: int, start_step: int = 0
+) -> InputParams:
     return InputParams(
         batch_size=ctx.get_per_replica_batch_size(global_batch),
         global_batch_size=global_batch,
@@ -24,6 +27,8 @@ def input_params(ctx: tf.distribute.InputContext, global_batch: int, seed: int) 
         input_pipeline_id=ctx.input_pipeline_id,
         num_input_pipelines=ctx.num_input_pipelines,
         seed=seed,
+        # Every step takes one batch per replica, dealt over the pipelines.
+        start_batch=start_step * ctx.num_replicas_in_sync // ctx.num_input_pipelines,
     )
 
 
@@ -34,17 +39,19 @@ def distribute(
     global_batch: int,
     seed: int,
     exact_pass: bool = True,
+    start_step: int = 0,
 ) -> tf.distribute.DistributedDataset | HostDistributedDataset:
     """The model's dataset for `mode`, distributed over the strategy's replicas.
 
     TRAIN elements are `(features, labels)`; EVAL elements `(features, labels, mask)`;
     PREDICT elements `(features, mask)`. Iterate it and call `next()` (in or out of
     a tf.function) for the step's per-replica values; TRAIN on logical CPU devices
-    gives a HostDistributedDataset, which offers only that.
+    gives a HostDistributedDataset, which offers only that. TRAIN resumed at
+    `start_step` continues the stream exactly where that step left it.
     """
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        params = input_params(ctx, global_batch, seed)
+        params = input_params(ctx, global_batch, seed, start_step if mode is Mode.TRAIN else 0)
         dataset = model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise RunError(
@@ -53,6 +60,15 @@ def distribute(
             )
         if mode is Mode.TRAIN:
             check_static_batch(dataset, params.batch_size, type(model).__name__)
+            if params.start_batch and not model.input_fn_seeks:
+                logging.info(
+                    "Skipping %d batches to continue the input where step %d left it (reads "
+                    "them: set input_fn_seeks on %s to start there directly).",
+                    params.start_batch,
+                    start_step,
+                    type(model).__name__,
+                )
+                dataset = dataset.skip(params.start_batch)
             return dataset
         if exact_pass and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
             raise RunError(
@@ -130,6 +146,46 @@ class HostDistributedIterator:
                 stacked, [p[ctx.replica_id_in_sync_group] for p in pieces]
             )
         )
+
+
+def seekable_batches(tensors: Any, params: InputParams) -> tf.data.Dataset:
+    """Endless TRAIN batches of in-memory examples, reshuffled every epoch, starting anywhere.
+
+    `tensors` is a structure of arrays with one row per example (what
+    from_tensor_slices takes). The stream is a pure function of (params.seed,
+    position): batch k of this input pipeline holds the examples at positions
+    [k*B, (k+1)*B) of its shard of an endless sequence of epochs, each epoch a
+    permutation of all rows by `tf.random.experimental.index_shuffle` keyed by
+    (seed, epoch). Starting at `params.start_batch` is therefore arithmetic, not
+    a replay: a run resumed at step 10,000 starts as fast as one at step 10.
+    Pipelines take every num_input_pipelines-th position, so they share the
+    epochs without overlap.
+    """
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, tensors)
+    count = int(tf.nest.flatten(arrays)[0].shape[0])
+    if count == 0:
+        raise RunError("seekable_batches: no examples (the arrays have no rows)")
+    batch = params.batch_size
+    pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
+    seed = params.seed
+
+    def batch_at(k: tf.Tensor) -> Any:
+        local = k * batch + tf.range(batch, dtype=tf.int64)
+        position = local * pipelines + pipeline  # in the stream shared by all pipelines
+        epoch, offset = position // count, position % count
+        # One [seed, epoch, 0] key per row. The raw op: tf.random.experimental.
+        # index_shuffle pads a [n, 2] seed on the wrong axis in TF 2.21.
+        key = tf.stack([tf.fill([batch], tf.constant(seed, tf.int64)), epoch], axis=1)
+        rows = tf.raw_ops.RandomIndexShuffle(
+            index=offset,
+            seed=tf.pad(key, [[0, 0], [0, 1]]),
+            max_index=tf.constant(count - 1, tf.int64),
+            rounds=4,
+        )
+        return tf.nest.map_structure(lambda t: tf.gather(t, rows), arrays)
+
+    starts = tf.data.Dataset.range(params.start_batch, tf.int64.max)
+    return starts.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def check_static_batch(dataset: tf.data.Dataset, batch_size: int, model_name: str) -> None:

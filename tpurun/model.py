@@ -25,8 +25,13 @@ What the launcher guarantees, so the model never needs a device branch:
   `(features, labels)` in TRAIN and EVAL and `features` in PREDICT, where
   `features` is a dict of named tensors (or one tensor).
   - TRAIN: repeat forever and batch with `drop_remainder=True`: a TPU needs every
-    batch to have the same static shape. Shuffle with `params.seed` so that runs
-    are reproducible.
+    batch to have the same static shape. The stream must be a pure function of
+    `params` (shuffle with `params.seed`; no unseeded randomness, no
+    `deterministic=False`): a resumed run rebuilds it and continues at batch
+    `params.start_batch`, so a run killed and resumed ends with the same weights
+    as one that was not. Set `input_fn_seeks = True` and start there yourself
+    (`tpurun.inputs.seekable_batches` does it in O(1) for in-memory arrays), or
+    leave it False and the launcher skips the batches already trained on.
   - EVAL / PREDICT: one pass, `drop_remainder=False`. The launcher pads the last
     batch to the static shape, masks the padding out of every metric and strips it
     from predictions, so evaluation is exact and N inputs give N outputs.
@@ -112,10 +117,18 @@ class InputParams:
     input_pipeline_id: int  # this host's pipeline, in [0, num_input_pipelines)
     num_input_pipelines: int  # hosts feeding the replicas
     seed: int  # for shuffling: the same seed gives the same order
+    # TRAIN, resumed at a step: batches this pipeline already delivered before it.
+    # A model with `input_fn_seeks = True` starts its stream there itself.
+    start_batch: int = 0
 
 
 class Model(abc.ABC):
     """Base class of tpurun models; see the module docstring for the contract."""
+
+    # Whether input_fn(TRAIN) itself starts at `params.start_batch` (cheaply, e.g. with
+    # `tpurun.inputs.seekable_batches`). If not, a resumed run skips that many
+    # batches of the stream, which reads them all: resume cost grows with the step.
+    input_fn_seeks = False
 
     def __init__(self, config: ml_collections.FrozenConfigDict):
         self.config = config

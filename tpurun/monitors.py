@@ -7,11 +7,15 @@ loop), so watching costs nothing on the device and tags carry no `while/` prefix
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 from absl import logging
 
 from tpurun.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from tpurun.train import Trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +90,9 @@ class TrainSummaries(Monitor):
         self._writer.close()
 
 
-def for_training(run: RunConfig, is_chief: bool) -> list[Monitor]:
+def for_training(run: RunConfig, trainer: Trainer) -> list[Monitor]:
     """The monitors of a training run; the summaries are the chief's only."""
     monitors: list[Monitor] = [LogLines()]
-    if is_chief:
+    if trainer.is_chief:
         monitors.append(TrainSummaries(run.model_dir))
     return monitors

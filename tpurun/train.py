@@ -7,13 +7,13 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, inputs
+from tpurun import checkpoints, inputs, monitors
 from tpurun.cluster import Cluster
 from tpurun.errors import Preempted, RunError
 from tpurun.model import Mode, Model
@@ -50,12 +50,24 @@ def build_model(model: Model) -> keras.Model:
 
 
 class Trainer:
-    """Holds the model, optimizer and compiled host loop of one training run."""
+    """Holds the model, optimizer and compiled host loop of one training run.
 
-    def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
+    `evaluate_checkpoint(path)`, when given, is called on every worker after each
+    checkpoint saved at an `--eval_every` step (and the final one).
+    """
+
+    def __init__(
+        self,
+        run: RunConfig,
+        cluster: Cluster,
+        model: Model,
+        evaluate_checkpoint: Callable[[str], None] | None = None,
+    ):
         self.run = run
+        self.cluster = cluster
         self.strategy = cluster.strategy
         self.model = model
+        self.evaluate_checkpoint = evaluate_checkpoint
         self.global_batch = run.train_batch_size
         with self.strategy.scope():
             self.keras_model = build_model(model)
@@ -65,7 +77,7 @@ class Trainer:
             self.optimizer.build(self.keras_model.trainable_variables)
         self.is_chief = cluster.is_chief
         self.scratch = None if cluster.is_chief else checkpoints.scratch_dir(run, cluster.task)
-        self.manager = checkpoints.manager(run, self.keras_model, self.optimizer, self.scratch)
+        self.checkpoint = tf.train.Checkpoint(model=self.keras_model, optimizer=self.optimizer)
         self._loop = tf.function(self._host_loop)
 
     @property
@@ -73,11 +85,14 @@ class Trainer:
         return int(self.optimizer.iterations.numpy())
 
     def restore(self) -> None:
-        path = checkpoints.latest(self.run.model_dir)  # the chief's, on every worker
-        if not path:
-            return
+        """Continues from model_dir's newest intact checkpoint, or warm-starts, or starts fresh."""
+        run = self.run
         configured = self._constant_learning_rate()
-        self.manager.checkpoint.restore(path).assert_existing_objects_matched()
+        path = checkpoints.restore_newest_intact(self.checkpoint, run, self.is_chief)
+        if path is None:
+            if run.config.train.warm_start_from:
+                checkpoints.warm_start(self.model, self.keras_model, run)
+            return
         logging.info("Resuming from %s (step %d).", path, self.step)
         # A constant learning rate is a variable, so the checkpoint brought back the
         # old one; the config of this run decides, as the flags did for TPUEstimator.
@@ -109,20 +124,31 @@ class Trainer:
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
         return loss
 
-    def _host_loop(self, iterator, num_steps: tf.Tensor) -> tf.Tensor:
-        """Runs num_steps replicated steps in-graph; returns their mean loss."""
-        total = tf.constant(0.0)
-        for _ in tf.range(num_steps):
-            per_replica_loss = self.strategy.run(self._replica_step, args=next(iterator))
-            total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-        return total / tf.cast(num_steps, tf.float32)
+    def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Runs num_steps replicated steps in-graph.
 
-    def save(self, step: int) -> None:
-        path = self.manager.save(checkpoint_number=step)
+        Returns their mean loss and the seconds spent waiting for batches: the
+        timestamps around `next(iterator)` are stateful ops, so automatic control
+        dependencies keep them before and after the fetch.
+        """
+        total = tf.constant(0.0)
+        waited = tf.constant(0.0, tf.float64)
+        for _ in tf.range(num_steps):
+            before = tf.timestamp()
+            batch = next(iterator)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                waited += tf.timestamp() - before
+            per_replica_loss = self.strategy.run(self._replica_step, args=batch)
+            total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+        return total / tf.cast(num_steps, tf.float32), waited
+
+    def save(self, manager: tf.train.CheckpointManager, step: int) -> str:
+        path = manager.save(checkpoint_number=step)
         if self.scratch is None:
             logging.info("Saved checkpoint %s.", path)
-        else:
-            tf.io.gfile.rmtree(self.scratch)
+            return path
+        tf.io.gfile.rmtree(self.scratch)
+        return checkpoints.path_of(self.run.model_dir, step)  # the chief's copy
 
     def train(self) -> None:
         run = self.run
@@ -131,60 +157,73 @@ class Trainer:
         if step >= last:
             logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
             return
-        iterations = run.iterations
-        save_every = aligned_to_loop(run.config.train.save_checkpoints_steps, iterations)
-        if save_every != run.config.train.save_checkpoints_steps:
-            logging.info(
-                "save_checkpoints_steps=%d rounded up to %d, a multiple of --iterations=%d.",
-                run.config.train.save_checkpoints_steps,
-                save_every,
-                iterations,
-            )
+        if self.is_chief:
+            checkpoints.write_train_config(run)
+        manager = checkpoints.manager(run, self.checkpoint, self.scratch)
         dataset = inputs.distribute(
-            self.strategy, self.model, Mode.TRAIN, self.global_batch, run.seed
+            self.strategy, self.model, Mode.TRAIN, self.global_batch, run.seed, start_step=step
         )
         iterator = iter(dataset)
-        logging.info("Training from step %d to %d, %d steps per loop.", step, last, iterations)
-        # TensorBoard events (the chief's only): written from Python between host
-        # loops, so tags carry no while/ prefix and cost nothing inside the loop.
-        writer = tf.summary.create_file_writer(run.model_dir) if self.is_chief else None
-        with sigterm_notice() as preempted:
-            self._run_loops(iterator, step, last, save_every, preempted, writer)
-        if writer is not None:
-            writer.close()
+        logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
+        watchers = monitors.for_training(run, self)
+        try:
+            for watcher in watchers:
+                watcher.start(step, last)
+            with sigterm_notice() as preempted:
+                self._run_loops(iterator, manager, step, last, preempted, watchers)
+        finally:
+            for watcher in watchers:
+                watcher.close()
+
+    def _cadence(self, name: str) -> int:
+        """A config step cadence rounded up to whole host loops, with a notice if it moved."""
+        configured = self.run.config.train[name]
+        aligned = aligned_to_loop(configured, self.run.iterations)
+        if aligned != configured:
+            logging.info(
+                "%s=%d rounded up to %d, a multiple of --iterations=%d.",
+                name,
+                configured,
+                aligned,
+                self.run.iterations,
+            )
+        return aligned
 
     def _run_loops(
         self,
         iterator,
+        manager: tf.train.CheckpointManager,
         step: int,
         last: int,
-        save_every: int,
         preempted: threading.Event,
-        writer: tf.summary.SummaryWriter | None,
+        watchers: list[monitors.Monitor],
     ) -> None:
         iterations = self.run.iterations
+        save_every = self._cadence("save_checkpoints_steps")
+        eval_every = self._cadence("eval_every") if self.evaluate_checkpoint else 0
+        save_secs = self.run.config.train.save_checkpoints_secs
+        last_save = time.monotonic()
         while step < last:
             num_steps = min(iterations, last - step)
+            for watcher in watchers:
+                watcher.before_loop(step, num_steps)
             start = time.perf_counter()
-            loss = float(self._loop(iterator, tf.constant(num_steps)))
+            loss_tensor, waited = self._loop(iterator, tf.constant(num_steps))
+            loss = float(loss_tensor)
             elapsed = time.perf_counter() - start
             step += num_steps
-            logging.info(
-                "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec",
-                step,
-                last,
-                loss,
-                num_steps / elapsed,
-                num_steps * self.global_batch / elapsed,
+            stats = monitors.LoopStats(
+                step=step,
+                num_steps=num_steps,
+                last_step=last,
+                loss=loss,
+                seconds=elapsed,
+                input_seconds=float(waited),
+                global_batch=self.global_batch,
+                learning_rate=float(tf.convert_to_tensor(self.optimizer.learning_rate)),
             )
-            if writer is not None:
-                with writer.as_default(step=step):
-                    tf.summary.scalar("loss", loss)
-                    tf.summary.scalar(
-                        "learning_rate", float(tf.convert_to_tensor(self.optimizer.learning_rate))
-                    )
-                    tf.summary.scalar("global_step/sec", num_steps / elapsed)
-                    tf.summary.scalar("examples/sec", num_steps * self.global_batch / elapsed)
+            for watcher in watchers:
+                watcher.after_loop(stats)
             if not math.isfinite(loss):
                 # Nothing after the last good checkpoint is saved: it stays the latest.
                 raise RunError(
@@ -193,10 +232,31 @@ class Trainer:
                     f"{checkpoints.latest(self.run.model_dir) or 'none (nothing was saved)'}; "
                     "lower config.optimizer.learning_rate or look for NaN/Inf in the data"
                 )
-            if step == last or (save_every and step % save_every == 0) or preempted.is_set():
-                self.save(step)
+            evaluate = bool(eval_every) and (step % eval_every == 0 or step == last)
+            due = (
+                step == last
+                or evaluate
+                or (save_every and step % save_every == 0)
+                or self._agree(bool(save_secs) and time.monotonic() - last_save >= save_secs)
+                or preempted.is_set()
+            )
+            if due:
+                path = self.save(manager, step)
+                last_save = time.monotonic()
+                for watcher in watchers:
+                    watcher.after_save(step, path)
+                if evaluate and self.evaluate_checkpoint is not None:
+                    self.evaluate_checkpoint(path)
             if preempted.is_set():
                 raise Preempted(
                     f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "
                     f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
                 )
+
+    def _agree(self, wanted: bool) -> bool:
+        """Whether any worker wants it: workers decide time-based saves by their own clocks."""
+        if self.cluster.num_workers == 1:
+            return wanted
+        flag = tf.constant(1 if wanted else 0)
+        per_replica = self.strategy.run(lambda: tf.identity(flag))
+        return bool(self.strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None))
