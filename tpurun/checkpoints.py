@@ -22,8 +22,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
 
-# What restoring a damaged or partial checkpoint raises: a missing or truncated
-# file, a checksum mismatch, an index that does not parse or does not match.
+# What reading a checkpoint that does not fit (or is damaged) raises.
 DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)
 TRAIN_CONFIG = "train_config.json"
 
@@ -89,13 +88,22 @@ def candidates(model_dir: str) -> list[str]:
 
 
 def remove_partial_saves(model_dir: str) -> None:
-    """Deletes what a save killed before its merge left: `ckpt-<step>_temp*` directories."""
-    for temp in tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*_temp*")):
-        logging.info("Removing %s, left by a save that was interrupted.", temp)
-        if tf.io.gfile.isdir(temp):
-            tf.io.gfile.rmtree(temp)
+    """Deletes what an interrupted save or deletion left behind.
+
+    A save killed before its merge leaves a `ckpt-<step>_temp` directory; one
+    killed while deleting an old checkpoint leaves its .data without its .index.
+    Neither can ever be restored.
+    """
+    leftovers = tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*_temp*"))
+    for data in tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*.data-*")):
+        if not tf.io.gfile.exists(data.rsplit(".data-", 1)[0] + ".index"):
+            leftovers.append(data)
+    for leftover in leftovers:
+        logging.info("Removing %s, left by an interrupted save.", leftover)
+        if tf.io.gfile.isdir(leftover):
+            tf.io.gfile.rmtree(leftover)
         else:
-            tf.io.gfile.remove(temp)
+            tf.io.gfile.remove(leftover)
 
 
 def restore_newest_intact(
@@ -113,14 +121,18 @@ def restore_newest_intact(
     found = candidates(model_dir)
     if found:
         check_resume_config(run)
-    damaged = []
+    damaged: list[str] = []
+    reasons: list[str] = []
     for path in found:
         try:
             checkpoint.read(path).assert_existing_objects_matched()
-        except DAMAGE_ERRORS as e:
+        except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (IndexError, ...)
             damaged.append(path)
-            reason = " ".join(getattr(e, "message", str(e)).split())[:300]
-            logging.warning("Checkpoint %s is damaged (%s); trying the one before.", path, reason)
+            reason = f"{type(e).__name__}: {' '.join(getattr(e, 'message', str(e)).split())}"
+            reasons.append(reason)
+            logging.warning(
+                "Checkpoint %s is damaged (%s); trying the one before.", path, reason[:300]
+            )
             continue
         if is_chief:
             for bad in damaged:
@@ -130,8 +142,10 @@ def restore_newest_intact(
         return path
     if found:
         raise RunError(
-            f"every checkpoint in {model_dir} is damaged ({', '.join(found)}); move them "
-            "away to train from scratch, or restore the model_dir from a backup"
+            f"no checkpoint in {model_dir} can be restored ({', '.join(found)}; the newest: "
+            f"{reasons[0][:200]}): they are damaged, or do not fit the model of this config; "
+            "use the config they were trained with, move them away to train from scratch, "
+            "or restore the model_dir from a backup"
         )
     return None
 
