@@ -1,0 +1,202 @@
+"""Checkpoint cadence and retention, refusing a changed config, warm starts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import USAGE, assert_fails, assert_ok, run_tpurun
+from test_resume import weights
+
+pytestmark = pytest.mark.slow
+
+IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
+# Where a checkpoint keeps the model's weights (saved once, through the optimizer).
+MODEL_VARIABLES = "optimizer/_trainable_variables/"
+
+
+def steps_saved(model_dir) -> list[int]:
+    return sorted(
+        int(p.name[len("ckpt-") : -len(".index")]) for p in model_dir.glob("ckpt-*.index")
+    )
+
+
+def test_step_cadence_is_rounded_to_the_loop_with_a_notice_and_retention_applies(tmp_path):
+    result = assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=95",
+            "--save_checkpoints_steps=25",
+            "--keep_checkpoint_max=2",
+            f"--model_dir={tmp_path}",
+        )
+    )
+    assert "save_checkpoints_steps=25 rounded up to 30, a multiple of --iterations=10" in (
+        result.stderr
+    )
+    saved = [
+        int(line.rsplit("ckpt-", 1)[1].rstrip("."))
+        for line in result.stderr.splitlines()
+        if "Saved checkpoint" in line
+    ]
+    assert saved == [30, 60, 90, 95]
+    assert steps_saved(tmp_path) == [90, 95]
+
+
+def test_time_cadence_saves_after_the_loop_that_passes_it(tmp_path):
+    only_end = assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=200",
+            "--save_checkpoints_secs=100000",
+            f"--model_dir={tmp_path / 'a'}",
+        )
+    )
+    assert only_end.stderr.count("Saved checkpoint") == 1
+    # One step per loop: a few thousand host loops take several seconds, so a 1 s
+    # cadence saves between them, whatever this machine's speed.
+    by_time = assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=1500",
+            "--iterations=1",
+            "--save_checkpoints_secs=1",
+            f"--model_dir={tmp_path / 'b'}",
+        )
+    )
+    saved = [line for line in by_time.stderr.splitlines() if "Saved checkpoint" in line]
+    assert len(saved) >= 2, by_time.stderr[-2000:]  # by time, then at the end
+
+
+def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(tmp_path):
+    assert_ok(run_tpurun("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
+    line = assert_fails(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=40",
+            "--batch_size=16",
+            "--config.hidden_units=(12, 10)",
+            f"--model_dir={tmp_path}",
+        ),
+        USAGE,
+        "trained with a different config",
+        "hidden_units: [10, 10] -> [12, 10]",
+        "train.batch_size: 32 -> 16",
+        "--force_resume",
+    )
+    assert "train.steps" not in line
+    # What may change on resume: steps, learning rate, cadence.
+    assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=40",
+            "--config.optimizer.learning_rate=0.05",
+            "--save_checkpoints_steps=20",
+            f"--model_dir={tmp_path}",
+        )
+    )
+    forced = assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=60",
+            "--batch_size=16",
+            "--force_resume",
+            f"--model_dir={tmp_path}",
+        )
+    )
+    assert "Resuming with a changed config (--force_resume)" in forced.stderr
+    recorded = json.loads((tmp_path / "train_config.json").read_text())
+    assert recorded["train"]["batch_size"] == 16  # the new run's config is the record now
+
+
+def test_warm_start_takes_the_weights_and_trains_from_step_zero(tmp_path):
+    source = tmp_path / "source"
+    assert_ok(run_tpurun("train", *IRIS, "--train_steps=200", f"--model_dir={source}"))
+    target = tmp_path / "target"
+    # 0 steps: the checkpoint written is exactly what the warm start loaded.
+    result = assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=10",
+            f"--warm_start_from={source}",
+            "--config.optimizer.learning_rate=0",
+            f"--model_dir={target}",
+        )
+    )
+    assert f"from {source / 'ckpt-200'}; training starts at step 0" in result.stderr
+    assert "Resuming" not in result.stderr
+    before, after = weights(source / "ckpt-200"), weights(target / "ckpt-10")
+    model = [n for n in before if n.startswith(MODEL_VARIABLES)]
+    assert len(model) == 6 and all(np.array_equal(before[n], after[n]) for n in model)
+    assert int(after["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
+    assert_ok(run_tpurun("eval", "--config=iris", "--use_tpu=false", f"--model_dir={target}"))
+
+
+def test_warm_start_of_matching_variables_only(tmp_path):
+    source = tmp_path / "source"
+    assert_ok(run_tpurun("train", *IRIS, "--train_steps=100", f"--model_dir={source}"))
+    target = tmp_path / "target"
+    result = assert_ok(
+        run_tpurun(
+            "train",
+            *IRIS,
+            "--train_steps=10",
+            f"--warm_start_from={source / 'ckpt-100'}",
+            "--config.train.warm_start_vars=logits",
+            "--config.optimizer.learning_rate=0",
+            f"--model_dir={target}",
+        )
+    )
+    assert "Warm-started 2 of 6 variables" in result.stderr
+    before, after = weights(source / "ckpt-100"), weights(target / "ckpt-10")
+    same = {
+        n for n in before if n.startswith(MODEL_VARIABLES) and np.array_equal(before[n], after[n])
+    }
+    assert len(same) == 2, same
+
+
+def test_warm_start_errors_are_one_line(tmp_path):
+    assert_fails(
+        run_tpurun(
+            "train",
+            *IRIS,
+            f"--warm_start_from={tmp_path / 'nothing'}",
+            f"--model_dir={tmp_path / 'a'}",
+        ),
+        USAGE,
+        "--warm_start_from=",
+        "neither a model_dir nor a checkpoint",
+    )
+    source = tmp_path / "source"
+    assert_ok(run_tpurun("train", *IRIS, "--train_steps=10", f"--model_dir={source}"))
+    assert_fails(
+        run_tpurun(
+            "train",
+            *IRIS,
+            f"--warm_start_from={source}",
+            "--config.train.warm_start_vars=nomatch",
+            f"--model_dir={tmp_path / 'b'}",
+        ),
+        USAGE,
+        "warm_start_vars='nomatch' matches none",
+    )
+    assert_fails(
+        run_tpurun(
+            "train",
+            *IRIS,
+            f"--warm_start_from={source}",
+            "--config.hidden_units=(7,)",
+            f"--model_dir={tmp_path / 'c'}",
+        ),
+        1,
+        "cannot warm-start",
+    )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
