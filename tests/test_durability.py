@@ -111,7 +111,13 @@ def test_train_and_eval_summaries_read_back_by_tag(tmp_path):
     assert_ok(run_tpurun("eval", *common))
 
     train = scalars(tmp_path)
-    assert set(train) == {"loss", "learning_rate", "global_step/sec", "examples/sec"}
+    assert set(train) == {
+        "loss",
+        "learning_rate",
+        "global_step/sec",
+        "examples/sec",
+        "input_wait_share",
+    }
     assert [step for step, _ in train["loss"]] == [50, 100, 150, 200]
     assert all(value == pytest.approx(0.1) for _, value in train["learning_rate"])
     assert train["loss"][-1][1] < train["loss"][0][1]

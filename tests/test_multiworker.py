@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import OFFLINE_ENV, assert_ok, run_tpurun
+
+from tpurun.errors import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +127,54 @@ def test_two_workers_train_to_identical_weights_and_eval_exactly(tmp_path):
         EVAL_WORKER, "eval", tmp_path, "--eval_batch_size=8", f"--model_dir={model_dir}"
     ):
         assert expected in out
+
+
+def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
+    """A preempted worker must not stop alone: the others would block in their next all-reduce."""
+    model_dir = tmp_path / "model"
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+
+    def start(index: int, *args: str) -> tuple[subprocess.Popen, Path]:
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
+        log = tmp_path / f"worker-{index}-{len(list(tmp_path.glob('worker-*')))}.log"
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tpurun",
+                "train",
+                "--config=iris",
+                "--use_tpu=false",
+                "--iterations=10",
+                f"--model_dir={model_dir}",
+                *args,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w"),
+        )
+        return process, log
+
+    first = [start(i, "--train_steps=100000000") for i in range(2)]
+    deadline = time.monotonic() + 120
+    while "step 50/" not in first[0][1].read_text():
+        assert time.monotonic() < deadline, first[0][1].read_text()[-3000:]
+        assert first[0][0].poll() is None, first[0][1].read_text()[-3000:]
+        time.sleep(0.2)
+    first[1][0].send_signal(signal.SIGTERM)  # the non-chief worker only
+    codes = [process.wait(timeout=120) for process, _ in first]
+    logs = [log.read_text() for _, log in first]
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[0][-3000:] + logs[1][-3000:]
+    steps = [int(re.search(r"saved a checkpoint at step (\d+)", log).group(1)) for log in logs]
+    assert steps[0] == steps[1], steps
+    saved = steps[0]
+    import tensorflow as tf
+
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved}")
+
+    second = [start(i, f"--train_steps={saved + 20}") for i in range(2)]
+    assert [process.wait(timeout=120) for process, _ in second] == [0, 0]
+    resumed = second[0][1].read_text()
+    assert f"Resuming from {model_dir / f'ckpt-{saved}'} (step {saved})" in resumed
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved + 20}")

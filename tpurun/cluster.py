@@ -78,6 +78,26 @@ def build(run: RunConfig) -> Cluster:
     return cluster
 
 
+def _is_chief(cluster_spec: dict, task_type: str, task_index: int) -> bool:
+    """The chief is the "chief" task, or worker 0 when the cluster names no chief."""
+    return task_type == "chief" or (
+        task_type == "worker" and task_index == 0 and not cluster_spec.get("chief")
+    )
+
+
+def is_chief_process() -> bool:
+    """False only for a non-chief task of a TF_CONFIG cluster; read before any strategy exists.
+
+    Such a worker shares model_dir with the chief, so it must never clean it up.
+    """
+    try:
+        tf_config = json.loads(os.environ.get("TF_CONFIG", "") or "{}")
+        task = tf_config.get("task", {})
+        return _is_chief(tf_config.get("cluster", {}), task["type"], int(task["index"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return True  # no (valid) TF_CONFIG: a single process, or _multi_worker's error
+
+
 def _multi_worker() -> Cluster | None:
     """MultiWorkerMirroredStrategy when TF_CONFIG describes several workers (a GPU cluster)."""
     raw = os.environ.get("TF_CONFIG", "")
@@ -96,10 +116,7 @@ def _multi_worker() -> Cluster | None:
     workers = len(cluster_spec.get("chief", [])) + len(cluster_spec.get("worker", []))
     if workers <= 1:
         return None
-    # The chief is the "chief" task, or worker 0 when the cluster names no chief.
-    is_chief = task_type == "chief" or (
-        task_type == "worker" and task_index == 0 and not cluster_spec.get("chief")
-    )
+    is_chief = _is_chief(cluster_spec, task_type, task_index)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver()
     )

@@ -79,6 +79,7 @@ class Trainer:
         self.scratch = None if cluster.is_chief else checkpoints.scratch_dir(run, cluster.task)
         self.checkpoint = tf.train.Checkpoint(model=self.keras_model, optimizer=self.optimizer)
         self._loop = tf.function(self._host_loop)
+        self._agree_across_workers = tf.function(self._any_worker)
 
     @property
     def step(self) -> int:
@@ -233,30 +234,40 @@ class Trainer:
                     "lower config.optimizer.learning_rate or look for NaN/Inf in the data"
                 )
             evaluate = bool(eval_every) and (step % eval_every == 0 or step == last)
-            due = (
-                step == last
-                or evaluate
-                or (save_every and step % save_every == 0)
-                or self._agree(bool(save_secs) and time.monotonic() - last_save >= save_secs)
-                or preempted.is_set()
+            time_due, stop = self._agree(
+                bool(save_secs) and time.monotonic() - last_save >= save_secs,
+                preempted.is_set(),
             )
-            if due:
+            due = step == last or evaluate or (save_every and step % save_every == 0) or time_due
+            if due or stop:
                 path = self.save(manager, step)
                 last_save = time.monotonic()
                 for watcher in watchers:
                     watcher.after_save(step, path)
                 if evaluate and self.evaluate_checkpoint is not None:
                     self.evaluate_checkpoint(path)
-            if preempted.is_set():
+            if stop and step < last:
                 raise Preempted(
                     f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "
                     f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
                 )
 
-    def _agree(self, wanted: bool) -> bool:
-        """Whether any worker wants it: workers decide time-based saves by their own clocks."""
+    def _agree(self, save_now: bool, stop_now: bool) -> tuple[bool, bool]:
+        """Whether any worker wants a time-based save, or got SIGTERM, after this loop.
+
+        Alone, a worker decides by itself. Workers of a MultiWorkerMirroredStrategy
+        decide with their own clocks and signals, but must save the same step and
+        stop together (one stopping alone leaves the others blocked in their next
+        all-reduce), so they agree through one small all-reduce per host loop.
+        (TF's PreemptionCheckpointHandler does this through the coordination
+        service, but it turns itself off on GCE CPU and TPU VMs.)
+        """
         if self.cluster.num_workers == 1:
-            return wanted
-        flag = tf.constant(1 if wanted else 0)
-        per_replica = self.strategy.run(lambda: tf.identity(flag))
-        return bool(self.strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None))
+            return save_now, stop_now
+        agreed = self._agree_across_workers(tf.constant([int(save_now), int(stop_now)]))
+        return bool(agreed[0] > 0), bool(agreed[1] > 0)
+
+    def _any_worker(self, wanted: tf.Tensor) -> tf.Tensor:
+        per_replica = self.strategy.run(lambda: tf.identity(wanted))
+        # SUM over replicas: nonzero when any worker wants it (ReduceOp has no MAX).
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
