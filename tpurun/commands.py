@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 from absl import logging
@@ -15,6 +17,9 @@ from tpurun import model as model_lib
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from tpurun.evaluate import Evaluator
 
 
 def run(run: RunConfig) -> None:
@@ -27,10 +32,16 @@ def run(run: RunConfig) -> None:
     created_dir = False
     if run.command == "train":
         created_dir = prepare_model_dir(run)
+    elif run.command == "eval" and run.continuous:
+        from tpurun.evaluate import wait_for_checkpoint
+
+        # A sidecar may start before the trainer: it waits for the first checkpoint
+        # instead, writing nothing (not even model_dir) until there is one.
+        wait_for_checkpoint(run)
     else:
         # Before anything is written: eval/predict/export of nothing is an error.
-        checkpoints.require_latest(run)
-    checkpoint_before = checkpoints.latest(run.model_dir)
+        require_checkpoint(run)
+    outputs_before = _outputs(run)
     record = None
     try:
         # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
@@ -43,12 +54,35 @@ def run(run: RunConfig) -> None:
         tf.keras.utils.set_random_seed(run.seed)
         run_command(run, cluster, model)
     except BaseException:
-        # Nothing half-written left behind: unless a train saved a checkpoint, a run
-        # that fails (no TPU, bad data, bad config, Ctrl-C) removes the model_dir it
-        # created, or else its run record: no model_dir records a run that made nothing.
-        if not (run.command == "train" and checkpoints.latest(run.model_dir) != checkpoint_before):
+        # Nothing half-written left behind: unless a train saved a checkpoint (or a
+        # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
+        # Ctrl-C) removes the model_dir it created, or else its run record: no
+        # model_dir records a run that made nothing.
+        if _outputs(run) == outputs_before and cluster_lib.is_chief_process():
             _undo(run.model_dir if created_dir else None, record)
         raise
+
+
+def require_checkpoint(run: RunConfig) -> None:
+    """Fails unless there is a checkpoint to read: the latest, or for export --best the best."""
+    checkpoints.require_latest(run)
+    if run.command == "export" and run.export_best:
+        from tpurun import best
+
+        best.require(run)
+
+
+def _outputs(run: RunConfig) -> object:
+    """What a run keeps even when it fails later: train's checkpoints, a sidecar's results."""
+    if run.command == "train":
+        return checkpoints.latest(run.model_dir)
+    if run.command == "eval" and run.continuous:
+        pattern = tf.io.gfile.join(run.model_dir, "eval", "results-*.json")
+        try:
+            return sorted(tf.io.gfile.glob(pattern))
+        except tf.errors.NotFoundError:
+            return []
+    return None  # eval/predict/export write their one output last
 
 
 # What a bad record raises inside the compiled loops (a feature of the wrong type or
@@ -108,22 +142,77 @@ def train(run: RunConfig, cluster, model) -> None:
         cluster.num_replicas,
         run.train_batch_size // cluster.num_replicas,
     )
+    evaluate_checkpoint = None
+    if run.config.train.eval_every:
+        from tpurun import best
+        from tpurun.evaluate import eval_metrics
 
-    Trainer(run, cluster, model).train()
+        best.check_metric(run, eval_metrics(model))  # before training, not at the first eval
+        evaluate_checkpoint = EvalAfterSave(run, cluster, model)
+    Trainer(run, cluster, model, evaluate_checkpoint=evaluate_checkpoint).train()
+
+
+class EvalAfterSave:
+    """train --eval_every: evaluates the checkpoint the Trainer just saved, on every worker.
+
+    The Evaluator is built at the first call, once, after the Trainer built its
+    model: built before, it would draw from the seeded random state and change the
+    initial weights, so --eval_every would change what is trained.
+    """
+
+    def __init__(self, run: RunConfig, cluster, model):
+        self.run, self.cluster, self.model = run, cluster, model
+        self.evaluator: Evaluator | None = None
+        self.report = eval_report(run, cluster)
+
+    def __call__(self, path: str) -> None:
+        from tpurun.evaluate import Evaluator
+
+        if self.evaluator is None:
+            self.evaluator = Evaluator(self.run, self.cluster, self.model)
+        self.report(path, self.evaluator.evaluate(path))
+
+
+def eval_report(run: RunConfig, cluster) -> Callable[[str, dict[str, float]], None]:
+    """What follows every evaluation of a checkpoint, as a function of (path, results).
+
+    Every worker prints the `eval at step` line; the chief alone (every worker has
+    the same summed results) writes eval/results-<step>.json and the TensorBoard
+    scalars, and keeps the checkpoint if it is the best so far.
+    """
+    from tpurun import best
+    from tpurun.evaluate import EvalSummaries, summary_line, write_results
+
+    summaries = EvalSummaries(run.model_dir) if cluster.is_chief else None
+
+    def report(checkpoint_path: str, results: dict[str, float]) -> None:
+        if summaries is not None:
+            logging.info("Wrote %s.", write_results(run, results))
+            summaries.write(results)
+            best.update(run, checkpoint_path, results)
+        print(summary_line(results), flush=True)
+
+    return report
 
 
 def evaluate(run: RunConfig, cluster, model) -> None:
-    from tpurun.evaluate import Evaluator, write_eval_summaries, write_results
+    from tpurun import best
+    from tpurun.evaluate import Evaluator, evaluate_continuously
 
+    if run.continuous and cluster.num_workers > 1:
+        # The workers would each watch model_dir and could pick different checkpoints.
+        raise UsageError(
+            "tpurun eval --continuous runs on one machine: unset TF_CONFIG (it describes "
+            f"{cluster.num_workers} workers) and run it once"
+        )
+    evaluator = Evaluator(run, cluster, model)
+    best.check_metric(run, evaluator.metrics)
+    report = eval_report(run, cluster)
+    if run.continuous:
+        print(evaluate_continuously(run, evaluator.evaluate, report), flush=True)
+        return
     path = checkpoints.require_latest(run)
-    results = Evaluator(run, cluster, model).evaluate(path)
-    if cluster.is_chief:  # every worker has the same (summed) results
-        logging.info("Wrote %s.", write_results(run, results))
-        write_eval_summaries(run, results)
-    metrics = "  ".join(
-        f"{k}={v:.4f}" for k, v in results.items() if k not in ("num_examples", "global_step")
-    )
-    print(f"eval at step {results['global_step']}: {metrics}  ({results['num_examples']} examples)")
+    report(path, evaluator.evaluate(path))
 
 
 def predict(run: RunConfig, cluster, model) -> None:
@@ -151,9 +240,22 @@ def predict(run: RunConfig, cluster, model) -> None:
 
 
 def export(run: RunConfig, cluster, model) -> None:
+    from tpurun import best
     from tpurun.export import export as export_model
 
-    print(export_model(run, model, checkpoints.require_latest(run)))
+    if run.export_best:
+        chosen = best.require(run)
+        logging.info(
+            "Exporting the best checkpoint: step %d, %s=%.4f (%s).",
+            chosen.step,
+            chosen.metric,
+            chosen.value,
+            chosen.path,
+        )
+        path = chosen.path
+    else:
+        path = checkpoints.require_latest(run)
+    print(export_model(run, model, path))
 
 
 def prepare_model_dir(run: RunConfig) -> bool:

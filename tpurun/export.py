@@ -100,6 +100,9 @@ def rename_dir(source: str, target: str) -> None:
         tf.io.gfile.makedirs(moved_to)
         for name in files:
             tf.io.gfile.rename(tf.io.gfile.join(directory, name), tf.io.gfile.join(moved_to, name))
-    # Left behind: empty subdirectories, through which alone the source still exists.
+    # Left behind: empty subdirectories, through which alone the source still exists
+    # (without any, as for the flat model_dir/best, it is already gone).
+    if not tf.io.gfile.exists(source):
+        return
     for child in tf.io.gfile.listdir(source):
         tf.io.gfile.rmtree(tf.io.gfile.join(source, child))

@@ -1,0 +1,174 @@
+"""The best checkpoint so far by `config.eval.best_metric`, kept apart in model_dir/best/.
+
+Every evaluation (`tpurun eval`, `eval --continuous`, `train --eval_every`) offers
+its checkpoint; the chief copies the checkpoint's files here when its metric beats
+the recorded best. Living outside model_dir's ckpt-<step> files, it is never
+deleted by keep_checkpoint_max; `tpurun export --best` exports it.
+
+A replacement never leaves a half-written best: the new one is written to
+`.best.tmp/`, the old one is renamed to `.best.previous/`, the new one to `best/`,
+and the old one is removed. A process killed between the two renames leaves the
+old best in `.best.previous/`, where `read` finds it. One process at a time
+updates the best of a model_dir (a train with --eval_every, or one sidecar).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun import checkpoints
+from tpurun.errors import RunError, UsageError
+from tpurun.export import rename_dir
+from tpurun.run_config import RunConfig
+
+DIR = "best"
+RECORD = "best.json"
+_TMP = ".best.tmp"
+_PREVIOUS = ".best.previous"
+# Eval results that are counts, not a measure of the model.
+NOT_METRICS = ("num_examples", "global_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+    """What best.json records, and where the checkpoint is."""
+
+    step: int
+    metric: str
+    mode: str
+    value: float
+    checkpoint: str  # the file prefix in the best directory, e.g. ckpt-300
+    path: str  # the full checkpoint path, for restoring
+
+    def record(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "metric": self.metric,
+            "mode": self.mode,
+            "value": self.value,
+            "checkpoint": self.checkpoint,
+        }
+
+
+def check_metric(run: RunConfig, metric_names: Iterable[str]) -> None:
+    """Fails with the metrics there are when config.eval.best_metric is not one of them."""
+    available = sorted(name for name in metric_names if name not in NOT_METRICS)
+    name = run.config.eval.best_metric
+    if name not in available:
+        raise UsageError(
+            f"config.eval.best_metric={name!r} is not an eval metric of this model; "
+            f"use one of {', '.join(available)} (--config.eval.best_metric=NAME)"
+        )
+
+
+def read(model_dir: str) -> Best | None:
+    """The recorded best checkpoint of model_dir, or None if there is none yet."""
+    for name in (DIR, _PREVIOUS):  # .best.previous: a replacement was killed half-way
+        directory = tf.io.gfile.join(model_dir, name)
+        record_path = tf.io.gfile.join(directory, RECORD)
+        if not tf.io.gfile.exists(record_path):
+            continue
+        with tf.io.gfile.GFile(record_path) as f:
+            record = json.load(f)
+        return Best(
+            step=int(record["step"]),
+            metric=record["metric"],
+            mode=record["mode"],
+            value=float(record["value"]),
+            checkpoint=record["checkpoint"],
+            path=tf.io.gfile.join(directory, record["checkpoint"]),
+        )
+    return None
+
+
+def require(run: RunConfig) -> Best:
+    """The best checkpoint, or a RunError saying how to make one."""
+    best = read(run.model_dir)
+    if best is None:
+        where = f"--config={run.config_name} --model_dir={run.model_dir}"
+        raise RunError(
+            f"no best checkpoint in {tf.io.gfile.join(run.model_dir, DIR)} yet; evaluate first "
+            f"(tpurun eval {where}, or tpurun train {where} --eval_every=N), "
+            "or export the latest checkpoint without --best"
+        )
+    return best
+
+
+def improves(value: float, best: Best | None, metric: str, mode: str) -> bool:
+    """Whether `value` of `metric` beats the recorded best (a tie does not: the older stays)."""
+    if not math.isfinite(value):
+        return False
+    if best is None or best.metric != metric or best.mode != mode or not math.isfinite(best.value):
+        return True  # nothing comparable recorded: the config chose another metric
+    return value < best.value if mode == "min" else value > best.value
+
+
+def update(run: RunConfig, checkpoint_path: str, results: dict[str, float]) -> bool:
+    """Keeps the evaluated checkpoint as the best if its metric improves; returns whether it did."""
+    check_metric(run, results)
+    metric, mode = run.config.eval.best_metric, run.config.eval.best_mode
+    value = float(results[metric])
+    step = checkpoints.step_of(checkpoint_path)
+    current = read(run.model_dir)
+    if not improves(value, current, metric, mode):
+        kept = f"step {current.step} ({metric}={current.value:.4f})" if current else "none"
+        logging.info("Best checkpoint stays %s; step %d has %s=%.4f.", kept, step, metric, value)
+        return False
+    name = checkpoint_path.rstrip("/").rsplit("/", 1)[-1]
+    best = Best(step, metric, mode, value, name, tf.io.gfile.join(run.model_dir, DIR, name))
+    if not _write(run.model_dir, checkpoint_path, best):
+        return False
+    before = f"; was {current.value:.4f} at step {current.step}" if current else ""
+    logging.info(
+        "New best checkpoint: step %d, %s=%.4f (%s is best%s); kept in %s.",
+        step,
+        metric,
+        value,
+        mode,
+        before,
+        tf.io.gfile.join(run.model_dir, DIR),
+    )
+    return True
+
+
+def _write(model_dir: str, checkpoint_path: str, best: Best) -> bool:
+    """Replaces model_dir/best with a copy of the checkpoint; False if it was deleted meanwhile."""
+    tmp = tf.io.gfile.join(model_dir, _TMP)
+    if tf.io.gfile.exists(tmp):  # left by a process killed while it copied
+        tf.io.gfile.rmtree(tmp)
+    tf.io.gfile.makedirs(tmp)
+    try:
+        files = tf.io.gfile.glob(checkpoint_path + ".*")  # ckpt-N.index, ckpt-N.data-*
+        if not any(f.endswith(".index") for f in files):
+            raise tf.errors.NotFoundError(None, None, f"{checkpoint_path}.index is gone")
+        for file in files:
+            target = tf.io.gfile.join(tmp, file.rsplit("/", 1)[-1])
+            tf.io.gfile.copy(file, target, overwrite=True)
+        with tf.io.gfile.GFile(tf.io.gfile.join(tmp, RECORD), "w") as f:
+            f.write(json.dumps(best.record(), indent=2, sort_keys=True) + "\n")
+    except tf.errors.NotFoundError:
+        # A sidecar's checkpoint can be deleted by the trainer's keep_checkpoint_max
+        # after it was evaluated; the best recorded before stays.
+        tf.io.gfile.rmtree(tmp)
+        logging.warning(
+            "Checkpoint %s was deleted (keep_checkpoint_max) before it could be kept as the "
+            "best; the best stays as it was.",
+            checkpoint_path,
+        )
+        return False
+    final = tf.io.gfile.join(model_dir, DIR)
+    previous = tf.io.gfile.join(model_dir, _PREVIOUS)
+    if tf.io.gfile.exists(final):
+        if tf.io.gfile.exists(previous):  # an older best, already replaced by `final`
+            tf.io.gfile.rmtree(previous)
+        rename_dir(final, previous)
+    rename_dir(tmp, final)
+    if tf.io.gfile.exists(previous):
+        tf.io.gfile.rmtree(previous)
+    return True
