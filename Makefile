@@ -11,7 +11,7 @@ export GCE_METADATA_HOST := 127.0.0.1:1
 export GCE_METADATA_IP := 127.0.0.1:1
 export GCS_RETRY_CONFIG_MAX_RETRIES := 0
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install demo test test-fast bench bench-resume lint clean
 
 install: $(STAMP)
 
@@ -37,6 +37,9 @@ test-fast: install
 
 bench: install
 	$(BIN)/python scripts/bench_train_loop.py
+
+bench-resume: install
+	$(BIN)/python scripts/bench_resume.py
 
 lint: install
 	$(BIN)/ruff check tpurun configs models scripts tests

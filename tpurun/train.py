@@ -153,7 +153,9 @@ class Trainer:
 
     def train(self) -> None:
         run = self.run
+        started = time.perf_counter()
         self.restore()
+        self._restore_seconds = time.perf_counter() - started
         step, last = self.step, run.train_steps
         if step >= last:
             logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
@@ -171,7 +173,7 @@ class Trainer:
             for watcher in watchers:
                 watcher.start(step, last)
             with sigterm_notice() as preempted:
-                self._run_loops(iterator, manager, step, last, preempted, watchers)
+                self._run_loops(iterator, manager, step, last, preempted, watchers, started)
         finally:
             for watcher in watchers:
                 watcher.close()
@@ -198,6 +200,7 @@ class Trainer:
         last: int,
         preempted: threading.Event,
         watchers: list[monitors.Monitor],
+        started: float,
     ) -> None:
         iterations = self.run.iterations
         save_every = self._cadence("save_checkpoints_steps")
@@ -212,6 +215,17 @@ class Trainer:
             loss_tensor, waited = self._loop(iterator, tf.constant(num_steps))
             loss = float(loss_tensor)
             elapsed = time.perf_counter() - start
+            if started and step > 0:
+                # What a resume costs: the restore, then the first loop, which also
+                # rebuilds the input at its position (`scripts/bench_resume.py`).
+                logging.info(
+                    "Resumed at step %d in %.2fs: restore %.2fs, first host loop %.2fs.",
+                    step,
+                    time.perf_counter() - started,
+                    self._restore_seconds,
+                    elapsed,
+                )
+            started = 0.0
             step += num_steps
             stats = monitors.LoopStats(
                 step=step,
