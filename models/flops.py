@@ -67,6 +67,8 @@ def dtypes_of(setting: str) -> tuple[str, ...]:
 class Flops(Model):
     """A chain of N x N matmuls; `tpurun predict` measures their TFLOP/s on every replica."""
 
+    input_fn_seeks = True  # the same batch at every position
+
     def _rows(self, rows: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
         return rng.standard_normal((rows, self.config.flops.n), dtype=np.float32)

@@ -89,6 +89,8 @@ class ByteEmbedding(keras.layers.Layer):
 class Shakespeare(Model):
     """Byte embedding -> stacked LSTMs -> logits over the next byte, at every position."""
 
+    input_fn_seeks = True  # TRAIN offsets are drawn per batch index
+
     def _ids(self, mode: Mode) -> np.ndarray:
         data, seq_len = self.config.data, self.config.seq_len
         ids = read_ids(data.path)
@@ -127,9 +129,17 @@ class Shakespeare(Model):
         if mode is Mode.TRAIN:
             text = tf.constant(ids)
             starts = len(ids) - seq_len  # windows of seq_len + 1 bytes fit at these offsets
-            offsets = tf.data.Dataset.random(seed=params.seed).map(lambda r: r % starts)
-            offsets = offsets.shard(params.num_input_pipelines, params.input_pipeline_id)
-            offsets = offsets.batch(params.batch_size, drop_remainder=True)
+            # Batch k's offsets are a pure function of (seed, k), k counted across
+            # pipelines: a resumed run starts at params.start_batch directly.
+            pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
+            offsets = tf.data.Dataset.range(params.start_batch, tf.int64.max).map(
+                lambda k: tf.random.stateless_uniform(
+                    [params.batch_size],
+                    seed=tf.stack([tf.constant(params.seed, tf.int64), k * pipelines + pipeline]),
+                    maxval=starts,
+                    dtype=tf.int64,
+                )
+            )
             windows = offsets.map(
                 lambda o: tf.gather(text, o[:, None] + tf.range(seq_len + 1, dtype=tf.int64)),
                 num_parallel_calls=tf.data.AUTOTUNE,

@@ -1,4 +1,4 @@
-"""inputs.pad_batches and check_static_batch on small eager datasets.
+"""inputs.pad_batches, check_static_batch and seekable_batches on small eager datasets.
 
 Eval and predict batches become static: the last partial batch is padded with
 copies of real rows, a 0/1 mask marks the real ones, and whole padding batches
@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tpurun import inputs
 from tpurun.errors import RunError
+from tpurun.model import InputParams, Mode, Model
 
 
 def features_and_labels(rows: int, batch: int, as_dict: bool = False) -> tf.data.Dataset:
@@ -166,3 +167,53 @@ def test_check_static_batch_rejects(dataset_fn, shape):
     assert message.startswith(f"Iris.input_fn(train) yields batches of shape {shape}")
     assert "the static per-replica batch 4" in message
     assert "dataset.batch(params.batch_size, drop_remainder=True)" in message
+
+
+# seekable_batches: the TRAIN stream as a pure function of (seed, position).
+def seekable(rows: int, batch: int, start: int = 0, pipelines: int = 1, pipeline: int = 0):
+    params = InputParams(batch, batch * pipelines, pipelines, pipeline, pipelines, 7, start)
+    return inputs.seekable_batches({"x": np.arange(rows)}, params)
+
+
+def take(dataset: tf.data.Dataset, count: int) -> list[np.ndarray]:
+    return [element["x"] for element in dataset.take(count).as_numpy_iterator()]
+
+
+def test_seekable_batches_start_anywhere_in_the_same_stream():
+    stream = take(seekable(10, 4), 12)
+    for start in (1, 5, 11):
+        np.testing.assert_array_equal(take(seekable(10, 4, start), 1)[0], stream[start])
+
+
+def test_seekable_batches_visit_every_row_once_per_epoch_in_a_new_order_each_epoch():
+    rows = np.concatenate(take(seekable(12, 4), 9))  # 3 epochs of 12 rows
+    epochs = rows.reshape(3, 12)
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(12))
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_seekable_batches_share_the_epochs_between_pipelines_without_overlap():
+    first = np.concatenate(take(seekable(12, 3, pipelines=2, pipeline=0), 2))
+    second = np.concatenate(take(seekable(12, 3, pipelines=2, pipeline=1), 2))
+    assert sorted([*first, *second]) == list(range(12))
+    single = np.concatenate(take(seekable(12, 6), 2))
+    np.testing.assert_array_equal(single[0::2], first)  # pipeline p takes every 2nd position
+    np.testing.assert_array_equal(single[1::2], second)
+
+
+def test_a_resumed_stream_of_a_model_that_does_not_seek_is_skipped_forward():
+    class Counting(Model):
+        def input_fn(self, mode, params):
+            return tf.data.Dataset.range(1000).batch(params.batch_size, drop_remainder=True)
+
+        def build(self):
+            raise NotImplementedError
+
+        def loss(self, labels, outputs):
+            raise NotImplementedError
+
+    strategy = tf.distribute.get_strategy()
+    model = Counting(None)
+    dataset = inputs.distribute(strategy, model, Mode.TRAIN, 4, seed=0, start_step=3)
+    np.testing.assert_array_equal(next(iter(dataset)), [12, 13, 14, 15])

@@ -180,8 +180,13 @@ def test_run_config_accepts_a_complete_tpu_address(tpu, extra):
 @pytest.mark.parametrize(
     "key, message",
     [
-        ("train.save_checkpoints_steps", "save_checkpoints_steps must be >= 0"),
-        ("train.keep_checkpoint_max", "config.train.keep_checkpoint_max=-1 must be a positive"),
+        ("train.save_checkpoints_steps", r"save_checkpoints_steps=-1 .* must be an integer >= 0"),
+        ("train.save_checkpoints_secs", r"save_checkpoints_secs=-1 .* must be an integer >= 0"),
+        ("train.eval_every", r"--eval_every=-1 \(config.train.eval_every\) must be"),
+        (
+            "train.keep_checkpoint_max",
+            r"\(config.train.keep_checkpoint_max\)=-1 must be a positive",
+        ),
     ],
 )
 def test_run_config_rejects_negative_config_values(key, message):
@@ -205,3 +210,14 @@ def test_run_config_is_frozen():
     run = make_run()
     with pytest.raises(AttributeError):
         run.model_dir = "/elsewhere"  # type: ignore[misc]
+
+
+def test_run_config_rejects_a_bad_best_mode_and_profile_range():
+    config = config_files.load(config_files.resolve("iris"))
+    config.eval.best_mode = "highest"
+    with pytest.raises(UsageError, match="best_mode='highest' must be 'min' or 'max'"):
+        make_run(config)
+    with pytest.raises(UsageError, match="--profile_steps=20,10 must be START,END"):
+        make_run(profile_steps=(20, 10))
+    with pytest.raises(UsageError, match="--hang_timeout=-1 must be"):
+        make_run(hang_timeout=-1)

@@ -165,7 +165,8 @@ def _rewrite_state(model_dir: str, newest: str) -> None:
     tf.compat.v1.train.update_checkpoint_state(model_dir, newest, all_model_checkpoint_paths=kept)
 
 
-# Config keys a resumed run may change: how long and how often, not what is trained.
+# Config keys a resumed run may change: how long, how often and from where, not the
+# model, its optimizer, the seed or the batch size.
 RESUMABLE_CHANGES = (
     "train.steps",
     "train.iterations",
@@ -176,7 +177,7 @@ RESUMABLE_CHANGES = (
     "train.warm_start_from",
     "train.warm_start_vars",
     "optimizer.learning_rate",
-    "data.data_dir",
+    "data.",  # where and how the data are read (moved files, a new bucket)
     "eval.",
     "predict.",
 )

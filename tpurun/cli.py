@@ -27,9 +27,9 @@ FLAGS = flags.FLAGS
 
 COMMAND_HELP = {
     "train": "train the model; resumes from the latest checkpoint in --model_dir",
-    "eval": "evaluate the latest checkpoint: one exact pass over the eval data",
+    "eval": "evaluate the latest checkpoint (--continuous: every new one), one exact pass",
     "predict": "predict with the latest checkpoint; one output per input row, in order",
-    "export": "export the latest checkpoint as a SavedModel for serving",
+    "export": "export the latest (--best: the best) checkpoint as a SavedModel for serving",
     "list": "list the registered configs, and the config files in this directory",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8",
 }
