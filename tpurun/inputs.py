@@ -148,6 +148,9 @@ class HostDistributedIterator:
         )
 
 
+BATCHES_PER_CALL = 16  # seekable_batches: batches made by one map call
+
+
 def seekable_batches(tensors: Any, params: InputParams) -> tf.data.Dataset:
     """Endless TRAIN batches of in-memory examples, reshuffled every epoch, starting anywhere.
 
@@ -169,23 +172,30 @@ def seekable_batches(tensors: Any, params: InputParams) -> tf.data.Dataset:
     pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
     seed = params.seed
 
-    def batch_at(k: tf.Tensor) -> Any:
-        local = k * batch + tf.range(batch, dtype=tf.int64)
+    def batches_at(first: tf.Tensor) -> Any:
+        """BATCHES_PER_CALL consecutive batches from batch `first`, as [n, batch, ...]."""
+        n = BATCHES_PER_CALL
+        local = first * batch + tf.range(n * batch, dtype=tf.int64)
         position = local * pipelines + pipeline  # in the stream shared by all pipelines
         epoch, offset = position // count, position % count
         # One [seed, epoch, 0] key per row. The raw op: tf.random.experimental.
         # index_shuffle pads a [n, 2] seed on the wrong axis in TF 2.21.
-        key = tf.stack([tf.fill([batch], tf.constant(seed, tf.int64)), epoch], axis=1)
+        key = tf.stack([tf.fill([n * batch], tf.constant(seed, tf.int64)), epoch], axis=1)
         rows = tf.raw_ops.RandomIndexShuffle(
             index=offset,
             seed=tf.pad(key, [[0, 0], [0, 1]]),
             max_index=tf.constant(count - 1, tf.int64),
             rounds=4,
         )
+        rows = tf.reshape(rows, [n, batch])
         return tf.nest.map_structure(lambda t: tf.gather(t, rows), arrays)
 
-    starts = tf.data.Dataset.range(params.start_batch, tf.int64.max)
-    return starts.map(batch_at, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    # Several batches per map call, then unbatched: a call costs more than the
+    # rows it gathers when batches are small (8 replicas of 4 Iris rows).
+    skip = params.start_batch % BATCHES_PER_CALL
+    firsts = tf.data.Dataset.range(params.start_batch - skip, tf.int64.max, BATCHES_PER_CALL)
+    dataset = firsts.map(batches_at, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    return dataset.skip(skip).prefetch(tf.data.AUTOTUNE)
 
 
 def check_static_batch(dataset: tf.data.Dataset, batch_size: int, model_name: str) -> None:
