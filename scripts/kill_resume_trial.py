@@ -105,7 +105,7 @@ def main() -> None:
             if len(rows) < flags.kills:
                 # Wait until this attempt trains (its first loop line), then kill
                 # after a random 0-400 ms: inside loops, saves and deletions.
-                while "step " not in log.read_text() and process.poll() is None:
+                while not re.search(r"\] step \d+/", log.read_text()) and process.poll() is None:
                     time.sleep(0.01)
                 delay = rng.uniform(0.0, 0.4)
                 time.sleep(delay)
@@ -113,7 +113,7 @@ def main() -> None:
                     process.send_signal(signal.SIGKILL)
                     process.wait()
                     text = log.read_text()
-                    logged = re.findall(r"step (\d+)/", text)
+                    logged = re.findall(r"\] step (\d+)/", text)
                     rows.append(
                         [len(rows) + 1, delay, logged[-1] if logged else "-", leftovers(model_dir)]
                     )
