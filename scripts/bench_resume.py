@@ -22,13 +22,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-OFFLINE_ENV = {
-    "NO_GCE_CHECK": "true",
-    "GCE_METADATA_HOST": "127.0.0.1:1",
-    "GCE_METADATA_IP": "127.0.0.1:1",
-    "GCS_RETRY_CONFIG_MAX_RETRIES": "0",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
+from offline_env import OFFLINE_ENV  # scripts/offline_env.py
+
 # Iris's own data, through a pipeline that cannot seek.
 SKIPPING_MODEL = textwrap.dedent(
     """

@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from offline_env import OFFLINE_ENV  # scripts/offline_env.py
+
 ITERATIONS = (1, 100)
 # Steps timed per repeat, by iterations. At iterations=1 each step is one host call
 # (milliseconds at 8 replicas), and the figure is stable with fewer of them.
@@ -56,14 +58,6 @@ ROWS = {
     "tpurun-1": ("tpurun",),
     "tpurun-8": ("tpurun",),
     "fit-1": ("keras fit, steady", "keras fit, per call"),
-}
-# No benchmark may talk to Google's metadata server or APIs (as in the Makefile).
-ISOLATED_ENV = {
-    "NO_GCE_CHECK": "true",
-    "GCE_METADATA_HOST": "127.0.0.1:1",
-    "GCE_METADATA_IP": "127.0.0.1:1",
-    "GCS_RETRY_CONFIG_MAX_RETRIES": "0",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 
 # {row: {iterations (as a JSON key): microseconds per step}}
@@ -103,7 +97,7 @@ def run_worker(name: str, args: argparse.Namespace) -> Results:
         f"--repeats={args.repeats}",
     ]
     result = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **ISOLATED_ENV}
+        command, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}
     )
     if result.returncode != 0:
         sys.stderr.write(result.stderr)

@@ -24,14 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from offline_env import OFFLINE_ENV  # scripts/offline_env.py
 
-OFFLINE_ENV = {
-    "NO_GCE_CHECK": "true",
-    "GCE_METADATA_HOST": "127.0.0.1:1",
-    "GCE_METADATA_IP": "127.0.0.1:1",
-    "GCS_RETRY_CONFIG_MAX_RETRIES": "0",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
 ARGS = (
     "--config=iris",
     "--use_tpu=false",
