@@ -195,7 +195,7 @@ def bench_tpurun(replicas: int, model_dir: str, args: argparse.Namespace) -> Res
         num_steps = tf.constant(iterations)
         stamps = []
         for _ in range(total_calls(iterations, args)):
-            loss, _ = trainer._loop(iterator, num_steps)
+            loss, *_ = trainer._loop(iterator, num_steps)
             float(loss)  # waits for the loop, as Trainer.train does
             stamps.append(time.perf_counter())
         per_step[str(iterations)] = median_us_per_step(stamps, iterations, args)

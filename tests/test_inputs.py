@@ -180,8 +180,9 @@ def take(dataset: tf.data.Dataset, count: int) -> list[np.ndarray]:
 
 
 def test_seekable_batches_start_anywhere_in_the_same_stream():
-    stream = take(seekable(10, 4), 12)
-    for start in (1, 5, 11):
+    stream = take(seekable(10, 4), 40)
+    # Inside and across the 16-batch chunks one map call makes.
+    for start in (1, 5, 11, 16, 17, 33, 39):
         np.testing.assert_array_equal(take(seekable(10, 4, start), 1)[0], stream[start])
 
 
@@ -217,3 +218,22 @@ def test_a_resumed_stream_of_a_model_that_does_not_seek_is_skipped_forward():
     model = Counting(None)
     dataset = inputs.distribute(strategy, model, Mode.TRAIN, 4, seed=0, start_step=3)
     np.testing.assert_array_equal(next(iter(dataset)), [12, 13, 14, 15])
+
+
+@pytest.mark.parametrize(
+    "step, num_steps, every, expected",
+    [
+        (100, 100, 100, True),
+        (150, 100, 100, True),
+        (1150, 100, 500, False),
+        (1550, 100, 500, True),
+        (83, 10, 10, True),
+        (90, 5, 10, True),
+        (85, 5, 10, False),
+        (100, 100, 0, False),
+    ],
+)
+def test_a_cadence_fires_in_the_loop_that_passes_a_multiple(step, num_steps, every, expected):
+    from tpurun.train import crossed
+
+    assert crossed(step, num_steps, every) is expected

@@ -136,9 +136,9 @@ def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, fast_
     def evaluate(path):
         if step_of(path) == 30:  # deleted while being read
             delete_checkpoint(tmp_path, 30)
-            import tensorflow as tf
+            from tpurun.checkpoints import CheckpointGone
 
-            raise tf.errors.NotFoundError(None, None, f"{path}.data-00000-of-00001 not found")
+            raise CheckpointGone(f"checkpoint {path} is gone (data file not found)")
         return Sidecar().evaluate(path)
 
     sidecar = Sidecar()
@@ -147,6 +147,22 @@ def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, fast_
     )
     assert sidecar.reported == [40]
     assert "final step 40" in line and "evaluated 1 checkpoint(s)" in line
+
+
+def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanwhile(
+    tmp_path, fast_polls
+):
+    from tpurun.errors import RunError
+    from tpurun.evaluate import evaluate_continuously
+
+    fake_checkpoint(tmp_path, 10)
+
+    def evaluate(path):
+        delete_checkpoint(tmp_path, 10)  # rotated away while its eval ran, and then
+        raise RunError("Iris.input_fn(eval) yielded no examples")  # a real failure
+
+    with pytest.raises(RunError, match="yielded no examples"):
+        evaluate_continuously(iris_run(tmp_path, train_steps=40, eval_timeout=30), evaluate, print)
 
 
 def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, fast_polls):

@@ -8,7 +8,8 @@ deleted by keep_checkpoint_max; `tpurun export --best` exports it.
 A replacement never leaves a half-written best: the new one is written to
 `.best.tmp/`, the old one is renamed to `.best.previous/`, the new one to `best/`,
 and the old one is removed. A process killed between the two renames leaves the
-old best in `.best.previous/`, where `read` finds it. One process at a time
+old best in `.best.previous/`, where `read` finds it; on GCS, where a rename
+moves file by file, `read` also skips a directory whose checkpoint is not whole. One process at a time
 updates the best of a model_dir (a train with --eval_every, or one sidecar).
 """
 
@@ -76,6 +77,10 @@ def read(model_dir: str) -> Best | None:
             continue
         with tf.io.gfile.GFile(record_path) as f:
             record = json.load(f)
+        if not tf.io.gfile.exists(tf.io.gfile.join(directory, record["checkpoint"] + ".index")):
+            # On GCS a directory rename moves file by file: a kill in the middle can
+            # leave best.json here and the checkpoint in the other directory.
+            continue
         return Best(
             step=int(record["step"]),
             metric=record["metric"],

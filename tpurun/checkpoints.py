@@ -24,6 +24,19 @@ from tpurun.run_config import RunConfig
 
 # What reading a checkpoint that does not fit (or is damaged) raises.
 DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)
+# What a read raises when the storage, not the file, failed (GCS unavailable, no
+# permission): never a reason to call a checkpoint damaged. A damaged file raises
+# DataLoss, NotFound, OutOfRange, a bare OpError ("too short to be an sstable"),
+# IndexError ("read less bytes than requested"), ValueError, AssertionError, ...
+NOT_DAMAGE = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.ResourceExhaustedError,
+    tf.errors.PermissionDeniedError,
+    tf.errors.UnauthenticatedError,
+    tf.errors.CancelledError,
+    tf.errors.AbortedError,
+)
 TRAIN_CONFIG = "train_config.json"
 
 
@@ -126,6 +139,13 @@ def restore_newest_intact(
     for path in found:
         try:
             checkpoint.read(path).assert_existing_objects_matched()
+        except NOT_DAMAGE as e:
+            # The storage failed, not the file: moving a good checkpoint aside and
+            # resuming from an older one would silently throw away steps.
+            raise RunError(
+                f"cannot read {path} ({type(e).__name__}: {' '.join(e.message.split())[:200]}); "
+                "check access to the model_dir's storage and rerun"
+            ) from None
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (IndexError, ...)
             damaged.append(path)
             reason = f"{type(e).__name__}: {' '.join(getattr(e, 'message', str(e)).split())}"
@@ -177,10 +197,11 @@ RESUMABLE_CHANGES = (
     "train.warm_start_from",
     "train.warm_start_vars",
     "optimizer.learning_rate",
-    "data.",  # where and how the data are read (moved files, a new bucket)
     "eval.",
     "predict.",
 )
+# ...and where the data live (moved files, a new bucket): data.* keys named so.
+DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -199,6 +220,7 @@ def _trained_config(config: dict) -> dict[str, object]:
         key: value
         for key, value in _flatten(json.loads(json.dumps(config, default=str))).items()
         if not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
+        and not (key.startswith("data.") and key.endswith(DATA_LOCATION_SUFFIXES))
     }
 
 
@@ -262,6 +284,11 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
             f"config.train.warm_start_vars={pattern_text!r} is not a regex: {e}"
         ) from None
     source_model = model.build()
+    for variable in source_model.variables:
+        # NaN until restored: a selected variable the checkpoint has no value for
+        # must fail, not be copied over as the source model's random init.
+        if variable.dtype.is_floating:
+            variable.assign(tf.fill(tf.shape(variable), float("nan")))
     try:
         tf.train.Checkpoint(model=source_model).read(path).expect_partial()
     except DAMAGE_ERRORS as e:
@@ -270,8 +297,12 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
             f"cannot warm-start from {path}: it does not fit the model of this config ({reason})"
         ) from None
     taken = []
+    missing = []
     for target, value in zip(keras_model.variables, source_model.variables, strict=True):
-        if pattern.search(target.path):
+        if pattern.search(target.path) and value.dtype.is_floating:
+            if not bool(tf.reduce_all(tf.math.is_finite(value))):
+                missing.append(target.path)
+                continue
             if tuple(target.shape) != tuple(value.shape):
                 raise RunError(
                     f"cannot warm-start {target.path}: shape {tuple(target.shape)} here, "
@@ -279,6 +310,12 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
                 )
             target.assign(value)
             taken.append(target.path)
+    if missing:
+        raise UsageError(
+            f"--warm_start_from={source}: {path} has no value for {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''} (is it a tpurun checkpoint of this model?); "
+            "leave them out with config.train.warm_start_vars"
+        )
     if not taken:
         raise UsageError(
             f"config.train.warm_start_vars={pattern_text!r} matches none of the model's "
@@ -292,9 +329,18 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     )
 
 
+class CheckpointGone(RunError):
+    """The checkpoint's files disappeared before it was read (deleted by keep_checkpoint_max)."""
+
+
 def restore_model(keras_model: keras.Model, path: str) -> None:
     """Loads the model's weights (not the optimizer's) from a training checkpoint."""
-    status = tf.train.Checkpoint(model=keras_model).read(path)
+    try:
+        status = tf.train.Checkpoint(model=keras_model).read(path)
+    except tf.errors.NotFoundError as e:
+        raise CheckpointGone(
+            f"checkpoint {path} is gone ({' '.join(e.message.split())[:200]})"
+        ) from None
     try:
         status.expect_partial().assert_existing_objects_matched()
     except AssertionError as e:

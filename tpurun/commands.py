@@ -188,8 +188,13 @@ def eval_report(run: RunConfig, cluster) -> Callable[[str, dict[str, float]], No
     def report(checkpoint_path: str, results: dict[str, float]) -> None:
         if summaries is not None:
             logging.info("Wrote %s.", write_results(run, results))
-            summaries.write(results)
-            best.update(run, checkpoint_path, results)
+            try:
+                summaries.write(results)
+                best.update(run, checkpoint_path, results)
+            except (tf.errors.OpError, OSError) as e:
+                # The chief alone does this: failing here would leave the other
+                # workers of a train --eval_every blocked in their next all-reduce.
+                logging.warning("Could not write the eval summaries or the best checkpoint: %s", e)
         print(summary_line(results), flush=True)
 
     return report

@@ -304,7 +304,9 @@ def _evaluate_once(
         return None
     try:
         return evaluate(path)
-    except (tf.errors.OpError, RunError):
+    except checkpoints.CheckpointGone:
+        # Only a failure to read the checkpoint itself: once restored, any error
+        # (bad eval data, no examples) is the run's error, deleted checkpoint or not.
         if still_saved(path):
             raise
         logging.warning(deleted)

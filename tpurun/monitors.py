@@ -224,12 +224,17 @@ class TrainSummaries(Monitor):
             tf.summary.graph(graph)
 
     def after_loop(self, stats: LoopStats) -> None:
-        with self._writer.as_default(step=stats.step):
-            tf.summary.scalar("loss", stats.loss)
-            tf.summary.scalar("learning_rate", stats.learning_rate)
-            tf.summary.scalar("global_step/sec", stats.steps_per_sec)
-            tf.summary.scalar("examples/sec", stats.examples_per_sec)
-            tf.summary.scalar("input_wait_share", stats.input_wait_share)
+        try:
+            with self._writer.as_default(step=stats.step):
+                tf.summary.scalar("loss", stats.loss)
+                tf.summary.scalar("learning_rate", stats.learning_rate)
+                tf.summary.scalar("global_step/sec", stats.steps_per_sec)
+                tf.summary.scalar("examples/sec", stats.examples_per_sec)
+                tf.summary.scalar("input_wait_share", stats.input_wait_share)
+        except (tf.errors.OpError, OSError) as e:
+            # Only the chief writes events: failing here would leave the other
+            # workers blocked in their next all-reduce. Training goes on.
+            logging.warning("Could not write TensorBoard events (step %d): %s", stats.step, e)
 
     def close(self) -> None:
         self._writer.close()
@@ -328,8 +333,13 @@ class HangTimeout(Monitor):
         timeout: float,
         model_dir: str,
         on_hang: Callable[[str], None] | None = None,
+        skips_input: bool = False,
     ):
         self._timeout = timeout
+        # A resumed model whose input cannot seek reads every batch already trained
+        # on inside its first host loop: that loop's time grows with the step, so it
+        # is not watched: a hang in it is not caught; the loops after it are.
+        self._unwatched_loops = 1 if skips_input else 0
         self._model_dir = model_dir
         self._on_hang = on_hang or (
             lambda message: watchdog.exit_hung(message, tracebacks=logging.level_debug())
@@ -347,6 +357,9 @@ class HangTimeout(Monitor):
 
     def before_loop(self, step: int, num_steps: int) -> None:
         self._progress(step, f"in the host loop of steps {step + 1}..{step + num_steps}")
+        if self._unwatched_loops:
+            self._unwatched_loops -= 1
+            self._watchdog.pause()
 
     def after_loop(self, stats: LoopStats) -> None:
         self._progress(stats.step, "after its host loop, saving or evaluating")
@@ -360,7 +373,7 @@ class HangTimeout(Monitor):
 
     def _progress(self, step: int, doing: str) -> None:
         self._step, self._doing = step, doing
-        self._watchdog.feed()
+        self._watchdog.resume()
 
     def _hung(self, idle_seconds: float) -> None:
         self._on_hang(
@@ -382,7 +395,8 @@ def for_training(run: RunConfig, trainer: Trainer, terminal: bool | None = None)
         terminal = sys.stderr.isatty()
     monitors: list[Monitor] = []
     if run.hang_timeout:
-        monitors.append(HangTimeout(run.hang_timeout, run.model_dir))
+        skips = trainer.step > 0 and not trainer.model.input_fn_seeks
+        monitors.append(HangTimeout(run.hang_timeout, run.model_dir, skips_input=skips))
     monitors.append(ProgressBar() if terminal and trainer.is_chief else LogLines())
     monitors.append(InputBound(type(trainer.model).__name__))
     if trainer.is_chief:

@@ -38,6 +38,15 @@ def sigterm_notice() -> Iterator[threading.Event]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def crossed(step: int, num_steps: int, every: int) -> bool:
+    """Whether the loop that ended at `step` passed a multiple of `every` (0: never).
+
+    Not `step % every == 0`: a run resumed at 1050 (or with other --iterations)
+    ends its loops at 1150, 1250, ... and would never meet a multiple of 500.
+    """
+    return every > 0 and step // every > (step - num_steps) // every
+
+
 def build_model(model: Model) -> keras.Model:
     """Calls the model's build() (inside the caller's strategy scope) and checks the result."""
     keras_model = model.build()
@@ -77,7 +86,14 @@ class Trainer:
             self.optimizer.build(self.keras_model.trainable_variables)
         self.is_chief = cluster.is_chief
         self.scratch = None if cluster.is_chief else checkpoints.scratch_dir(run, cluster.task)
-        self.checkpoint = tf.train.Checkpoint(model=self.keras_model, optimizer=self.optimizer)
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.keras_model,
+            optimizer=self.optimizer,
+            # Every model variable by name too: Keras's random-number states (Dropout's
+            # seed_generator_state) are not reachable through `model`, and a resume
+            # that restarted them would draw the first steps' dropout masks again.
+            model_variables=list(self.keras_model.variables),
+        )
         self._loop = tf.function(self._host_loop)
         self._agree_across_workers = tf.function(self._any_worker)
 
@@ -125,12 +141,14 @@ class Trainer:
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
         return loss
 
-    def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Runs num_steps replicated steps in-graph.
 
-        Returns their mean loss and the seconds spent waiting for batches: the
+        Returns their mean loss, the seconds spent waiting for batches (the
         timestamps around `next(iterator)` are stateful ops, so automatic control
-        dependencies keep them before and after the fetch.
+        dependencies keep them before and after the fetch), and whether every
+        weight is still finite: the last step's update can be NaN while its loss,
+        computed before it, was not, and such weights must never be saved.
         """
         total = tf.constant(0.0)
         waited = tf.constant(0.0, tf.float64)
@@ -141,7 +159,10 @@ class Trainer:
                 waited += tf.timestamp() - before
             per_replica_loss = self.strategy.run(self._replica_step, args=batch)
             total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-        return total / tf.cast(num_steps, tf.float32), waited
+        finite = tf.reduce_all(
+            [tf.reduce_all(tf.math.is_finite(v)) for v in self.keras_model.trainable_variables]
+        )
+        return total / tf.cast(num_steps, tf.float32), waited, finite
 
     def save(self, manager: tf.train.CheckpointManager, step: int) -> str:
         path = manager.save(checkpoint_number=step)
@@ -152,9 +173,16 @@ class Trainer:
         return checkpoints.path_of(self.run.model_dir, step)  # the chief's copy
 
     def train(self) -> None:
+        # SIGTERM is caught from the start: one during the restore or the input's
+        # start-up (minutes on a TPU) still ends as "preempted, restart me".
+        with sigterm_notice() as preempted:
+            self._train(preempted)
+
+    def _train(self, preempted: threading.Event) -> None:
         run = self.run
         started = time.perf_counter()
         self.restore()
+        self._check_workers_agree_on_step()
         self._restore_seconds = time.perf_counter() - started
         step, last = self.step, run.train_steps
         if step >= last:
@@ -172,11 +200,26 @@ class Trainer:
         try:
             for watcher in watchers:
                 watcher.start(step, last)
-            with sigterm_notice() as preempted:
-                self._run_loops(iterator, manager, step, last, preempted, watchers, started)
+            self._run_loops(iterator, manager, step, last, preempted, watchers, started)
         finally:
             for watcher in watchers:
                 watcher.close()
+
+    def _check_workers_agree_on_step(self) -> None:
+        """Fails when workers restored different steps (one read a checkpoint the other could not).
+
+        They would train diverging weights, and the first to finish would leave the
+        others blocked in an all-reduce.
+        """
+        if self.cluster.num_workers == 1:
+            return
+        step = self.step
+        total = int(self._agree_across_workers(tf.constant([step, 0]))[0])
+        if total != step * self.strategy.num_replicas_in_sync:
+            raise RunError(
+                f"the workers restored different steps from {self.run.model_dir} (this one: "
+                f"{step}); a checkpoint could not be read by all of them: rerun all workers"
+            )
 
     def _cadence(self, name: str) -> int:
         """A config step cadence rounded up to whole host loops, with a notice if it moved."""
@@ -212,7 +255,7 @@ class Trainer:
             for watcher in watchers:
                 watcher.before_loop(step, num_steps)
             start = time.perf_counter()
-            loss_tensor, waited = self._loop(iterator, tf.constant(num_steps))
+            loss_tensor, waited, finite = self._loop(iterator, tf.constant(num_steps))
             loss = float(loss_tensor)
             elapsed = time.perf_counter() - start
             if started and step > 0:
@@ -239,20 +282,25 @@ class Trainer:
             )
             for watcher in watchers:
                 watcher.after_loop(stats)
-            if not math.isfinite(loss):
+            if not (math.isfinite(loss) and bool(finite)):
                 # Nothing after the last good checkpoint is saved: it stays the latest.
+                what = (
+                    f"the loss became {loss}"
+                    if not math.isfinite(loss)
+                    else "a weight became NaN or Inf"
+                )
                 raise RunError(
-                    f"the loss became {loss} between steps {step - num_steps + 1} and {step}; "
+                    f"{what} between steps {step - num_steps + 1} and {step}; "
                     f"the latest checkpoint is still "
                     f"{checkpoints.latest(self.run.model_dir) or 'none (nothing was saved)'}; "
                     "lower config.optimizer.learning_rate or look for NaN/Inf in the data"
                 )
-            evaluate = bool(eval_every) and (step % eval_every == 0 or step == last)
+            evaluate = bool(eval_every) and (crossed(step, num_steps, eval_every) or step == last)
             time_due, stop = self._agree(
                 bool(save_secs) and time.monotonic() - last_save >= save_secs,
                 preempted.is_set(),
             )
-            due = step == last or evaluate or (save_every and step % save_every == 0) or time_due
+            due = step == last or evaluate or crossed(step, num_steps, save_every) or time_due
             if due or stop:
                 path = self.save(manager, step)
                 last_save = time.monotonic()

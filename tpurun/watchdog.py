@@ -26,6 +26,7 @@ class Watchdog:
         self._timeout = timeout
         self._on_timeout = on_timeout
         self._last_fed = time.monotonic()
+        self._paused = False
         self._stopped = threading.Event()
         # A daemon: a watchdog must never be what keeps a finished process alive.
         self._thread = threading.Thread(target=self._watch, name="tpurun-watchdog", daemon=True)
@@ -36,6 +37,15 @@ class Watchdog:
 
     def feed(self) -> None:
         self._last_fed = time.monotonic()  # one assignment: atomic, no lock needed
+
+    def pause(self) -> None:
+        """Stops counting until the next resume() (for a phase that may rightly take long)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Feeds it and counts again."""
+        self.feed()
+        self._paused = False
 
     def stop(self) -> None:
         self._stopped.set()
@@ -48,7 +58,7 @@ class Watchdog:
         poll = min(1.0, self._timeout / 4)
         while not self._stopped.wait(poll):
             idle = time.monotonic() - self._last_fed
-            if idle >= self._timeout:
+            if idle >= self._timeout and not self._paused:
                 self._on_timeout(idle)
                 return
 
