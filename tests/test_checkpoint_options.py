@@ -12,8 +12,8 @@ from test_resume import weights
 pytestmark = pytest.mark.slow
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
-# Where a checkpoint keeps the model's weights (saved once, through the optimizer).
-MODEL_VARIABLES = "optimizer/_trainable_variables/"
+# Where a checkpoint keeps the model's variables (trainer.checkpoint's model_variables).
+MODEL_VARIABLES = "model_variables/"
 
 
 def steps_saved(model_dir) -> list[int]:
@@ -198,5 +198,15 @@ def test_warm_start_errors_are_one_line(tmp_path):
         ),
         1,
         "cannot warm-start",
+    )
+    import tensorflow as tf
+
+    # Not a checkpoint of this model: nothing would be restored, so nothing is taken.
+    foreign = tf.train.Checkpoint(other=tf.Variable([1.0, 2.0])).write(str(tmp_path / "foreign"))
+    assert_fails(
+        run_tpurun("train", *IRIS, f"--warm_start_from={foreign}", f"--model_dir={tmp_path / 'd'}"),
+        USAGE,
+        "has no value for",
+        "leave them out with config.train.warm_start_vars",
     )
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

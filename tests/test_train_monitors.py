@@ -211,7 +211,8 @@ def make_run(tmp_path, **fields) -> RunConfig:
 
 
 def kinds(run: RunConfig, is_chief: bool, terminal: bool) -> list[str]:
-    trainer = types.SimpleNamespace(is_chief=is_chief, model=object())
+    model = types.SimpleNamespace(input_fn_seeks=True)
+    trainer = types.SimpleNamespace(is_chief=is_chief, model=model, step=0)
     watchers = monitors.for_training(run, trainer, terminal=terminal)
     for watcher in watchers:
         watcher.close()

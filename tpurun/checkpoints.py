@@ -287,7 +287,7 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     for variable in source_model.variables:
         # NaN until restored: a selected variable the checkpoint has no value for
         # must fail, not be copied over as the source model's random init.
-        if variable.dtype.is_floating:
+        if tf.as_dtype(variable.dtype).is_floating:
             variable.assign(tf.fill(tf.shape(variable), float("nan")))
     try:
         tf.train.Checkpoint(model=source_model).read(path).expect_partial()
@@ -299,7 +299,7 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     taken = []
     missing = []
     for target, value in zip(keras_model.variables, source_model.variables, strict=True):
-        if pattern.search(target.path) and value.dtype.is_floating:
+        if pattern.search(target.path) and tf.as_dtype(value.dtype).is_floating:
             if not bool(tf.reduce_all(tf.math.is_finite(value))):
                 missing.append(target.path)
                 continue
