@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-# Google libraries probe the metadata server and googleapis.com on their own.
-OFFLINE_ENV = {
-    "NO_GCE_CHECK": "true",
-    "GCE_METADATA_HOST": "127.0.0.1:1",
-    "GCE_METADATA_IP": "127.0.0.1:1",
-    "GCS_RETRY_CONFIG_MAX_RETRIES": "0",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
+# Google libraries probe the metadata server and googleapis.com on their own: the
+# same closed local port as the scripts' (one definition, in scripts/offline_env.py).
+from scripts.offline_env import OFFLINE_ENV
+
 os.environ.update(OFFLINE_ENV)
 os.environ.pop("TPU_NAME", None)
 
