@@ -8,6 +8,6 @@ Model authors need `tpurun.model`: the `Model` base class, `Mode`, `InputParams`
 and the `register` decorator.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]

@@ -138,7 +138,7 @@ def restore_newest_intact(
     reasons: list[str] = []
     for path in found:
         try:
-            checkpoint.read(path).assert_existing_objects_matched()
+            _read_whole(checkpoint, path)
         except NOT_DAMAGE as e:
             # The storage failed, not the file: moving a good checkpoint aside and
             # resuming from an older one would silently throw away steps.
@@ -168,6 +168,20 @@ def restore_newest_intact(
             "or restore the model_dir from a backup"
         )
     return None
+
+
+def _read_whole(checkpoint: tf.train.Checkpoint, path: str) -> None:
+    """Restores every object of `checkpoint` from `path`, or raises.
+
+    A checkpoint of tpurun before 0.2 has no `model_variables` list (which also
+    saves Keras's random-number states): it restores the model and optimizer only.
+    """
+    keys = {name for name, _ in tf.train.list_variables(path)}
+    if hasattr(checkpoint, "model_variables") and not any(
+        key.startswith("model_variables/") for key in keys
+    ):
+        checkpoint = tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer)
+    checkpoint.read(path).assert_existing_objects_matched()
 
 
 def _move_aside(path: str, model_dir: str) -> None:
