@@ -25,7 +25,7 @@ from absl import logging
 
 from tpurun import checkpoints
 from tpurun.errors import RunError, UsageError
-from tpurun.export import rename_dir
+from tpurun.files import rename_dir
 from tpurun.run_config import RunConfig
 
 DIR = "best"

@@ -19,6 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun.errors import RunError, UsageError
+from tpurun.files import write_atomically
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
 
@@ -240,11 +241,10 @@ def _trained_config(config: dict) -> dict[str, object]:
 
 def write_train_config(run: RunConfig) -> None:
     """Records the config the checkpoints in model_dir are trained with (atomically)."""
-    path = tf.io.gfile.join(run.model_dir, TRAIN_CONFIG)
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(json.dumps(run.config.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    write_atomically(
+        tf.io.gfile.join(run.model_dir, TRAIN_CONFIG),
+        json.dumps(run.config.to_dict(), indent=2, sort_keys=True, default=str) + "\n",
+    )
 
 
 def check_resume_config(run: RunConfig) -> None:

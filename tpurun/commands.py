@@ -15,6 +15,7 @@ from tpurun import checkpoints
 from tpurun import cluster as cluster_lib
 from tpurun import model as model_lib
 from tpurun.errors import RunError, UsageError
+from tpurun.files import write_atomically
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 
@@ -233,11 +234,7 @@ def predict(run: RunConfig, cluster, model) -> None:
     rows = list(Predictor(run, cluster, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
     if output:
-        tmp = output + ".tmp"
-        with tf.io.gfile.GFile(tmp, "w") as f:
-            for row in rows:
-                f.write(json.dumps(to_json(row)) + "\n")
-        tf.io.gfile.rename(tmp, output, overwrite=True)
+        write_atomically(output, "".join(json.dumps(to_json(row)) + "\n" for row in rows))
         print(f"wrote {len(rows)} predictions to {output}")
         return
     for line in model.format_predictions(rows):
@@ -290,8 +287,6 @@ def write_record(run: RunConfig) -> str:
     runs = tf.io.gfile.join(run.model_dir, "runs")
     tf.io.gfile.makedirs(runs)
     path = tf.io.gfile.join(runs, f"{stamp}-{run.command}.json")
-    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-        f.write(run.record(tf.__version__) + "\n")
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    write_atomically(path, run.record(tf.__version__) + "\n")
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
     return path

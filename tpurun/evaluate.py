@@ -14,6 +14,7 @@ from absl import logging
 from tpurun import checkpoints, inputs
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
+from tpurun.files import write_atomically
 from tpurun.model import Mode, Model
 from tpurun.run_config import RunConfig
 from tpurun.train import build_model
@@ -147,10 +148,7 @@ def write_results(run: RunConfig, results: dict[str, float]) -> str:
     """Writes eval/results-<step>.json under model_dir, atomically; returns its path."""
     tf.io.gfile.makedirs(tf.io.gfile.join(run.model_dir, "eval"))
     path = results_path(run.model_dir, int(results["global_step"]))
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    write_atomically(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return path
 
 

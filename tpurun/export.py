@@ -15,6 +15,7 @@ from absl import logging
 
 from tpurun import checkpoints
 from tpurun.errors import UsageError
+from tpurun.files import rename_dir
 from tpurun.model import InputParams, Mode, Model
 from tpurun.run_config import RunConfig
 from tpurun.train import build_model
@@ -83,26 +84,3 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
         raise
     logging.info("Exported step %d to %s.", checkpoints.step_of(checkpoint_path), final)
     return final
-
-
-def rename_dir(source: str, target: str) -> None:
-    """Renames a directory with its contents, on any TensorFlow file system.
-
-    A local disk renames it at once and GCS object by object, but TensorFlow's
-    in-memory ram:// renames only the directory's own entry and leaves what is in it
-    under the old name: there the files are moved one by one.
-    """
-    tf.io.gfile.rename(source, target)
-    if not tf.io.gfile.exists(source):
-        return
-    for directory, _, files in tf.io.gfile.walk(source):
-        moved_to = target + directory[len(source) :]
-        tf.io.gfile.makedirs(moved_to)
-        for name in files:
-            tf.io.gfile.rename(tf.io.gfile.join(directory, name), tf.io.gfile.join(moved_to, name))
-    # Left behind: empty subdirectories, through which alone the source still exists
-    # (without any, as for the flat model_dir/best, it is already gone).
-    if not tf.io.gfile.exists(source):
-        return
-    for child in tf.io.gfile.listdir(source):
-        tf.io.gfile.rmtree(tf.io.gfile.join(source, child))
