@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging as std_logging
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
@@ -202,6 +203,27 @@ class InputBound(Monitor):
             self._model_name,
             1000 * per_step,
         )
+
+
+class ResumeCost(Monitor):
+    """Logs what a resume cost: the restore, then the first host loop, which also rebuilds
+    the input at its position (`scripts/bench_resume.py` reads this line)."""
+
+    def __init__(self, started: float, restore_seconds: float):
+        self._started: float | None = started  # perf_counter() when train() began
+        self._restore_seconds = restore_seconds
+
+    def after_loop(self, stats: LoopStats) -> None:
+        if self._started is None:
+            return
+        logging.info(
+            "Resumed at step %d in %.2fs: restore %.2fs, first host loop %.2fs.",
+            stats.step - stats.num_steps,
+            time.perf_counter() - self._started,
+            self._restore_seconds,
+            stats.seconds,
+        )
+        self._started = None
 
 
 class TrainSummaries(Monitor):

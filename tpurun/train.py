@@ -95,7 +95,7 @@ class Trainer:
             model_variables=list(self.keras_model.variables),
         )
         self._loop = tf.function(self._host_loop)
-        self._agree_across_workers = tf.function(self._any_worker)
+        self._sum_over_replicas = tf.function(self._replica_sum)
 
     @property
     def step(self) -> int:
@@ -183,7 +183,7 @@ class Trainer:
         started = time.perf_counter()
         self.restore()
         self._check_workers_agree_on_step()
-        self._restore_seconds = time.perf_counter() - started
+        restore_seconds = time.perf_counter() - started
         step, last = self.step, run.train_steps
         if step >= last:
             logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
@@ -197,10 +197,12 @@ class Trainer:
         iterator = iter(dataset)
         logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
         watchers = monitors.for_training(run, self)
+        if step > 0:
+            watchers.append(monitors.ResumeCost(started, restore_seconds))
         try:
             for watcher in watchers:
                 watcher.start(step, last)
-            self._run_loops(iterator, manager, step, last, preempted, watchers, started)
+            self._run_loops(iterator, manager, step, last, preempted, watchers)
         finally:
             for watcher in watchers:
                 watcher.close()
@@ -214,7 +216,7 @@ class Trainer:
         if self.cluster.num_workers == 1:
             return
         step = self.step
-        total = int(self._agree_across_workers(tf.constant([step, 0]))[0])
+        total = int(self._sum_over_replicas(tf.constant([step]))[0])
         if total != step * self.strategy.num_replicas_in_sync:
             raise RunError(
                 f"the workers restored different steps from {self.run.model_dir} (this one: "
@@ -243,7 +245,6 @@ class Trainer:
         last: int,
         preempted: threading.Event,
         watchers: list[monitors.Monitor],
-        started: float,
     ) -> None:
         iterations = self.run.iterations
         save_every = self._cadence("save_checkpoints_steps")
@@ -258,17 +259,6 @@ class Trainer:
             loss_tensor, waited, finite = self._loop(iterator, tf.constant(num_steps))
             loss = float(loss_tensor)
             elapsed = time.perf_counter() - start
-            if started and step > 0:
-                # What a resume costs: the restore, then the first loop, which also
-                # rebuilds the input at its position (`scripts/bench_resume.py`).
-                logging.info(
-                    "Resumed at step %d in %.2fs: restore %.2fs, first host loop %.2fs.",
-                    step,
-                    time.perf_counter() - started,
-                    self._restore_seconds,
-                    elapsed,
-                )
-            started = 0.0
             step += num_steps
             stats = monitors.LoopStats(
                 step=step,
@@ -326,10 +316,11 @@ class Trainer:
         """
         if self.cluster.num_workers == 1:
             return save_now, stop_now
-        agreed = self._agree_across_workers(tf.constant([int(save_now), int(stop_now)]))
+        # Summed over replicas: nonzero when any worker wants it (ReduceOp has no MAX).
+        agreed = self._sum_over_replicas(tf.constant([int(save_now), int(stop_now)]))
         return bool(agreed[0] > 0), bool(agreed[1] > 0)
 
-    def _any_worker(self, wanted: tf.Tensor) -> tf.Tensor:
-        per_replica = self.strategy.run(lambda: tf.identity(wanted))
-        # SUM over replicas: nonzero when any worker wants it (ReduceOp has no MAX).
+    def _replica_sum(self, values: tf.Tensor) -> tf.Tensor:
+        """`values` of every replica of every worker, added up (each worker passes its own)."""
+        per_replica = self.strategy.run(lambda: tf.identity(values))
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
