@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -96,11 +98,27 @@ def run_command(run: RunConfig, cluster, model) -> None:
     command = {"train": train, "eval": evaluate, "predict": predict, "export": export}
     try:
         command[run.command](run, cluster, model)
+    except tf.errors.UnavailableError as error:
+        if cluster is None or cluster.num_workers == 1:
+            raise
+        # TensorFlow's own words ("Restart your program to reset") do not say that
+        # another worker is gone, nor that every worker must be restarted.
+        raise RunError(
+            f"lost contact with another worker of the cluster ({_first_line(error)}); one "
+            "failed or was preempted (its own log says why): restart every worker with the "
+            "same command, which resumes from the last checkpoint"
+        ) from error
     except DATA_ERRORS as error:
         diagnosis = diagnose_data(run, model, error)
         if diagnosis is None:
             raise
         raise RunError(diagnosis) from error
+
+
+def _first_line(error: tf.errors.OpError) -> str:
+    """The start of a TensorFlow error message, without its function_node prefix."""
+    message = re.sub(r"^\{\{[^}]*\}\}\s*", "", error.message.strip())
+    return " ".join(message.splitlines()[0].split())[:200] if message else type(error).__name__
 
 
 def diagnose_data(run: RunConfig, model, error: Exception) -> str | None:
@@ -268,7 +286,9 @@ def prepare_model_dir(run: RunConfig) -> bool:
     try:
         created = not tf.io.gfile.isdir(run.model_dir)
         tf.io.gfile.makedirs(run.model_dir)
-        probe = tf.io.gfile.join(run.model_dir, ".tpurun-write-probe")
+        # A name of its own: every worker of a cluster probes the same model_dir at
+        # once, and one removing another's probe made that one fail.
+        probe = tf.io.gfile.join(run.model_dir, f".tpurun-write-probe-{uuid.uuid4().hex}")
         with tf.io.gfile.GFile(probe, "w") as f:
             f.write("ok")
         tf.io.gfile.remove(probe)
