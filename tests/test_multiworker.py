@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV, assert_ok, run_tpurun
+from conftest import OFFLINE_ENV, RUN_FAILURE, assert_ok, run_tpurun
 
 from tpurun.errors import EXIT_PREEMPTED
 
@@ -89,6 +89,21 @@ def run_workers(script: str, command: str, tmp_path: Path, *args: str) -> list[t
     return outputs
 
 
+def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> list[int]:
+    """Exit codes of all workers; on a timeout, kills them and fails with the end of each log."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [
+            process.wait(timeout=max(0.0, deadline - time.monotonic())) for process, _ in started
+        ]
+    except subprocess.TimeoutExpired:
+        for process, _ in started:
+            process.kill()
+            process.wait()
+        tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for _, log in started)
+        pytest.fail(f"workers still running after {timeout}s:\n{tails}")
+
+
 def test_two_workers_train_to_identical_weights_and_eval_exactly(tmp_path):
     model_dir = tmp_path / "model"
     outputs = run_workers(
@@ -129,41 +144,46 @@ def test_two_workers_train_to_identical_weights_and_eval_exactly(tmp_path):
         assert expected in out
 
 
+def start_worker(
+    workers: list[str], index: int, log: Path, *args: str
+) -> tuple[subprocess.Popen, Path]:
+    """Starts `tpurun train --config=iris` as worker `index` of `workers`, stderr to `log`."""
+    tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+    env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
+    command = [sys.executable, "-m", "tpurun", "train", "--config=iris", "--use_tpu=false"]
+    process = subprocess.Popen(
+        [*command, "--iterations=10", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    return process, log
+
+
+def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: float = 120) -> None:
+    process, log = started
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        assert process.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
 def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
     """A preempted worker must not stop alone: the others would block in their next all-reduce."""
     model_dir = tmp_path / "model"
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
 
-    def start(index: int, *args: str) -> tuple[subprocess.Popen, Path]:
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
-        log = tmp_path / f"worker-{index}-{len(list(tmp_path.glob('worker-*')))}.log"
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tpurun",
-                "train",
-                "--config=iris",
-                "--use_tpu=false",
-                "--iterations=10",
-                f"--model_dir={model_dir}",
-                *args,
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log.open("w"),
+    def start(index: int, attempt: int, steps: int) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"worker-{index}-{attempt}.log"
+        return start_worker(
+            workers, index, log, f"--model_dir={model_dir}", f"--train_steps={steps}"
         )
-        return process, log
 
-    first = [start(i, "--train_steps=100000000") for i in range(2)]
-    deadline = time.monotonic() + 120
-    while "step 50/" not in first[0][1].read_text():
-        assert time.monotonic() < deadline, first[0][1].read_text()[-3000:]
-        assert first[0][0].poll() is None, first[0][1].read_text()[-3000:]
-        time.sleep(0.2)
+    first = [start(i, 0, 100_000_000) for i in range(2)]
+    wait_for_line(first[0], "step 50/")
     first[1][0].send_signal(signal.SIGTERM)  # the non-chief worker only
-    codes = [process.wait(timeout=120) for process, _ in first]
+    codes = wait_all(first, timeout=120)
     logs = [log.read_text() for _, log in first]
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[0][-3000:] + logs[1][-3000:]
     steps = [int(re.search(r"saved a checkpoint at step (\d+)", log).group(1)) for log in logs]
@@ -173,8 +193,42 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
 
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved}")
 
-    second = [start(i, f"--train_steps={saved + 20}") for i in range(2)]
-    assert [process.wait(timeout=120) for process, _ in second] == [0, 0]
+    # The same addresses again, as a restarted job has.
+    second = [start(i, 1, saved + 20) for i in range(2)]
+    assert wait_all(second, timeout=120) == [0, 0]
     resumed = second[0][1].read_text()
     assert f"Resuming from {model_dir / f'ckpt-{saved}'} (step {saved})" in resumed
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved + 20}")
+
+
+def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_dir(tmp_path):
+    """TensorFlow alone waits forever for a worker that never comes (one that failed at start)."""
+    model_dir = tmp_path / "model"
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    chief = start_worker(
+        workers, 0, tmp_path / "chief.log", f"--model_dir={model_dir}", "--tpu_init_timeout=3"
+    )
+    assert wait_all([chief], timeout=120) == [RUN_FAILURE]
+    log = chief[1].read_text()
+    (line,) = [line for line in log.splitlines() if ": error: " in line]
+    assert "worker-0 waited 3s for the other workers of TF_CONFIG" in line, log[-3000:]
+    assert all(address in line for address in workers) and "--tpu_init_timeout" in line
+    assert "Traceback" not in log
+    assert not model_dir.exists()
+
+
+def test_a_worker_that_dies_mid_run_makes_the_other_fail_with_a_message(tmp_path):
+    model_dir = tmp_path / "model"
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    started = [
+        start_worker(workers, i, tmp_path / f"worker-{i}.log", f"--model_dir={model_dir}")
+        for i in range(2)
+    ]
+    wait_for_line(started[0], "step 30/")
+    started[0][0].kill()  # the chief, without notice
+    assert wait_all(started[1:], timeout=120) == [RUN_FAILURE]
+    log = started[1][1].read_text()
+    (line,) = [line for line in log.splitlines() if ": error: " in line]
+    assert "lost contact with another worker of the cluster" in line, log[-3000:]
+    assert "restart every worker with the same command" in line
+    assert "Traceback" not in log

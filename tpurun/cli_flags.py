@@ -50,8 +50,9 @@ USE_TPU = flags.DEFINE_bool(
 TPU_INIT_TIMEOUT = flags.DEFINE_float(
     "tpu_init_timeout",
     300,
-    "Seconds to wait for the Cloud TPU (looking it up, connecting, initialising) before "
-    "failing; connecting to an unreachable TPU otherwise hangs forever.",
+    "Seconds to wait for the Cloud TPU (looking it up, connecting, initialising), or with "
+    "a multi-worker TF_CONFIG for every worker to join, before failing; TensorFlow "
+    "alone would wait forever.",
 )
 NUM_SHARDS = flags.DEFINE_integer(
     "num_shards",

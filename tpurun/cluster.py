@@ -67,7 +67,7 @@ def build(run: RunConfig) -> Cluster:
         from tpurun import tpu
 
         return tpu.connect(run)
-    multi_worker = _multi_worker()
+    multi_worker = _multi_worker(run.tpu_init_timeout)
     if multi_worker is not None:
         logging.info("Running on %s as %s.", multi_worker.description, multi_worker.task)
         return multi_worker
@@ -98,8 +98,11 @@ def is_chief_process() -> bool:
         return True  # no (valid) TF_CONFIG: a single process, or _multi_worker's error
 
 
-def _multi_worker() -> Cluster | None:
-    """MultiWorkerMirroredStrategy when TF_CONFIG describes several workers (a GPU cluster)."""
+def _multi_worker(start_timeout: float) -> Cluster | None:
+    """MultiWorkerMirroredStrategy when TF_CONFIG describes several workers (a GPU cluster).
+
+    Fails after `start_timeout` seconds if not every worker has joined.
+    """
     raw = os.environ.get("TF_CONFIG", "")
     if not raw.strip():
         return None
@@ -117,9 +120,21 @@ def _multi_worker() -> Cluster | None:
     if workers <= 1:
         return None
     is_chief = _is_chief(cluster_spec, task_type, task_index)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    )
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    _bound_cluster_start(spec, start_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    except tf.errors.DeadlineExceededError:
+        addresses = ", ".join(
+            spec.task_address(job, i) for job in spec.jobs for i in range(spec.num_tasks(job))
+        )
+        raise RunError(
+            f"{task_type}-{task_index} waited {start_timeout:g}s for the other workers of "
+            f"TF_CONFIG ({addresses}) and not all of them joined; start every worker with "
+            "the same TF_CONFIG cluster (one that failed says why in its own log), or raise "
+            "--tpu_init_timeout"
+        ) from None
     description = (
         f"{workers} workers, {strategy.num_replicas_in_sync} replicas (MultiWorkerMirroredStrategy)"
     )
@@ -130,6 +145,41 @@ def _multi_worker() -> Cluster | None:
         task=f"{task_type}-{task_index}",
         num_workers=workers,
     )
+
+
+def _bound_cluster_start(cluster_spec: tf.train.ClusterSpec, timeout: float) -> None:
+    """Makes a worker fail after `timeout` seconds when the others never join.
+
+    By default TensorFlow waits for them forever: a worker whose chief failed at
+    start-up hung with it. MultiWorkerMirroredStrategy sets up the coordination
+    service only when none is configured yet, so this configures the same one (its
+    leader and jobs) with a registration deadline. Private API (no public setting
+    exists); if it moves, the worker just waits as TensorFlow does by default.
+    """
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.eager import context
+
+        jobs = [
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in cluster_spec.jobs
+        ]
+        context.context().configure_coordination_service(
+            service_type="standalone",
+            service_leader=multi_worker_util.coordination_leader(cluster_spec),
+            coordinated_jobs=jobs,
+            cluster_register_timeout_in_ms=int(timeout * 1000),
+        )
+        # Every task, the leader too, waits at registration for all the others (with
+        # the deadline above); without it the chief registers alone and then waits in
+        # its first collective, with no deadline.
+        context.context().coordination_service.cluster_register_with_barrier = True
+    except (ImportError, AttributeError, TypeError) as e:
+        logging.warning(
+            "Cannot bound the wait for the other workers (%s): waiting as long as it takes.", e
+        )
 
 
 def _local(num_shards: int | None) -> Cluster:

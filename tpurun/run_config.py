@@ -33,7 +33,7 @@ class RunConfig:
     tpu: str | None = None
     tpu_zone: str | None = None
     gcp_project: str | None = None
-    tpu_init_timeout: float = 300  # seconds to reach the TPU before failing
+    tpu_init_timeout: float = 300  # seconds to reach the TPU (or all TF_CONFIG workers)
     num_shards: int | None = None  # None: every local device (or every TPU core)
     export_dir: str | None = None
     export_best: bool = False  # export: the best checkpoint instead of the latest
