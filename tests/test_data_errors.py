@@ -223,6 +223,12 @@ GRAPH_ERRORS = {
         "truncated record at 16929' failed with Read less bytes than requested",
     ),
     "eager": ("No such file or directory: /x\nmore", "No such file or directory: /x"),
+    "eager_in_a_function_node": (
+        "{{function_node __wrapped__CollectiveBcastRecv_device_/job:worker/replica:0/task:1/"
+        "device:CPU:0}} Collective ops is aborted by: Failed to send RPC to coordination "
+        "service.\nAdditional GRPC error information",
+        "Collective ops is aborted by: Failed to send RPC to coordination service.",
+    ),
 }
 
 

@@ -83,7 +83,15 @@ def run_workers(script: str, command: str, tmp_path: Path, *args: str) -> list[t
                 text=True,
             )
         )
-    outputs = [p.communicate(timeout=300) for p in processes]
+    try:
+        outputs = [p.communicate(timeout=300) for p in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        tails = "\n".join(
+            f"--- worker {i}\n{p.communicate()[1][-3000:]}" for i, p in enumerate(processes)
+        )
+        pytest.fail(f"workers still running after 300s:\n{tails}")
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err[-4000:]
     return outputs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.files import write_atomically
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
+from tpurun.tf_errors import op_error_line
 
 if TYPE_CHECKING:
     from tpurun.evaluate import Evaluator
@@ -104,7 +104,7 @@ def run_command(run: RunConfig, cluster, model) -> None:
         # TensorFlow's own words ("Restart your program to reset") do not say that
         # another worker is gone, nor that every worker must be restarted.
         raise RunError(
-            f"lost contact with another worker of the cluster ({_first_line(error)}); one "
+            f"lost contact with another worker of the cluster ({op_error_line(error.message)[:200]}); one "
             "failed or was preempted (its own log says why): restart every worker with the "
             "same command, which resumes from the last checkpoint"
         ) from error
@@ -113,12 +113,6 @@ def run_command(run: RunConfig, cluster, model) -> None:
         if diagnosis is None:
             raise
         raise RunError(diagnosis) from error
-
-
-def _first_line(error: tf.errors.OpError) -> str:
-    """The start of a TensorFlow error message, without its function_node prefix."""
-    message = re.sub(r"^\{\{[^}]*\}\}\s*", "", error.message.strip())
-    return " ".join(message.splitlines()[0].split())[:200] if message else type(error).__name__
 
 
 def diagnose_data(run: RunConfig, model, error: Exception) -> str | None:

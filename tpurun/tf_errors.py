@@ -12,6 +12,8 @@ from tpurun.errors import EXIT_RUN_FAILURE
 # before the message of one raised inside a tf.data function.
 _GRAPH_NOISE = ("Graph execution error:", "Detected at node", "File ", "<stack traces", "[[")
 _DATASET_PREFIX = re.compile(r"^Error in user-defined function passed to .*? with iterator: \S+: ")
+# Before the message of an error an eager op raised: "{{function_node __wrapped__<op>...}} ".
+_FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
 
 
 def describe(error: BaseException) -> tuple[str, int]:
@@ -32,6 +34,6 @@ def op_error_line(message: str) -> str:
     """
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [""]
     if lines[0] != "Graph execution error:":
-        return lines[0]
+        return _FUNCTION_NODE.sub("", lines[0])
     meaningful = [line for line in lines if not line.startswith(_GRAPH_NOISE)]
     return _DATASET_PREFIX.sub("", meaningful[-1]) if meaningful else lines[0]
