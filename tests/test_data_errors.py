@@ -238,3 +238,26 @@ GRAPH_ERRORS = {
 def test_an_undiagnosed_tensorflow_error_shows_its_meaningful_line(message, line):
     """Not "InvalidArgumentError: Graph execution error:", which says nothing."""
     assert op_error_line(message) == line
+
+
+# The message a worker got when its chief was SIGKILLed mid-run (TensorFlow 2.21).
+LOST_WORKER = (
+    "Graph execution error:\n\nDetected at node while/CollectiveReduceV2 defined at (most "
+    'recent call last):\n  File "<frozen runpy>", line 198, in _run_module_as_main\n\n'
+    "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+    "information from remote target /job:worker/replica:0/task:0 while calling "
+    "/tensorflow.WorkerService/CompleteInstance:\n:UNKNOWN:Error received from peer\n"
+    "The error could be from a previous operation. Restart your program to reset.\n\t "
+    "[[{{node while/CollectiveReduceV2}}]] [Op:__inference__host_loop_691]"
+)
+
+
+def test_alost_worker_reason_is_told_apart_from_unavailable_storage():
+    import tensorflow as tf
+
+    from tpurun.commands import lost_worker_reason
+
+    lost = tf.errors.UnavailableError(None, None, LOST_WORKER)
+    assert lost_worker_reason(lost) == "recvmsg:Connection reset by peer"
+    storage = tf.errors.UnavailableError(None, None, "Error executing an HTTP request: 503")
+    assert lost_worker_reason(storage) is None

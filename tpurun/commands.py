@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -99,20 +100,36 @@ def run_command(run: RunConfig, cluster, model) -> None:
     try:
         command[run.command](run, cluster, model)
     except tf.errors.UnavailableError as error:
-        if cluster is None or cluster.num_workers == 1:
+        reason = (
+            lost_worker_reason(error) if cluster is not None and cluster.num_workers > 1 else None
+        )
+        if reason is None:
             raise
         # TensorFlow's own words ("Restart your program to reset") do not say that
         # another worker is gone, nor that every worker must be restarted.
         raise RunError(
-            f"lost contact with another worker of the cluster ({op_error_line(error.message)[:200]}); one "
-            "failed or was preempted (its own log says why): restart every worker with the "
-            "same command, which resumes from the last checkpoint"
+            f"lost contact with another worker of the cluster ({reason}); one failed or "
+            "was preempted (its own log says why): restart every worker with the same "
+            "command, which resumes from the last checkpoint"
         ) from error
     except DATA_ERRORS as error:
         diagnosis = diagnose_data(run, model, error)
         if diagnosis is None:
             raise
         raise RunError(diagnosis) from error
+
+
+def lost_worker_reason(error: tf.errors.UnavailableError) -> str | None:
+    """Why a collective with the other workers was aborted; None if the error is not that.
+
+    Unavailable storage (a GCS outage) raises the same error type, and must not be
+    reported as a lost worker.
+    """
+    message = error.message
+    if "Collective ops is aborted" not in message and "/job:" not in message:
+        return None
+    aborted = re.search(r"Collective ops is aborted by: ([^\n]*)", message)
+    return (aborted.group(1) if aborted else op_error_line(message)).strip()[:200]
 
 
 def diagnose_data(run: RunConfig, model, error: Exception) -> str | None:
