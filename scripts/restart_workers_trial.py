@@ -17,26 +17,15 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from offline_env import OFFLINE_ENV  # scripts/offline_env.py
+from offline_env import OFFLINE_ENV, free_local_ports  # scripts/offline_env.py
 
 HUNG_AFTER = 150  # seconds
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def start(workers: list[str], index: int, model_dir: Path, steps: int, log: Path):
@@ -61,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="tpurun-restart-trial-"))
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     bad = 0
     for attempt in range(args.restarts):
         order = rng.sample([0, 1], 2)

@@ -11,7 +11,7 @@ import pytest
 
 # Google libraries probe the metadata server and googleapis.com on their own: the
 # same closed local port as the scripts' (one definition, in scripts/offline_env.py).
-from scripts.offline_env import OFFLINE_ENV
+from scripts.offline_env import OFFLINE_ENV, free_local_ports  # noqa: F401 - for the tests
 
 os.environ.update(OFFLINE_ENV)
 os.environ.pop("TPU_NAME", None)

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV, RUN_FAILURE, assert_ok, run_tpurun
+from conftest import OFFLINE_ENV, RUN_FAILURE, assert_ok, free_local_ports, run_tpurun
 
 from tpurun.errors import EXIT_PREEMPTED
 
@@ -56,19 +55,9 @@ commands.evaluate(run, cluster, model_lib.create(run.config))
 )
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def run_workers(script: str, command: str, tmp_path: Path, *args: str) -> list[tuple[str, str]]:
     """Runs `script` as worker 0 and worker 1 of one cluster; returns their (stdout, stderr)."""
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     processes = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -180,7 +169,7 @@ def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: fl
 def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
     """A preempted worker must not stop alone: the others would block in their next all-reduce."""
     model_dir = tmp_path / "model"
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
 
     def start(index: int, attempt: int, steps: int) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"worker-{index}-{attempt}.log"
@@ -212,7 +201,7 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
 def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_dir(tmp_path):
     """TensorFlow alone waits forever for a worker that never comes (one that failed at start)."""
     model_dir = tmp_path / "model"
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     chief = start_worker(
         workers, 0, tmp_path / "chief.log", f"--model_dir={model_dir}", "--tpu_init_timeout=3"
     )
@@ -227,7 +216,7 @@ def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_di
 
 def test_a_worker_that_dies_mid_run_makes_the_other_fail_with_a_message(tmp_path):
     model_dir = tmp_path / "model"
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     started = [
         start_worker(workers, i, tmp_path / f"worker-{i}.log", f"--model_dir={model_dir}")
         for i in range(2)

@@ -18,7 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import OFFLINE_ENV, error_lines, run_tpurun
+from conftest import OFFLINE_ENV, error_lines, free_local_ports, run_tpurun
 
 from tpurun import config_files
 from tpurun.errors import RunError, UsageError
@@ -368,9 +368,7 @@ def test_missing_credentials_say_how_to_log_in(fake_api, monkeypatch, tmp_path):
 
 
 def test_unreachable_api_names_it(monkeypatch):
-    with socket.socket() as s:  # a free port, closed again: nothing listens there
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (port,) = free_local_ports(1)  # nothing listens there
     monkeypatch.setenv("TPU_API_DISCOVERY_URL", f"http://127.0.0.1:{port}/{{api}}/{{apiVersion}}")
     monkeypatch.setenv("TPURUN_TPU_ANONYMOUS_CREDENTIALS", "1")
     message = resolve_error("my-tpu")
@@ -416,13 +414,6 @@ def test_local_without_tpu_chips_says_so():
 def tf_version() -> str:
     """TensorFlow's version, without importing it into the test process."""
     return importlib.metadata.version("tensorflow")
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tpurun_train(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -475,7 +466,7 @@ def test_cli_creating_node_is_one_error_line_and_exit_1(fake_api, tmp_path):
 
 @pytest.mark.slow
 def test_cli_unreachable_grpc_address_times_out(tmp_path):
-    address = f"grpc://127.0.0.1:{free_port()}"
+    address = f"grpc://127.0.0.1:{free_local_ports(1)[0]}"
     start = time.monotonic()
     code, stderr, lingered = tpurun_train_until_exit(
         tmp_path, f"--tpu={address}", "--tpu_init_timeout=3"
@@ -500,7 +491,7 @@ def test_cli_unreachable_grpc_address_times_out(tmp_path):
 
 @pytest.mark.slow
 def test_cli_ready_node_with_other_tensorflow_times_out_naming_the_mismatch(fake_api, tmp_path):
-    port = free_port()
+    port = free_local_ports(1)[0]
     fake_api.add_node(
         "old-tpu",
         tensorflowVersion="2.12.0",
