@@ -22,6 +22,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.files import write_atomically
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
+from tpurun.tf_errors import one_line
 
 # What reading a checkpoint that does not fit (or is damaged) raises.
 DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)
@@ -144,12 +145,12 @@ def restore_newest_intact(
             # The storage failed, not the file: moving a good checkpoint aside and
             # resuming from an older one would silently throw away steps.
             raise RunError(
-                f"cannot read {path} ({type(e).__name__}: {' '.join(e.message.split())[:200]}); "
+                f"cannot read {path} ({type(e).__name__}: {one_line(e, 200)}); "
                 "check access to the model_dir's storage and rerun"
             ) from None
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (IndexError, ...)
             damaged.append(path)
-            reason = f"{type(e).__name__}: {' '.join(getattr(e, 'message', str(e)).split())}"
+            reason = f"{type(e).__name__}: {one_line(e)}"
             reasons.append(reason)
             logging.warning(
                 "Checkpoint %s is damaged (%s); trying the one before.", path, reason[:300]
@@ -306,7 +307,7 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     try:
         tf.train.Checkpoint(model=source_model).read(path).expect_partial()
     except DAMAGE_ERRORS as e:
-        reason = " ".join(getattr(e, "message", str(e)).split())[:300]
+        reason = one_line(e, 300)
         raise RunError(
             f"cannot warm-start from {path}: it does not fit the model of this config ({reason})"
         ) from None
@@ -352,13 +353,11 @@ def restore_model(keras_model: keras.Model, path: str) -> None:
     try:
         status = tf.train.Checkpoint(model=keras_model).read(path)
     except tf.errors.NotFoundError as e:
-        raise CheckpointGone(
-            f"checkpoint {path} is gone ({' '.join(e.message.split())[:200]})"
-        ) from None
+        raise CheckpointGone(f"checkpoint {path} is gone ({one_line(e, 200)})") from None
     try:
         status.expect_partial().assert_existing_objects_matched()
     except AssertionError as e:
         raise RunError(
             f"checkpoint {path} does not match the model built from this config "
-            f"({' '.join(str(e).split())[:300]}); use the config it was trained with"
+            f"({one_line(e, 300)}); use the config it was trained with"
         ) from None

@@ -20,7 +20,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.files import write_atomically
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import op_error_line
+from tpurun.tf_errors import one_line, op_error_line
 
 if TYPE_CHECKING:
     from tpurun.evaluate import Evaluator
@@ -304,9 +304,8 @@ def prepare_model_dir(run: RunConfig) -> bool:
             f.write("ok")
         tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as e:
-        message = getattr(e, "message", str(e))
         raise RunError(
-            f"cannot write to --model_dir={run.model_dir} ({' '.join(message.split())}); "
+            f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
             "choose a directory you can write"
         ) from None
     return created

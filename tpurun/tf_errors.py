@@ -26,6 +26,15 @@ def describe(error: BaseException) -> tuple[str, int]:
     return f"unexpected {type(error).__name__}: {first_line}", EXIT_RUN_FAILURE
 
 
+def one_line(error: BaseException, limit: int | None = None) -> str:
+    """An exception's message on one line, cut at `limit` characters.
+
+    A TensorFlow error's own message (str() of one can add the failing op's
+    definition), else str(error).
+    """
+    return " ".join(str(getattr(error, "message", None) or error).split())[:limit]
+
+
 def op_error_line(message: str) -> str:
     """The line of an OpError's message that says what went wrong.
 

@@ -42,6 +42,7 @@ from absl import logging
 from tpurun.cluster import Cluster, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
+from tpurun.tf_errors import one_line
 
 DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"
 ANONYMOUS_CREDENTIALS_ENV = "TPURUN_TPU_ANONYMOUS_CREDENTIALS"
@@ -409,7 +410,7 @@ def _step(
 
 
 def _failure(run: RunConfig, step: str, target: _Target, e: BaseException) -> RunError:
-    text = " ".join(str(getattr(e, "message", None) or e).split())
+    text = one_line(e)
     # cloud-tpu-client reads the node again on every cluster_spec(): it may have
     # changed state, or vanished, since _resolve looked.
     not_ready = re.search(r'is not yet ready; state: "(\w+)"', text)
