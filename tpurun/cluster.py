@@ -54,6 +54,16 @@ class Cluster:
             run_config_lib.check_divisible(flag, size, self.num_replicas)
 
 
+def replica_sum(strategy: tf.distribute.Strategy, values: tf.Tensor) -> tf.Tensor:
+    """`values` of every replica of every worker, added up (each worker passes its own).
+
+    Call it inside a tf.function. Under MultiWorkerMirroredStrategy it is also a
+    barrier: it returns once every worker has called it.
+    """
+    per_replica = strategy.run(lambda: tf.identity(values))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+
 def tpu_vm_detected() -> bool:
     """True on a Cloud TPU VM: TPU chips are attached and libtpu is installed."""
     has_chips = bool(glob.glob("/dev/accel*")) or os.path.exists("/dev/vfio/0")

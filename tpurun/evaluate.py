@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import checkpoints, inputs
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import RunError
 from tpurun.files import write_atomically
 from tpurun.model import Mode, Model
@@ -47,7 +47,8 @@ class Evaluator:
         self.metrics = eval_metrics(model)
         self.num_examples = keras.metrics.Sum()
         self._loop = tf.function(self._host_loop)
-        self._barrier = tf.function(self._all_workers_here)
+        # A cross-worker all-reduce of nothing: returns once every worker called it.
+        self._barrier = tf.function(lambda: replica_sum(self.strategy, tf.constant([1])))
 
     def _replica_step(self, features, labels, mask):
         outputs = self.keras_model(features, training=False)
@@ -94,11 +95,6 @@ class Evaluator:
         )[0]
         for variable, value in zip(variables, summed, strict=True):
             variable.assign(tf.cast(value, variable.dtype))
-
-    def _all_workers_here(self) -> tf.Tensor:
-        """A cross-worker all-reduce of nothing: returns once every worker called it."""
-        per_replica = self.strategy.run(lambda: tf.constant(1))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def evaluate(self, checkpoint_path: str) -> dict[str, float]:
         if self.num_workers > 1:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import checkpoints, inputs, monitors
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
 from tpurun.model import Mode, Model
 from tpurun.run_config import RunConfig, aligned_to_loop
@@ -95,7 +95,7 @@ class Trainer:
             model_variables=list(self.keras_model.variables),
         )
         self._loop = tf.function(self._host_loop)
-        self._sum_over_replicas = tf.function(self._replica_sum)
+        self._sum_over_replicas = tf.function(lambda values: replica_sum(self.strategy, values))
 
     @property
     def step(self) -> int:
@@ -319,8 +319,3 @@ class Trainer:
         # Summed over replicas: nonzero when any worker wants it (ReduceOp has no MAX).
         agreed = self._sum_over_replicas(tf.constant([int(save_now), int(stop_now)]))
         return bool(agreed[0] > 0), bool(agreed[1] > 0)
-
-    def _replica_sum(self, values: tf.Tensor) -> tf.Tensor:
-        """`values` of every replica of every worker, added up (each worker passes its own)."""
-        per_replica = self.strategy.run(lambda: tf.identity(values))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
