@@ -25,6 +25,7 @@ from absl import logging
 
 from tpurun import checkpoints
 from tpurun.errors import RunError, UsageError
+from tpurun.evaluate import NOT_METRICS
 from tpurun.files import rename_dir
 from tpurun.run_config import RunConfig
 
@@ -32,8 +33,6 @@ DIR = "best"
 RECORD = "best.json"
 _TMP = ".best.tmp"
 _PREVIOUS = ".best.previous"
-# Eval results that are counts, not a measure of the model.
-NOT_METRICS = ("num_examples", "global_step")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -148,11 +148,13 @@ def write_results(run: RunConfig, results: dict[str, float]) -> str:
     return path
 
 
+# Eval results that are counts, not a measure of the model.
+NOT_METRICS = ("num_examples", "global_step")
+
+
 def summary_line(results: dict[str, float]) -> str:
     """`eval at step N: accuracy=0.9667  loss=0.0535  (30 examples)`."""
-    metrics = "  ".join(
-        f"{k}={v:.4f}" for k, v in results.items() if k not in ("num_examples", "global_step")
-    )
+    metrics = "  ".join(f"{k}={v:.4f}" for k, v in results.items() if k not in NOT_METRICS)
     return f"eval at step {results['global_step']}: {metrics}  ({results['num_examples']} examples)"
 
 
