@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Classifier, InputParams, Mode, to_json
+from tpurun.tf_errors import one_line
 
 HEIGHT = WIDTH = 28
 PIXELS = HEIGHT * WIDTH
@@ -63,7 +64,7 @@ def list_files(patterns: str, what: str) -> list[str]:
             files.update(tf.io.gfile.glob(pattern))
         except tf.errors.OpError as e:
             raise RunError(
-                f"{what}: cannot list {pattern}: {' '.join(e.message.split())}"
+                f"{what}: cannot list {pattern}: {one_line(e)}"
             ) from None
     if not files:
         raise RunError(
@@ -85,7 +86,7 @@ def require_data(files: Sequence[str], what: str) -> None:
             if tf.io.gfile.stat(path).length:
                 return
         except tf.errors.OpError as e:
-            raise RunError(f"{what}: cannot read {path}: {' '.join(e.message.split())}") from None
+            raise RunError(f"{what}: cannot read {path}: {one_line(e)}") from None
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     are = "file is" if len(files) == 1 else "files are"
     raise RunError(

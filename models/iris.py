@@ -18,6 +18,7 @@ import tensorflow as tf
 from tpurun.errors import RunError
 from tpurun.inputs import seekable_batches
 from tpurun.model import Classifier, InputParams, Mode, register
+from tpurun.tf_errors import one_line
 
 FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
 LABEL = "Species"
@@ -53,14 +54,13 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     except pd.errors.EmptyDataError:
         raise RunError(f"data file {path} is empty; it needs a header line and rows") from None
     except pd.errors.ParserError as e:
-        raise RunError(f"data file {path} is not a valid CSV: {' '.join(str(e).split())}") from None
+        raise RunError(f"data file {path} is not a valid CSV: {one_line(e)}") from None
     except UnicodeDecodeError:
         raise RunError(
             f"data file {path} is not UTF-8 text; pass a CSV file, saved as UTF-8"
         ) from None
     except (OSError, ValueError, tf.errors.OpError) as e:
-        message = e.message if isinstance(e, tf.errors.OpError) else str(e)
-        raise RunError(f"cannot read data file {path}: {' '.join(message.split())}") from None
+        raise RunError(f"cannot read data file {path}: {one_line(e)}") from None
     if set(columns) <= set(frame.columns):
         frame = frame[list(columns)]
     elif len(frame.columns) >= len(columns):

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, register
+from tpurun.tf_errors import one_line
 
 VOCAB = 256  # byte values
 FEATURE = "ids"
@@ -54,7 +55,7 @@ def read_ids(path: str) -> np.ndarray:
     except tf.errors.NotFoundError:
         raise RunError(f"text file {path} does not exist; check config.data.path") from None
     except tf.errors.OpError as e:
-        raise RunError(f"cannot read text file {path}: {' '.join(e.message.split())}") from None
+        raise RunError(f"cannot read text file {path}: {one_line(e)}") from None
     return np.frombuffer(data, np.uint8).astype(np.int32)
 
 

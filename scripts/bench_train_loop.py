@@ -2,7 +2,7 @@
 
 What it measures: microseconds per training step of
 
-* tpurun:    `tpurun.train.Trainer._loop` (the real host loop) fed by the real
+* tpurun:    `tpurun.train.Trainer.train` (the real host loop) fed by the real
              distributed dataset of `tpurun.inputs.distribute`, at 1 replica (the
              default strategy) and at 8 replicas (MirroredStrategy over 8 logical
              CPU devices: what `--num_shards=8 --use_tpu=false` builds);
@@ -172,31 +172,24 @@ def median_us_per_step(stamps: list[float], iterations: int, args: argparse.Name
 
 
 def bench_tpurun(replicas: int, model_dir: str, args: argparse.Namespace) -> Results:
-    """tpurun's Trainer._loop on the distributed Iris dataset, as `tpurun train` runs it."""
+    """tpurun's Trainer.train (the real host loop) on the distributed Iris input."""
     import keras
-    import tensorflow as tf
 
-    from tpurun import cluster as cluster_lib
-    from tpurun import inputs
     from tpurun import model as model_lib
-    from tpurun.model import Mode
+    from tpurun import strategy
     from tpurun.train import Trainer
 
     run = iris_run_config(replicas, model_dir)  # Trainer only lists it: no checkpoint is saved
-    cluster = cluster_lib.build(run)  # first: it splits the CPU before TF initialises
+    cluster = strategy.build(run)  # first: it splits the CPU before TF initialises
     assert cluster.num_replicas == replicas, cluster.description
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(run.seed)
     trainer = Trainer(run, cluster, model)
-    dataset = inputs.distribute(cluster.strategy, model, Mode.TRAIN, run.train_batch_size, run.seed)
-    iterator = iter(dataset)
     per_step = {}
     for iterations in ITERATIONS:
-        num_steps = tf.constant(iterations)
         stamps = []
         for _ in range(total_calls(iterations, args)):
-            loss, *_ = trainer._loop(iterator, num_steps)
-            float(loss)  # waits for the loop, as Trainer.train does
+            trainer.train(iterations)
             stamps.append(time.perf_counter())
         per_step[str(iterations)] = median_us_per_step(stamps, iterations, args)
     return {"tpurun": per_step}

@@ -88,11 +88,11 @@ def test_eight_shards_split_the_global_batch(tmp_path):
 
 SPLIT_CHECK = """
 import numpy as np, tensorflow as tf, ml_collections
-from tpurun import cluster, config_files, inputs
+from tpurun import config_files, inputs, strategy
 from tpurun.model import Mode
 from tpurun.models.iris import Iris
 config = ml_collections.FrozenConfigDict(config_files.load(config_files.resolve("iris")))
-eight = cluster._local(8).strategy
+eight = strategy.local(8).strategy
 model = Iris(config)
 dist = inputs.distribute(eight, model, Mode.TRAIN, 32, seed=0)
 first = next(iter(dist))

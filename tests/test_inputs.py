@@ -234,6 +234,6 @@ def test_a_resumed_stream_of_a_model_that_does_not_seek_is_skipped_forward():
     ],
 )
 def test_a_cadence_fires_in_the_loop_that_passes_a_multiple(step, num_steps, every, expected):
-    from tpurun.train import crossed
+    from tpurun.controller import crossed
 
     assert crossed(step, num_steps, every) is expected

@@ -27,22 +27,23 @@ import logging
 import sys
 import numpy as np
 from absl import logging as absl_logging
-from tpurun import cli, cluster as cluster_lib, commands, model as model_lib
+from tpurun import cli, commands, model as model_lib, strategy
 
 run = cli.parse(sys.argv[2], ["tpurun", *sys.argv[3:]])
 absl_logging.use_absl_handler()
 logging.root.setLevel(logging.INFO)
-cluster = cluster_lib.build(run)
+cluster = strategy.build(run)
 """
 TRAIN_WORKER = (
     PRELUDE
     + """
+from tpurun.controller import Controller
 from tpurun.train import Trainer
 if cluster.is_chief:
     commands.prepare_model_dir(run)
     commands.write_record(run)
 trainer = Trainer(run, cluster, model_lib.create(run.config))
-trainer.train()
+Controller(run, cluster, trainer).train()
 np.savez(sys.argv[1], *[v.numpy() for v in trainer.keras_model.weights])
 print("task", cluster.task, "chief", cluster.is_chief, "replicas", cluster.num_replicas)
 """

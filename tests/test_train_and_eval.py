@@ -94,9 +94,9 @@ class Sidecar:
 
 @pytest.fixture
 def fast_polls(monkeypatch):
-    from tpurun import evaluate
+    from tpurun import sidecar
 
-    monkeypatch.setattr(evaluate, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(sidecar, "POLL_SECONDS", 0.01)
 
 
 # --- The sidecar's loop, on fake checkpoints. ---
@@ -105,7 +105,7 @@ def fast_polls(monkeypatch):
 def test_sidecar_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_final_step(
     tmp_path, fast_polls
 ):
-    from tpurun.evaluate import evaluate_continuously
+    from tpurun.sidecar import evaluate_continuously
 
     for step in (20, 10):
         fake_checkpoint(tmp_path, step)
@@ -125,7 +125,7 @@ def test_sidecar_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_f
 
 
 def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, fast_polls):
-    from tpurun.evaluate import evaluate_continuously
+    from tpurun.sidecar import evaluate_continuously
 
     for step in (10, 20, 30, 40):
         fake_checkpoint(tmp_path, step)
@@ -153,7 +153,7 @@ def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanw
     tmp_path, fast_polls
 ):
     from tpurun.errors import RunError
-    from tpurun.evaluate import evaluate_continuously
+    from tpurun.sidecar import evaluate_continuously
 
     fake_checkpoint(tmp_path, 10)
 
@@ -168,7 +168,7 @@ def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanw
 def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, fast_polls):
     import tensorflow as tf
 
-    from tpurun.evaluate import evaluate_continuously
+    from tpurun.sidecar import evaluate_continuously
 
     fake_checkpoint(tmp_path, 10)
 
@@ -182,7 +182,7 @@ def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, fast
 
 
 def test_sidecar_stops_after_eval_timeout_without_a_new_checkpoint(tmp_path, fast_polls):
-    from tpurun.evaluate import evaluate_continuously
+    from tpurun.sidecar import evaluate_continuously
 
     fake_checkpoint(tmp_path, 10)
     sidecar = Sidecar()
@@ -197,7 +197,7 @@ def test_sidecar_stops_after_eval_timeout_without_a_new_checkpoint(tmp_path, fas
 
 
 def test_waiting_for_a_first_checkpoint_that_never_comes_is_an_error(tmp_path, fast_polls):
-    from tpurun.evaluate import wait_for_checkpoint
+    from tpurun.sidecar import wait_for_checkpoint
 
     with pytest.raises(RunError, match="no checkpoint appeared in .* within --eval_timeout=0.2s"):
         wait_for_checkpoint(iris_run(tmp_path / "model", eval_timeout=0.2))

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import termios
 import time
-import types
 from pathlib import Path
 
 import ml_collections
@@ -26,7 +25,9 @@ import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, assert_ok, error_lines, run_tpurun
 
-from tpurun import config_defaults, monitors
+from tpurun import actions, config_defaults
+from tpurun.actions import hang, progress
+from tpurun.actions.profiler import ProfileSteps
 from tpurun.errors import EXIT_HUNG
 from tpurun.run_config import RunConfig
 
@@ -37,10 +38,9 @@ INPUT_BOUND = "Training is input-bound"
 
 
 def loop(step: int, seconds: float = 1.0, input_seconds: float = 0.0, num_steps: int = 100):
-    return monitors.LoopStats(
+    return actions.LoopStats(
         step=step,
         num_steps=num_steps,
-        last_step=1000,
         loss=0.5,
         seconds=seconds,
         input_seconds=input_seconds,
@@ -57,7 +57,7 @@ def warnings_in(caplog) -> list[str]:
 
 
 def test_input_bound_warns_once_naming_the_fixes(caplog):
-    watcher = monitors.InputBound("SlowModel")
+    watcher = progress.InputBound("SlowModel")
     for step in (100, 200, 300, 400):
         watcher.after_loop(loop(step, seconds=1.0, input_seconds=0.8))
     (warning,) = warnings_in(caplog)
@@ -78,7 +78,7 @@ def test_input_bound_warns_once_naming_the_fixes(caplog):
     ids=["first_loop", "at_the_share", "under_a_millisecond_a_step"],
 )
 def test_input_bound_stays_quiet(caplog, loops):
-    watcher = monitors.InputBound("Iris")
+    watcher = progress.InputBound("Iris")
     for i, (seconds, input_seconds) in enumerate(loops):
         watcher.after_loop(loop(100 * (i + 1), seconds, input_seconds))
     assert warnings_in(caplog) == []
@@ -96,7 +96,7 @@ class FakeProfiler:
         monkeypatch.setattr(tf.profiler.experimental, "stop", lambda: self.calls.append("stop"))
 
 
-def run_loops(watcher: monitors.Monitor, step: int, last: int, iterations: int) -> None:
+def run_loops(watcher: actions.Action, step: int, last: int, iterations: int) -> None:
     watcher.start(step, last)
     while step < last:
         num_steps = min(iterations, last - step)
@@ -121,7 +121,7 @@ def test_profile_steps_captures_whole_loops_and_says_which(
 ):
     profiler = FakeProfiler(monkeypatch)
     caplog.set_level("INFO")
-    run_loops(monitors.ProfileSteps(str(tmp_path), *wanted), resumed_at, 300, iterations=50)
+    run_loops(ProfileSteps(str(tmp_path), *wanted), resumed_at, 300, iterations=50)
     assert profiler.calls == [str(tmp_path), "stop"]
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Profiled")]
     assert line.startswith(
@@ -133,7 +133,7 @@ def test_profile_steps_captures_whole_loops_and_says_which(
 
 def test_profile_steps_outside_the_run_warn_and_profile_nothing(monkeypatch, caplog, tmp_path):
     profiler = FakeProfiler(monkeypatch)
-    run_loops(monitors.ProfileSteps(str(tmp_path), 500, 600), 0, 300, iterations=50)
+    run_loops(ProfileSteps(str(tmp_path), 500, 600), 0, 300, iterations=50)
     assert profiler.calls == []
     (warning,) = warnings_in(caplog)
     assert warning == (
@@ -147,7 +147,7 @@ def test_profile_steps_outside_the_run_warn_and_profile_nothing(monkeypatch, cap
 
 def test_hang_timeout_fires_once_with_the_step_and_the_checkpoint(tmp_path):
     messages: list[str] = []
-    watcher = monitors.HangTimeout(0.5, str(tmp_path), on_hang=messages.append)
+    watcher = hang.HangTimeout(0.5, str(tmp_path), on_hang=messages.append)
     watcher.start(0, 1000)
     watcher.before_loop(0, 100)
     watcher.after_loop(loop(100))
@@ -165,7 +165,7 @@ def test_hang_timeout_fires_once_with_the_step_and_the_checkpoint(tmp_path):
 
 def test_hang_timeout_stays_quiet_while_loops_come(tmp_path):
     messages: list[str] = []
-    watcher = monitors.HangTimeout(0.5, str(tmp_path), on_hang=messages.append)
+    watcher = hang.HangTimeout(0.5, str(tmp_path), on_hang=messages.append)
     watcher.start(0, 1000)
     for step in range(0, 1000, 100):
         watcher.before_loop(step, 100)
@@ -185,7 +185,7 @@ def test_progress_bar_shows_steps_loss_and_eta_and_puts_logs_above_it():
     stream = io.StringIO()
     stderr, handler = sys.stderr, logging.get_absl_handler().python_handler
     handler_stream = handler.stream
-    bar = monitors.ProgressBar(stream)
+    bar = progress.ProgressBar(stream)
     bar.start(100, 400)
     for step in (200, 300, 400):
         bar.before_loop(step - 100, 100)
@@ -211,9 +211,9 @@ def make_run(tmp_path, **fields) -> RunConfig:
 
 
 def kinds(run: RunConfig, is_chief: bool, terminal: bool) -> list[str]:
-    model = types.SimpleNamespace(input_fn_seeks=True)
-    trainer = types.SimpleNamespace(is_chief=is_chief, model=model, step=0)
-    watchers = monitors.for_training(run, trainer, terminal=terminal)
+    watchers = actions.for_training(
+        run, is_chief=is_chief, model_name="Iris", input_seeks=True, terminal=terminal
+    )
     for watcher in watchers:
         watcher.close()
     return [type(w).__name__ for w in watchers]

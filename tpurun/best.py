@@ -25,7 +25,7 @@ from absl import logging
 
 from tpurun import checkpoints
 from tpurun.errors import RunError, UsageError
-from tpurun.evaluate import NOT_METRICS
+from tpurun.eval_results import NOT_METRICS
 from tpurun.files import rename_dir
 from tpurun.run_config import RunConfig
 

@@ -44,9 +44,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import cluster as cluster_lib
 from tpurun import inputs
 from tpurun import model as model_lib
+from tpurun import strategy as strategy_lib
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
 from tpurun.model import InputParams, Mode, Model
@@ -190,7 +190,7 @@ def _cpu_cluster(replicas: int) -> Cluster:
         tf.config.set_visible_devices([], "GPU")
     except RuntimeError:
         pass  # TensorFlow already initialised: _local says if the CPU split is missing
-    return cluster_lib._local(replicas)
+    return strategy_lib.local(replicas)
 
 
 class _Checker:
@@ -399,17 +399,14 @@ class _Checker:
         if mode is Mode.TRAIN:
             from tpurun.train import Trainer
 
-            with tempfile.TemporaryDirectory() as empty:
-                # Trainer makes a CheckpointManager, which only lists model_dir.
-                run = dataclasses.replace(self.run, model_dir=empty)
-                return Trainer(run, cluster, self.model)._replica_step
+            return Trainer(self.run, cluster, self.model).replica_step
         if mode is Mode.EVAL:
             from tpurun.evaluate import Evaluator
 
-            return Evaluator(self.run, cluster, self.model)._replica_step
+            return Evaluator(self.run, cluster, self.model).replica_step
         from tpurun.predict import Predictor
 
-        return Predictor(self.run, cluster, self.model)._replica_step
+        return Predictor(self.run, cluster, self.model).replica_step
 
     # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel registry).
     def check_graph(self, mode: Mode, spec: Any) -> list[_Problem]:

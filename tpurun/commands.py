@@ -1,4 +1,9 @@
-"""What each subcommand does, from a RunConfig: the only place the pieces meet."""
+"""What each subcommand does, from a RunConfig: the pieces of a run, put together.
+
+`run` prepares model_dir, builds the strategy and the model, writes the run
+record and calls the command's function; on failure it leaves nothing behind
+that the run made. `tpurun check` has its own package (`tpurun.check`).
+"""
 
 from __future__ import annotations
 
@@ -7,41 +12,40 @@ import json
 import re
 import sys
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints
-from tpurun import cluster as cluster_lib
+from tpurun import actions, best, check, checkpoints, cluster, sidecar, strategy
 from tpurun import model as model_lib
+from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
+from tpurun.actions.progress import ResumeCost
+from tpurun.cluster import Cluster
+from tpurun.controller import Controller
 from tpurun.errors import RunError, UsageError
+from tpurun.eval_results import eval_metrics
+from tpurun.evaluate import Evaluator
+from tpurun.export import export
 from tpurun.files import write_atomically
-from tpurun.model import Mode
+from tpurun.model import Mode, Model
+from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line, op_error_line
-
-if TYPE_CHECKING:
-    from tpurun.evaluate import Evaluator
+from tpurun.train import Trainer
 
 
 def run(run: RunConfig) -> None:
     if run.command == "check":
         # Traces the steps on the CPU only: no model_dir, checkpoint or run record.
-        from tpurun import check
-
         check.main(run)
         return
     created_dir = False
     if run.command == "train":
         created_dir = prepare_model_dir(run)
     elif run.command == "eval" and run.continuous:
-        from tpurun.evaluate import wait_for_checkpoint
-
         # A sidecar may start before the trainer: it waits for the first checkpoint
         # instead, writing nothing (not even model_dir) until there is one.
-        wait_for_checkpoint(run)
+        sidecar.wait_for_checkpoint(run)
     else:
         # Before anything is written: eval/predict/export of nothing is an error.
         require_checkpoint(run)
@@ -49,20 +53,20 @@ def run(run: RunConfig) -> None:
     record = None
     try:
         # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
-        cluster = cluster_lib.build(run) if run.command != "export" else None
-        if cluster is not None:
-            cluster.check_batch_sizes(run)
+        where = strategy.build(run) if run.command != "export" else None
+        if where is not None:
+            where.check_batch_sizes(run)
         model = model_lib.create(run.config)
-        if cluster is None or cluster.is_chief:  # one record per run, not per worker
+        if where is None or where.is_chief:  # one record per run, not per worker
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
-        run_command(run, cluster, model)
+        run_command(run, where, model)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
         # Ctrl-C) removes the model_dir it created, or else its run record: no
         # model_dir records a run that made nothing.
-        if _outputs(run) == outputs_before and cluster_lib.is_chief_process():
+        if _outputs(run) == outputs_before and cluster.is_chief_process():
             _undo(run.model_dir if created_dir else None, record)
         raise
 
@@ -71,8 +75,6 @@ def require_checkpoint(run: RunConfig) -> None:
     """Fails unless there is a checkpoint to read: the latest, or for export --best the best."""
     checkpoints.require_latest(run)
     if run.command == "export" and run.export_best:
-        from tpurun import best
-
         best.require(run)
 
 
@@ -94,15 +96,16 @@ def _outputs(run: RunConfig) -> object:
 DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
 
 
-def run_command(run: RunConfig, cluster, model) -> None:
+def run_command(run: RunConfig, where: Cluster | None, model: Model) -> None:
     """Runs the command; a data error becomes the model's diagnosis when it has one."""
-    command = {"train": train, "eval": evaluate, "predict": predict, "export": export}
     try:
-        command[run.command](run, cluster, model)
+        if run.command == "export":
+            export_command(run, model)  # serving has no replicas: no strategy
+        else:
+            assert where is not None
+            {"train": train, "eval": evaluate, "predict": predict}[run.command](run, where, model)
     except tf.errors.UnavailableError as error:
-        reason = (
-            lost_worker_reason(error) if cluster is not None and cluster.num_workers > 1 else None
-        )
+        reason = lost_worker_reason(error) if where is not None and where.num_workers > 1 else None
         if reason is None:
             raise
         # TensorFlow's own words ("Restart your program to reset") do not say that
@@ -132,7 +135,7 @@ def lost_worker_reason(error: tf.errors.UnavailableError) -> str | None:
     return (aborted.group(1) if aborted else op_error_line(message)).strip()[:200]
 
 
-def diagnose_data(run: RunConfig, model, error: Exception) -> str | None:
+def diagnose_data(run: RunConfig, model: Model, error: Exception) -> str | None:
     """The model's `diagnose_data` for the data this command read; None if it finds nothing."""
     if run.command not in ("train", "eval", "predict"):
         return None  # export reads no data
@@ -163,117 +166,74 @@ def _undo(created_dir: str | None, record: str | None) -> None:
         logging.warning("Could not clean up after the failed run: %s", e)
 
 
-def train(run: RunConfig, cluster, model) -> None:
-    from tpurun.train import Trainer
+# --- The commands -------------------------------------------------------------------
 
+
+def train(run: RunConfig, where: Cluster, model: Model) -> None:
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
         run.train_batch_size,
-        cluster.num_replicas,
-        run.train_batch_size // cluster.num_replicas,
+        where.num_replicas,
+        run.train_batch_size // where.num_replicas,
     )
     evaluate_checkpoint = None
     if run.config.train.eval_every:
-        from tpurun import best
-        from tpurun.evaluate import eval_metrics
-
         best.check_metric(run, eval_metrics(model))  # before training, not at the first eval
-        evaluate_checkpoint = EvalAfterSave(run, cluster, model)
-    Trainer(run, cluster, model, evaluate_checkpoint=evaluate_checkpoint).train()
+        evaluate_checkpoint = EvaluateCheckpoint(
+            lambda: Evaluator(run, where, model).evaluate, ReportEval(run, where.is_chief)
+        )
+    trainer = Trainer(run, where, model)
+    watching = actions.for_training(
+        run,
+        is_chief=where.is_chief,
+        model_name=type(model).__name__,
+        input_seeks=model.input_fn_seeks,
+        graph=trainer.forward_graph,
+    )
+    Controller(
+        run,
+        where,
+        trainer,
+        actions=[*watching, ResumeCost()],  # ResumeCost: made just before the restore it times
+        evaluate=evaluate_checkpoint,
+    ).train()
 
 
-class EvalAfterSave:
-    """train --eval_every: evaluates the checkpoint the Trainer just saved, on every worker.
-
-    The Evaluator is built at the first call, once, after the Trainer built its
-    model: built before, it would draw from the seeded random state and change the
-    initial weights, so --eval_every would change what is trained.
-    """
-
-    def __init__(self, run: RunConfig, cluster, model):
-        self.run, self.cluster, self.model = run, cluster, model
-        self.evaluator: Evaluator | None = None
-        self.report = eval_report(run, cluster)
-
-    def __call__(self, path: str) -> None:
-        from tpurun.evaluate import Evaluator
-
-        if self.evaluator is None:
-            self.evaluator = Evaluator(self.run, self.cluster, self.model)
-        self.report(path, self.evaluator.evaluate(path))
-
-
-def eval_report(run: RunConfig, cluster) -> Callable[[str, dict[str, float]], None]:
-    """What follows every evaluation of a checkpoint, as a function of (path, results).
-
-    Every worker prints the `eval at step` line; the chief alone (every worker has
-    the same summed results) writes eval/results-<step>.json and the TensorBoard
-    scalars, and keeps the checkpoint if it is the best so far.
-    """
-    from tpurun import best
-    from tpurun.evaluate import EvalSummaries, summary_line, write_results
-
-    summaries = EvalSummaries(run.model_dir) if cluster.is_chief else None
-
-    def report(checkpoint_path: str, results: dict[str, float]) -> None:
-        if summaries is not None:
-            logging.info("Wrote %s.", write_results(run, results))
-            try:
-                summaries.write(results)
-                best.update(run, checkpoint_path, results)
-            except (tf.errors.OpError, OSError) as e:
-                # The chief alone does this: failing here would leave the other
-                # workers of a train --eval_every blocked in their next all-reduce.
-                logging.warning("Could not write the eval summaries or the best checkpoint: %s", e)
-        print(summary_line(results), flush=True)
-
-    return report
-
-
-def evaluate(run: RunConfig, cluster, model) -> None:
-    from tpurun import best
-    from tpurun.evaluate import Evaluator, evaluate_continuously
-
-    if run.continuous and cluster.num_workers > 1:
+def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:
+    if run.continuous and where.num_workers > 1:
         # The workers would each watch model_dir and could pick different checkpoints.
         raise UsageError(
             "tpurun eval --continuous runs on one machine: unset TF_CONFIG (it describes "
-            f"{cluster.num_workers} workers) and run it once"
+            f"{where.num_workers} workers) and run it once"
         )
-    evaluator = Evaluator(run, cluster, model)
+    evaluator = Evaluator(run, where, model)
     best.check_metric(run, evaluator.metrics)
-    report = eval_report(run, cluster)
+    report = ReportEval(run, where.is_chief)
     if run.continuous:
-        print(evaluate_continuously(run, evaluator.evaluate, report), flush=True)
+        print(sidecar.evaluate_continuously(run, evaluator.evaluate, report), flush=True)
         return
     path = checkpoints.require_latest(run)
     report(path, evaluator.evaluate(path))
 
 
-def predict(run: RunConfig, cluster, model) -> None:
-    from tpurun.model import to_json
-    from tpurun.predict import Predictor
-
-    if cluster.num_workers > 1:
+def predict(run: RunConfig, where: Cluster, model: Model) -> None:
+    if where.num_workers > 1:
         # Each worker would predict only its own shard of the rows.
         raise UsageError(
             "tpurun predict runs on one machine: unset TF_CONFIG (it describes "
-            f"{cluster.num_workers} workers) and run it once"
+            f"{where.num_workers} workers) and run it once"
         )
-    rows = list(Predictor(run, cluster, model).predict(checkpoints.require_latest(run)))
+    rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
     if output:
-        write_atomically(output, "".join(json.dumps(to_json(row)) + "\n" for row in rows))
+        write_atomically(output, "".join(json.dumps(model_lib.to_json(row)) + "\n" for row in rows))
         print(f"wrote {len(rows)} predictions to {output}")
         return
     for line in model.format_predictions(rows):
         print(line)
 
 
-def export(run: RunConfig, cluster, model) -> None:
-    from tpurun import best
-    from tpurun.export import export as export_model
-
+def export_command(run: RunConfig, model: Model) -> None:
     if run.export_best:
         chosen = best.require(run)
         logging.info(
@@ -286,7 +246,10 @@ def export(run: RunConfig, cluster, model) -> None:
         path = chosen.path
     else:
         path = checkpoints.require_latest(run)
-    print(export_model(run, model, path))
+    print(export(run, model, path))
+
+
+# --- model_dir and the run record ----------------------------------------------------
 
 
 def prepare_model_dir(run: RunConfig) -> bool:

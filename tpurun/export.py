@@ -16,9 +16,8 @@ from absl import logging
 from tpurun import checkpoints
 from tpurun.errors import UsageError
 from tpurun.files import rename_dir
-from tpurun.model import InputParams, Mode, Model
+from tpurun.model import InputParams, Mode, Model, build_keras_model
 from tpurun.run_config import RunConfig
-from tpurun.train import build_model
 
 
 def serving_input_spec(model: Model):
@@ -54,7 +53,7 @@ def target_dir(run: RunConfig) -> str:
 
 def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     """Exports the checkpoint; returns the SavedModel directory."""
-    keras_model = build_model(model)  # default strategy: serving has no replicas
+    keras_model = build_keras_model(model)  # default strategy: serving has no replicas
     checkpoints.restore_model(keras_model, checkpoint_path)
     # keras.export.ExportArchive, not tf.saved_model.save: only it saves Keras 3
     # variables so that TF1-style loaders (saved_model_cli, TF Serving) find them.

@@ -98,7 +98,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from tpurun.errors import UsageError
+from tpurun.errors import RunError, UsageError
 
 
 class Mode(str, enum.Enum):
@@ -202,6 +202,17 @@ class Model(abc.ABC):
         fine; see the module docstring.
         """
         return None
+
+
+def build_keras_model(model: Model) -> keras.Model:
+    """Calls the model's build() (inside the caller's strategy scope) and checks the result."""
+    keras_model = model.build()
+    if not isinstance(keras_model, keras.Model) or not keras_model.built:
+        raise RunError(
+            f"{type(model).__name__}.build() must return a built keras.Model "
+            "(e.g. a functional model starting from keras.Input)"
+        )
+    return keras_model
 
 
 def has_generate(model: Model) -> bool:

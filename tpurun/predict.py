@@ -1,4 +1,4 @@
-"""Prediction: N input rows give exactly N output rows, in input order.
+"""The predict runner: N input rows give exactly N output rows, in input order.
 
 A model that defines `generate` (see `tpurun.model`) predicts its own way instead:
 its rows are whatever `generate` returns for the restored model.
@@ -14,9 +14,8 @@ import tensorflow as tf
 
 from tpurun import checkpoints, inputs
 from tpurun.cluster import Cluster
-from tpurun.model import Mode, Model, has_generate
+from tpurun.model import Mode, Model, build_keras_model, has_generate
 from tpurun.run_config import RunConfig
-from tpurun.train import build_model
 
 
 class Predictor:
@@ -25,15 +24,16 @@ class Predictor:
         self.strategy = cluster.strategy
         self.model = model
         with self.strategy.scope():
-            self.keras_model = build_model(model)
+            self.keras_model = build_keras_model(model)
         self._step = tf.function(self._host_step)
 
-    def _replica_step(self, features, mask):
+    def replica_step(self, features, mask):
+        """One replica's predict step: named predictions of its padded batch, and the mask."""
         outputs = self.keras_model(features, training=False)
         return self.model.predictions(outputs), mask
 
     def _host_step(self, batch):
-        per_replica = self.strategy.run(self._replica_step, args=batch)
+        per_replica = self.strategy.run(self.replica_step, args=batch)
         return inputs.gather_replicas(self.strategy, per_replica)
 
     def predict(self, checkpoint_path: str) -> Iterator[dict[str, Any]]:

@@ -35,6 +35,31 @@ def one_line(error: BaseException, limit: int | None = None) -> str:
     return " ".join(str(getattr(error, "message", None) or error).split())[:limit]
 
 
+def first_line(value: object) -> str:
+    """The first line of a text (or of an error's str()), its whitespace collapsed."""
+    lines = str(value).strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""
+
+
+def user_code_line(error: BaseException) -> str:
+    """The informative line of an error raised while TensorFlow traced the user's code.
+
+    Autograph wraps such an error as "in user code:", the user's frames, then the
+    error's own "ValueError: ..." line: that last one is what went wrong.
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(getattr(error, "message", None) or error))
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if lines[0].startswith("in user code"):
+        raised = [i for i, line in enumerate(lines) if re.match(r"\w+(Error|Exception): ", line)]
+        if raised:
+            lines = lines[raised[-1] :]
+            if "Exception encountered when calling" in lines[0] and len(lines) > 1:
+                return f"{lines[0]} {lines[1]}"
+    return lines[0]
+
+
 def op_error_line(message: str) -> str:
     """The line of an OpError's message that says what went wrong.
 

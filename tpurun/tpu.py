@@ -26,7 +26,6 @@ Environment:
 from __future__ import annotations
 
 import dataclasses
-import glob
 import importlib.metadata
 import json
 import os
@@ -39,10 +38,10 @@ from typing import Any, TypeVar
 import tensorflow as tf
 from absl import logging
 
-from tpurun.cluster import Cluster, tpu_vm_detected
+from tpurun.cluster import Cluster, tpu_device_files, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
+from tpurun.tf_errors import first_line, one_line
 
 DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"
 ANONYMOUS_CREDENTIALS_ENV = "TPURUN_TPU_ANONYMOUS_CREDENTIALS"
@@ -238,7 +237,7 @@ def _credentials(run: RunConfig) -> Any:
             f"{run.gcp_project}: run `gcloud auth application-default login`, or set "
             "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run on a GCE VM "
             "whose service account may read TPUs; or pass --tpu=grpc://HOST:8470 to skip the "
-            f"lookup ({_first_line(e)})"
+            f"lookup ({first_line(e)})"
         ) from None
 
 
@@ -298,19 +297,19 @@ def _api_reason(e: Any) -> str:
         message = json.loads(e.content.decode("utf-8"))["error"]["message"]
     except (ValueError, KeyError, TypeError, AttributeError):
         message = getattr(e.resp, "reason", "") or ""
-    return _first_line(message)
+    return first_line(message)
 
 
 def _api_unreachable(run: RunConfig, discovery_url: str | None, e: BaseException) -> str:
     if type(e).__module__.startswith(("oauth2client", "google.auth")):
         return (
             f"the Google Cloud credentials were refused while looking up the TPU {run.tpu!r} "
-            f"({type(e).__name__}: {_first_line(e)}): run `gcloud auth application-default "
+            f"({type(e).__name__}: {first_line(e)}): run `gcloud auth application-default "
             "login`, or point GOOGLE_APPLICATION_CREDENTIALS at a valid service-account key"
         )
     return (
         f"cannot reach the Cloud TPU API ({_api_host(discovery_url)}) to look up the TPU "
-        f"{run.tpu!r} ({type(e).__name__}: {_first_line(e)}): check this machine's network "
+        f"{run.tpu!r} ({type(e).__name__}: {first_line(e)}): check this machine's network "
         f"access{f' and {DISCOVERY_URL_ENV}' if discovery_url else ''}, or pass "
         "--tpu=grpc://HOST:8470 to skip the lookup"
     )
@@ -336,7 +335,7 @@ def _endpoints(node: dict[str, Any]) -> list[str]:
 def _state_message(run: RunConfig, state: str, health_description: str | None) -> str:
     flags = f"--zone={run.tpu_zone} --project={run.gcp_project}"
     where = f"the TPU {run.tpu!r} (project {run.gcp_project}, zone {run.tpu_zone}) is {state}"
-    why = f" ({_first_line(health_description)})" if health_description else ""
+    why = f" ({first_line(health_description)})" if health_description else ""
     if state in _PASSING_STATES:
         return (
             f"{where}, not READY: it {_PASSING_STATES[state]}{why}; wait until `gcloud compute "
@@ -368,7 +367,7 @@ def _health_note(node: dict[str, Any]) -> str | None:
     health = node.get("health")
     if not health or health in ("HEALTHY", "HEALTH_UNSPECIFIED"):
         return None
-    why = f" ({_first_line(node['healthDescription'])})" if node.get("healthDescription") else ""
+    why = f" ({first_line(node['healthDescription'])})" if node.get("healthDescription") else ""
     return f"the TPU {node.get('name', '').rsplit('/', 1)[-1]!r} is READY but {health}{why}"
 
 
@@ -424,7 +423,7 @@ def _failure(run: RunConfig, step: str, target: _Target, e: BaseException) -> Ru
     if target.kind == "local" and "ConfigureDistributedTPU" in text and "No OpKernel" in text:
         detail = "this TensorFlow has no TPU support (no TPU kernels are registered)"
     else:
-        detail = f"{type(e).__name__}: {_first_line(text)}"
+        detail = f"{type(e).__name__}: {first_line(text)}"
     return RunError(f"{step} {target.where} failed ({detail}): {_hint(target, waited=False)}")
 
 
@@ -452,7 +451,7 @@ def _hint(target: _Target, waited: bool) -> str:
 
 
 def _local_hint() -> str:
-    if not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+    if not tpu_device_files():
         return (
             "this machine has no TPU chips (no /dev/accel* or /dev/vfio/*): --tpu=local works "
             "only on a Cloud TPU VM; use --tpu=NAME for a TPU node, or --use_tpu=false"
@@ -498,8 +497,3 @@ def _within(deadline: float, action: Callable[[], _T], timeout: Callable[[], Run
     if failure:
         raise failure[0]
     return result[0]
-
-
-def _first_line(value: object) -> str:
-    lines = str(value).strip().splitlines()
-    return " ".join(lines[0].split()) if lines else ""

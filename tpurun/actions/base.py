@@ -1,0 +1,56 @@
+"""The contract between the controller and its actions: `LoopStats` and the `Action` hooks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStats:
+    """What one host loop did (the Trainer's `train(num_steps)` returns it)."""
+
+    step: int  # global step after the loop
+    num_steps: int  # steps the loop ran
+    loss: float  # mean loss over the loop's steps
+    seconds: float  # wall time of the loop call
+    input_seconds: float  # part of it spent waiting for the next batch
+    global_batch: int
+    learning_rate: float
+    weights_finite: bool = True  # every trainable weight finite after the loop
+
+    @property
+    def steps_per_sec(self) -> float:
+        return self.num_steps / self.seconds
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.num_steps * self.global_batch / self.seconds
+
+    @property
+    def input_wait_share(self) -> float:
+        """The part of the loop's time the steps waited for their batches, in [0, 1]."""
+        return min(1.0, self.input_seconds / self.seconds) if self.seconds > 0 else 0.0
+
+
+class Action:
+    """Something the controller calls between host loops; every hook does nothing by default.
+
+    Hooks get explicit values, never the Trainer: an action cannot reach into the
+    loop, and the loop never knows which actions watch it. They run on the host
+    between compiled loops, so they cost the device nothing.
+    """
+
+    def start(self, step: int, last_step: int) -> None:
+        """Training is about to run from `step` to `last_step`."""
+
+    def before_loop(self, step: int, num_steps: int) -> None:
+        """A host loop of num_steps is about to start at `step`."""
+
+    def after_loop(self, stats: LoopStats) -> None:
+        """A host loop finished (before its checkpoint, if any, is saved)."""
+
+    def after_save(self, step: int, path: str) -> None:
+        """A checkpoint was saved."""
+
+    def close(self) -> None:
+        """Training ended (normally or not); release what was opened. Must not raise."""

@@ -1,0 +1,46 @@
+"""TensorBoard events of a training run, under model_dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun.actions.base import Action, LoopStats
+
+
+class TrainSummaries(Action):
+    """TensorBoard under model_dir: the model's graph at the start, then after every host loop
+    loss, learning_rate, global_step/sec, examples/sec and input_wait_share."""
+
+    def __init__(self, model_dir: str, graph: Callable[[], tf.Graph] | None = None):
+        self._writer = tf.summary.create_file_writer(model_dir)
+        self._graph = graph
+
+    def start(self, step: int, last_step: int) -> None:
+        if self._graph is None:
+            return
+        try:
+            graph = self._graph()
+        except Exception as e:  # a view of the model is never a reason to stop training
+            logging.warning("No model graph for TensorBoard: tracing the model failed: %s", e)
+            return
+        with self._writer.as_default():
+            tf.summary.graph(graph)
+
+    def after_loop(self, stats: LoopStats) -> None:
+        try:
+            with self._writer.as_default(step=stats.step):
+                tf.summary.scalar("loss", stats.loss)
+                tf.summary.scalar("learning_rate", stats.learning_rate)
+                tf.summary.scalar("global_step/sec", stats.steps_per_sec)
+                tf.summary.scalar("examples/sec", stats.examples_per_sec)
+                tf.summary.scalar("input_wait_share", stats.input_wait_share)
+        except (tf.errors.OpError, OSError) as e:
+            # Only the chief writes events: failing here would leave the other
+            # workers blocked in their next all-reduce. Training goes on.
+            logging.warning("Could not write TensorBoard events (step %d): %s", stats.step, e)
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,216 @@
+"""The outer training loop: host loops, cadences, worker agreement, the NaN guard, preemption.
+
+Orbit's split: the Trainer (`tpurun.train`) owns the compiled inner loop and
+answers `train(num_steps)`; the Controller decides how many steps each call runs,
+when to save and evaluate, and when to stop, and hands explicit values (the
+step, the loop's `LoopStats`, the checkpoint path) to its actions (`tpurun.actions`):
+progress lines, TensorBoard, profiler, hang watchdog, eval + best.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun import checkpoints
+from tpurun.actions.base import Action, LoopStats
+from tpurun.actions.save import SaveCheckpoint
+from tpurun.cluster import Cluster, replica_sum
+from tpurun.errors import Preempted, RunError
+from tpurun.run_config import RunConfig, aligned_to_loop
+from tpurun.train import Trainer
+
+
+@contextlib.contextmanager
+def sigterm_notice() -> Iterator[threading.Event]:
+    """Turns SIGTERM (what a TPU VM gets before preemption) into an event the loop checks.
+
+    The loop finishes its current host loop, saves a checkpoint at that step and
+    exits with Preempted.exit_code, so a restart loses no step.
+    """
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event  # signal handlers can only be installed from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def crossed(step: int, num_steps: int, every: int) -> bool:
+    """Whether the loop that ended at `step` passed a multiple of `every` (0: never).
+
+    Not `step % every == 0`: a run resumed at 1050 (or with other --iterations)
+    ends its loops at 1150, 1250, ... and would never meet a multiple of 500.
+    """
+    return every > 0 and step // every > (step - num_steps) // every
+
+
+def loop_cadence(run: RunConfig, name: str) -> int:
+    """A config step cadence rounded up to whole host loops, with a notice if it moved."""
+    configured = run.config.train[name]
+    aligned = aligned_to_loop(configured, run.iterations)
+    if aligned != configured:
+        logging.info(
+            "%s=%d rounded up to %d, a multiple of --iterations=%d.",
+            name,
+            configured,
+            aligned,
+            run.iterations,
+        )
+    return aligned
+
+
+class Controller:
+    """Trains `trainer` from model_dir's newest checkpoint to --train_steps.
+
+    `evaluate(path)`, when given, runs on every worker after each checkpoint saved
+    at an `--eval_every` step and at the last one; `actions` see every host loop
+    and save.
+    """
+
+    def __init__(
+        self,
+        run: RunConfig,
+        cluster: Cluster,
+        trainer: Trainer,
+        *,
+        actions: Sequence[Action] = (),
+        evaluate: Callable[[str], None] | None = None,
+    ):
+        self.run = run
+        self.cluster = cluster
+        self.trainer = trainer
+        self.actions = list(actions)
+        self.evaluate = evaluate
+        self._sum_over_replicas = tf.function(lambda values: replica_sum(cluster.strategy, values))
+
+    def train(self) -> None:
+        # SIGTERM is caught from the start: one during the restore or the input's
+        # start-up (minutes on a TPU) still ends as "preempted, restart me".
+        with sigterm_notice() as preempted:
+            self._train(preempted)
+
+    def _train(self, preempted: threading.Event) -> None:
+        run, trainer = self.run, self.trainer
+        self._restore()
+        step, last = trainer.step, run.train_steps
+        if step >= last:
+            logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
+            return
+        if self.cluster.is_chief:
+            checkpoints.write_train_config(run)
+        save = SaveCheckpoint(run, trainer.checkpoint, self.cluster)
+        logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
+        try:
+            for action in self.actions:
+                action.start(step, last)
+            self._run_loops(save, step, last, preempted)
+        finally:
+            for action in self.actions:
+                action.close()
+
+    def _restore(self) -> None:
+        """Continues from model_dir's newest intact checkpoint, or warm-starts, or starts fresh."""
+        run, trainer = self.run, self.trainer
+        path = checkpoints.restore_newest_intact(trainer.checkpoint, run, self.cluster.is_chief)
+        if path is None:
+            if run.config.train.warm_start_from:
+                checkpoints.warm_start(trainer.model, trainer.keras_model, run)
+        else:
+            logging.info("Resuming from %s (step %d).", path, trainer.step)
+            trainer.keep_configured_learning_rate()
+        self._check_workers_agree_on_step()
+
+    def _check_workers_agree_on_step(self) -> None:
+        """Fails when workers restored different steps (one read a checkpoint the other could not).
+
+        They would train diverging weights, and the first to finish would leave the
+        others blocked in an all-reduce.
+        """
+        if self.cluster.num_workers == 1:
+            return
+        step = self.trainer.step
+        total = int(self._sum_over_replicas(tf.constant([step]))[0])
+        if total != step * self.cluster.num_replicas:
+            raise RunError(
+                f"the workers restored different steps from {self.run.model_dir} (this one: "
+                f"{step}); a checkpoint could not be read by all of them: rerun all workers"
+            )
+
+    def _run_loops(
+        self, save: SaveCheckpoint, step: int, last: int, preempted: threading.Event
+    ) -> None:
+        run = self.run
+        save_every = loop_cadence(run, "save_checkpoints_steps")
+        eval_every = loop_cadence(run, "eval_every") if self.evaluate else 0
+        save_secs = run.config.train.save_checkpoints_secs
+        last_save = time.monotonic()
+        while step < last:
+            num_steps = min(run.iterations, last - step)
+            for action in self.actions:
+                action.before_loop(step, num_steps)
+            stats = self.trainer.train(num_steps)
+            step = stats.step
+            for action in self.actions:
+                action.after_loop(stats)
+            self._stop_unless_finite(stats)
+            evaluate = bool(eval_every) and (crossed(step, num_steps, eval_every) or step == last)
+            time_due, stop = self._agree(
+                bool(save_secs) and time.monotonic() - last_save >= save_secs,
+                preempted.is_set(),
+            )
+            due = step == last or evaluate or crossed(step, num_steps, save_every) or time_due
+            if due or stop:
+                path = save(step)
+                last_save = time.monotonic()
+                for action in self.actions:
+                    action.after_save(step, path)
+                if evaluate and self.evaluate is not None:
+                    self.evaluate(path)
+            if stop and step < last:
+                raise Preempted(
+                    f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "
+                    f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
+                )
+
+    def _stop_unless_finite(self, stats: LoopStats) -> None:
+        """Nothing after the last good checkpoint is saved: it stays the latest."""
+        if math.isfinite(stats.loss) and stats.weights_finite:
+            return
+        what = (
+            f"the loss became {stats.loss}"
+            if not math.isfinite(stats.loss)
+            else "a weight became NaN or Inf"
+        )
+        latest = checkpoints.latest(self.run.model_dir) or "none (nothing was saved)"
+        raise RunError(
+            f"{what} between steps {stats.step - stats.num_steps + 1} and {stats.step}; "
+            f"the latest checkpoint is still {latest}; "
+            "lower config.optimizer.learning_rate or look for NaN/Inf in the data"
+        )
+
+    def _agree(self, save_now: bool, stop_now: bool) -> tuple[bool, bool]:
+        """Whether any worker wants a time-based save, or got SIGTERM, after this loop.
+
+        Alone, a worker decides by itself. Workers of a MultiWorkerMirroredStrategy
+        decide with their own clocks and signals, but must save the same step and
+        stop together (one stopping alone leaves the others blocked in their next
+        all-reduce), so they agree through one small all-reduce per host loop.
+        (TF's PreemptionCheckpointHandler does this through the coordination
+        service, but it turns itself off on GCE CPU and TPU VMs.)
+        """
+        if self.cluster.num_workers == 1:
+            return save_now, stop_now
+        # Summed over replicas: nonzero when any worker wants it (ReduceOp has no MAX).
+        agreed = self._sum_over_replicas(tf.constant([int(save_now), int(stop_now)]))
+        return bool(agreed[0] > 0), bool(agreed[1] > 0)

@@ -1,0 +1,52 @@
+"""What an evaluation reports: the model's metrics plus the mean loss, and their bookkeeping.
+
+Shared by the Evaluator (which computes them), the eval actions (which write and
+print them) and the best checkpoint (which compares one of them).
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import tensorflow as tf
+
+from tpurun.errors import RunError
+from tpurun.files import write_atomically
+from tpurun.model import Model
+
+# Eval results that are counts, not a measure of the model.
+NOT_METRICS = ("num_examples", "global_step")
+
+
+def eval_metrics(model: Model) -> dict[str, keras.metrics.Metric]:
+    """The model's metrics plus the mean loss: what every evaluation reports."""
+    metrics = dict(model.metrics())
+    for reserved in ("loss", *NOT_METRICS):
+        if reserved in metrics:
+            raise RunError(f"{type(model).__name__}.metrics() may not name a metric {reserved!r}")
+    metrics["loss"] = keras.metrics.Mean()
+    return metrics
+
+
+def metric_names(results: dict[str, float]) -> list[str]:
+    """The measures of the model among eval results (not the counts)."""
+    return [name for name in results if name not in NOT_METRICS]
+
+
+def summary_line(results: dict[str, float]) -> str:
+    """`eval at step N: accuracy=0.9667  loss=0.0535  (30 examples)`."""
+    metrics = "  ".join(f"{k}={results[k]:.4f}" for k in metric_names(results))
+    return f"eval at step {results['global_step']}: {metrics}  ({results['num_examples']} examples)"
+
+
+def results_path(model_dir: str, step: int) -> str:
+    return tf.io.gfile.join(model_dir, "eval", f"results-{step}.json")
+
+
+def write_results(model_dir: str, results: dict[str, float]) -> str:
+    """Writes eval/results-<step>.json under model_dir, atomically; returns its path."""
+    tf.io.gfile.makedirs(tf.io.gfile.join(model_dir, "eval"))
+    path = results_path(model_dir, int(results["global_step"]))
+    write_atomically(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,144 @@
+"""`eval --continuous`: a sidecar evaluator beside a training run, in a process of its own.
+
+It drives the same eval actions as `train --eval_every` (`tpurun.actions.evaluation`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun import checkpoints
+from tpurun.errors import RunError
+from tpurun.eval_results import results_path
+from tpurun.run_config import RunConfig
+
+# How often a sidecar looks for a new checkpoint: reading the small `checkpoint`
+# state file is cheap, and a second is short next to the time between saves.
+POLL_SECONDS = 1.0
+
+
+def saved_checkpoints(model_dir: str) -> list[str]:
+    """model_dir's complete checkpoints, oldest first, as its `checkpoint` state file lists them.
+
+    The state file, not a glob of ckpt-* files: a save rewrites it (atomically)
+    only after every file of the new checkpoint is written, so what it lists was
+    complete, though keep_checkpoint_max may have deleted it since.
+    """
+    if not tf.io.gfile.isdir(model_dir):
+        return []
+    state = tf.train.get_checkpoint_state(model_dir)
+    if state is None:
+        return []
+    paths = {*state.all_model_checkpoint_paths, state.model_checkpoint_path}
+    return sorted((p for p in paths if re.search(r"ckpt-\d+$", p)), key=checkpoints.step_of)
+
+
+def still_saved(path: str) -> bool:
+    """Whether the checkpoint's files are all still there (keep_checkpoint_max deletes them)."""
+    return tf.io.gfile.exists(path + ".index") and bool(tf.io.gfile.glob(path + ".data-*"))
+
+
+def _nothing_appeared(run: RunConfig) -> RunError:
+    return RunError(
+        f"no checkpoint appeared in {run.model_dir} within --eval_timeout={run.eval_timeout:g}s; "
+        f"start tpurun train --config={run.config_name} --model_dir={run.model_dir} "
+        "(before or after the sidecar), or raise --eval_timeout"
+    )
+
+
+def wait_for_checkpoint(run: RunConfig) -> None:
+    """Waits until model_dir has a checkpoint, up to --eval_timeout seconds; reads nothing else.
+
+    A sidecar may start before the trainer has created model_dir; until the first
+    checkpoint it writes nothing, so one that gives up leaves no trace.
+    """
+    deadline = time.monotonic() + run.eval_timeout
+    logged = False
+    while not saved_checkpoints(run.model_dir):
+        if time.monotonic() >= deadline:
+            raise _nothing_appeared(run)
+        if not logged:
+            logging.info("Waiting for a checkpoint in %s.", run.model_dir)
+            logged = True
+        time.sleep(POLL_SECONDS)
+
+
+def evaluate_continuously(
+    run: RunConfig,
+    evaluate: Callable[[str], dict[str, float]],
+    report: Callable[[str, dict[str, float]], None],
+) -> str:
+    """Evaluates every checkpoint of model_dir once, in step order, as they appear.
+
+    Stops after the checkpoint of the final step (config train.steps), or after
+    --eval_timeout seconds without a new one; returns the line saying which.
+    A checkpoint with eval/results-<step>.json was evaluated already (by an
+    earlier sidecar, `tpurun eval` or `train --eval_every`): an evaluation is
+    exact, so doing it again would only repeat the numbers; it is skipped. One
+    deleted by keep_checkpoint_max before it was read is skipped too.
+    """
+    final, timeout = run.train_steps, run.eval_timeout
+    seen: set[int] = set()
+    evaluated: list[int] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        new = [p for p in saved_checkpoints(run.model_dir) if checkpoints.step_of(p) not in seen]
+        if len(new) > 1:
+            logging.info(
+                "%d new checkpoints (steps %s): evaluating each, in step order.",
+                len(new),
+                ", ".join(str(checkpoints.step_of(p)) for p in new),
+            )
+        for path in new:
+            step = checkpoints.step_of(path)
+            seen.add(step)
+            results = _evaluate_once(run, path, evaluate)
+            if results is not None:
+                report(path, results)
+                evaluated.append(step)
+        if new:
+            deadline = time.monotonic() + timeout
+        if seen and max(seen) >= final:
+            return (
+                f"eval --continuous: stopped after the checkpoint of the final step {max(seen)} "
+                f"(--train_steps={final}); evaluated {len(evaluated)} checkpoint(s) in this run"
+            )
+        if time.monotonic() >= deadline:
+            if not seen:
+                raise _nothing_appeared(run)
+            return (
+                f"eval --continuous: stopped: no new checkpoint in {run.model_dir} for "
+                f"{timeout:g}s (--eval_timeout) and the final step {final} (--train_steps) is "
+                f"not reached; evaluated {len(evaluated)} checkpoint(s) in this run, the newest "
+                f"is step {max(seen)}"
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def _evaluate_once(
+    run: RunConfig, path: str, evaluate: Callable[[str], dict[str, float]]
+) -> dict[str, float] | None:
+    """The checkpoint's results; None if it was evaluated before or deleted before it was read."""
+    step = checkpoints.step_of(path)
+    done = results_path(run.model_dir, step)
+    if tf.io.gfile.exists(done):
+        logging.info("Step %d was evaluated before (%s): not again.", step, done)
+        return None
+    deleted = f"Checkpoint {path} was deleted (keep_checkpoint_max) before it was read: skipped."
+    if not still_saved(path):
+        logging.warning(deleted)
+        return None
+    try:
+        return evaluate(path)
+    except checkpoints.CheckpointGone:
+        # Only a failure to read the checkpoint itself: once restored, any error
+        # (bad eval data, no examples) is the run's error, deleted checkpoint or not.
+        if still_saved(path):
+            raise
+        logging.warning(deleted)
+        return None

@@ -1,0 +1,109 @@
+"""The launcher's only uses of private TensorFlow API, each behind one small adapter.
+
+Some things tpurun needs have no public TensorFlow API: the values a
+`tf.distribute.CrossDeviceOps` takes and returns (for the packed all-reduce of
+`tpurun.packed_reduction`), and a registration deadline for the workers of a
+MultiWorkerMirroredStrategy. Each adapter falls back to TensorFlow's stock
+behaviour when the private API moves (a slower all-reduce; workers that wait as
+long as TensorFlow waits), and `missing()` names the ones that fell back:
+tests/test_tf_internals.py asserts it is empty, so a TensorFlow upgrade that
+moves them fails CI instead of silently degrading a run.
+
+`tpurun.check.introspection` does the same for `tpurun check`'s graph introspection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+try:  # PerReplica / Mirrored values and regroup: tf.distribute has no public constructor.
+    from tensorflow.python.distribute import distribute_utils as _distribute_utils
+    from tensorflow.python.distribute import values as _values
+except ImportError:  # pragma: no cover - only when TensorFlow moved them
+    _distribute_utils = _values = None  # type: ignore[assignment]
+
+try:  # The coordination service's configuration, set before MultiWorkerMirroredStrategy.
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination
+    from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
+    from tensorflow.python.eager import context as _context
+except ImportError:  # pragma: no cover
+    _coordination = _multi_worker_util = _context = None  # type: ignore[assignment]
+
+
+def missing() -> list[str]:
+    """The adapters whose private API this TensorFlow lacks (each then falls back)."""
+    absent = []
+    if not distributed_values_available():
+        absent.append("PerReplica/Mirrored values and regroup (the packed all-reduce)")
+    if not coordination_service_available():
+        absent.append("the coordination service's configuration (the bounded multi-worker start)")
+    return absent
+
+
+# --- Distributed values, for the packed all-reduce ----------------------------------
+
+
+def distributed_values_available() -> bool:
+    return (
+        hasattr(_values, "PerReplica")
+        and hasattr(_values, "Mirrored")
+        and hasattr(_distribute_utils, "regroup")
+    )
+
+
+def is_per_replica(value: Any) -> bool:
+    return _values is not None and isinstance(value, _values.PerReplica)
+
+
+def per_replica(parts: list[tf.Tensor]) -> Any:
+    """A PerReplica value of one tensor per replica, in replica order."""
+    return _values.PerReplica(parts)
+
+
+def mirrored(parts: list[tf.Tensor]) -> Any:
+    """A Mirrored value of one (equal) tensor per replica, in replica order."""
+    return _distribute_utils.regroup(parts, wrap_class=_values.Mirrored)
+
+
+# --- The coordination service of a multi-worker cluster -----------------------------
+
+
+def coordination_service_available() -> bool:
+    return (
+        hasattr(_coordination, "CoordinatedJob")
+        and hasattr(_multi_worker_util, "coordination_leader")
+        and hasattr(_context, "context")
+        and hasattr(_context.context(), "configure_coordination_service")
+    )
+
+
+def bound_worker_registration(cluster_spec: tf.train.ClusterSpec, timeout_seconds: float) -> str:
+    """Makes the workers of `cluster_spec` wait for each other at most `timeout_seconds`.
+
+    By default TensorFlow waits for missing workers forever. MultiWorkerMirroredStrategy
+    sets up the coordination service only when none is configured yet, so this
+    configures the same one (its leader and jobs) with a registration deadline,
+    and a registration barrier: without it the chief registers alone and then
+    waits in its first collective, which has no deadline. Returns "" on success,
+    else why it could not (the caller warns; workers then wait as TensorFlow does).
+    """
+    if not coordination_service_available():
+        return "this TensorFlow has no coordination-service configuration"
+    try:
+        jobs = [
+            _coordination.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in cluster_spec.jobs
+        ]
+        _context.context().configure_coordination_service(
+            service_type="standalone",
+            service_leader=_multi_worker_util.coordination_leader(cluster_spec),
+            coordinated_jobs=jobs,
+            cluster_register_timeout_in_ms=int(timeout_seconds * 1000),
+        )
+        _context.context().coordination_service.cluster_register_with_barrier = True
+    except (AttributeError, TypeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
