@@ -145,13 +145,12 @@ def graph_findings(fn) -> list[tuple[str, str]]:
     """(rule, op type) of what the step-graph walker finds in `fn` traced on an [8, 4] input."""
     import tensorflow as tf
 
-    from tpurun import check
+    from tpurun.check.graph_walk import GraphWalker
+    from tpurun.check.xla import populate_xla_registry
 
-    check._populate_xla_registry()
+    populate_xla_registry()
     graph = tf.function(fn).get_concrete_function(tf.TensorSpec([8, 4])).graph
-    walker = check._GraphWalker(graph, check._LayerScopes())
-    walker.walk(graph, prefix="")
-    return [(rule, op.type) for rule, op, _, _ in walker.found]
+    return [(found.rule, found.op.type) for found in GraphWalker(graph).findings()]
 
 
 def _graph_cases():

@@ -142,15 +142,26 @@ def merge_flags(
     return ml_collections.FrozenConfigDict(config)
 
 
+def split_fix(batch_size: int, num_replicas: int, flag: str = "") -> str | None:
+    """None when a global batch splits evenly over the replicas, else the fix to say.
+
+    `use a multiple of 8 (e.g. 96 or 104)`; with `flag`, `(e.g. --batch_size=96 or 104)`.
+    """
+    if not batch_size % num_replicas:
+        return None
+    lower = batch_size // num_replicas * num_replicas
+    upper = lower + num_replicas
+    name = f"{flag}=" if flag else ""
+    example = f"{name}{lower} or {upper}" if lower else f"{name}{upper}"
+    return f"use a multiple of {num_replicas} (e.g. {example})"
+
+
 def check_divisible(what: str, batch_size: int, num_replicas: int) -> None:
     """A global batch must split evenly: every replica (TPU core) gets the same static shape."""
-    if batch_size % num_replicas:
-        lower = batch_size // num_replicas * num_replicas
-        upper = lower + num_replicas
-        example = f"{lower} or {upper}" if lower else str(upper)
+    fix = split_fix(batch_size, num_replicas)
+    if fix:
         raise UsageError(
-            f"{what}={batch_size} is not divisible by the {num_replicas} replicas; "
-            f"use a multiple of {num_replicas} (e.g. {example})"
+            f"{what}={batch_size} is not divisible by the {num_replicas} replicas; {fix}"
         )
 
 

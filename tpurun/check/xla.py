@@ -1,0 +1,95 @@
+"""The XLA rules: the replica step compiled by XLA for the CPU, as a TPU would compile it.
+
+A real compile finds what the graph walk cannot: ops XLA rejects only in
+context, and shapes it cannot infer (`xla-unsupported`, `xla-compile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun.check.findings import ERROR, Problem
+from tpurun.check.fixes import unsupported_problem
+from tpurun.check.graph_walk import SUMMARY_OPS
+from tpurun.check.introspection import LayerScopes
+from tpurun.check.origin import created_at_from_text
+from tpurun.model import Mode
+from tpurun.tf_errors import first_line, user_code_line
+
+
+def populate_xla_registry() -> None:
+    """XLA registers its kernels on first use; compile a trivial function so it has."""
+    try:
+        tf.function(
+            lambda: tf.constant(1.0) + 1.0, jit_compile=True
+        ).experimental_get_compiler_ir()(stage="hlo")
+    except Exception as e:  # noqa: BLE001 - then only the real compiles find unsupported ops
+        logging.warning("Could not initialise XLA: %s", user_code_line(e))
+
+
+def compile_problems(
+    mode: Mode, replica_step: Callable[..., Any], spec: Any, scopes: LayerScopes
+) -> list[Problem]:
+    """Compiles one replica's step with XLA from the spec of its batch; the problems found."""
+    flat = tf.nest.flatten(spec)
+
+    def flat_step(*tensors: tf.Tensor) -> Any:
+        return replica_step(*tf.nest.pack_sequence_as(spec, list(tensors)))
+
+    compiled = tf.function(flat_step, jit_compile=True)
+    try:
+        with scopes.recording():
+            compiled.experimental_get_compiler_ir(*flat)(stage="hlo")
+    except Exception as e:  # noqa: BLE001 - tf2xla raises ValueError/InvalidArgumentError
+        return _xla_problems(mode, e, scopes)
+    return []
+
+
+_UNSUPPORTED = re.compile(
+    r"No registered '([\w.>-]+)' OpKernel for (\w+) devices compatible with node "
+    r"\{\{node ([^}]+)\}\}"
+)
+
+
+def _xla_problems(mode: Mode, error: BaseException, scopes: LayerScopes) -> list[Problem]:
+    """Findings from a failed XLA compile: unsupported ops, else the compiler's message."""
+    text = str(error)
+    created = created_at_from_text(text)
+    at = f" (created at {created})" if created else ""
+    problems = []
+    for op_type, _device, node in dict.fromkeys(_UNSUPPORTED.findall(text)):
+        if op_type in SUMMARY_OPS:
+            continue
+        layer = scopes.layer_of(node)
+        about = f"op '{node}' ({op_type}" + (f", layer {layer}" if layer else "") + ")"
+        where = "{steps}: " + (f"layer {layer}, " if layer else "") + f"op {node}"
+        problem = unsupported_problem(mode, about, at, where, op_type)
+        problems.append(dataclasses.replace(problem, op_name=node))
+    if problems:
+        return problems
+    message = text.replace("Failed getting HLO text:", "").strip().strip("'\"")
+    first = first_line(message) if message else type(error).__name__
+    node_match = re.search(r"node `([^`]+)`|\{\{node ([^}]+)\}\}", first)
+    node = (node_match.group(1) or node_match.group(2)) if node_match else ""
+    layer = scopes.layer_of(node) if node else None
+    where = "{steps}" + (f": layer {layer}" if layer else "") + (f", op {node}" if node else "")
+    return [
+        Problem(
+            "xla-compile",
+            ERROR,
+            where,
+            f"XLA cannot compile the {{steps}}: {first.rstrip('.')}"
+            + (f" (layer {layer})" if layer else "")
+            + at,
+            "make the step XLA-compilable: sizes, axes and shapes must be constants or "
+            "come from tensor.shape, not from tensor values",
+            mode,
+            op_name=node,
+        )
+    ]
