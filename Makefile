@@ -45,6 +45,7 @@ lint: install
 	$(BIN)/ruff check tpurun configs models scripts tests
 	$(BIN)/ruff format --check tpurun configs models scripts tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 clean:
 	rm -rf $(VENV) build *.egg-info
