@@ -1,4 +1,19 @@
-"""Shared test helpers: run the real CLI in a subprocess, with no traffic leaving 127.0.0.1."""
+"""Shared test helpers: run the real CLI, in this process or in a subprocess, offline.
+
+Two ways to run `tpurun ...`, with the same result type (a CompletedProcess):
+
+* the `tpurun_cli` fixture calls `tpurun.cli.main` in this process: the same code
+  path as the console script, without the 3 seconds a subprocess spends importing
+  TensorFlow. Use it for every CLI scenario that does not need a process of its
+  own;
+* `run_tpurun` starts `python -m tpurun`: for what needs one (signals, kills, the
+  watchdog's os._exit, multi-worker clusters, what a fresh process imports or prints
+  at start-up).
+
+The CPU of this test process is split into IN_PROCESS_REPLICAS logical devices
+before TensorFlow initialises, so in-process runs with `--num_shards` up to that
+many work as in a fresh process.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +32,72 @@ os.environ.update(OFFLINE_ENV)
 os.environ.pop("TPU_NAME", None)
 
 REPO = Path(__file__).resolve().parent.parent
+IN_PROCESS_REPLICAS = 8
+
+
+def _split_cpu() -> None:
+    from tpurun import strategy
+
+    strategy.split_cpu(IN_PROCESS_REPLICAS)  # before any TensorFlow op of the session
+
+
+_split_cpu()
+
+
+def _is_users_module(module) -> bool:
+    """A module from a test's own files: not the standard library, a package, or tpurun's."""
+    file = getattr(module, "__file__", None) or ""
+    return bool(file) and not file.startswith((sys.prefix, sys.base_prefix, str(REPO)))
+
+
+@pytest.fixture
+def tpurun_cli(capfd, monkeypatch):
+    """`tpurun_cli(*args, cwd=..., env=...)`: runs the CLI in this process; a CompletedProcess.
+
+    Each run starts as a new process would: in `cwd` (default: the current
+    directory), with `env` added to the environment, a fresh Keras session (layer
+    names, global policy), and stdout/stderr captured at the file descriptors
+    (absl's log handler keeps the stream it was made with, so it is pointed at
+    the captured one for the run).
+    """
+    import keras
+    from absl import logging as absl_logging
+
+    from tpurun import cli
+    from tpurun import model as model_lib
+
+    def run(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+        # A user's model registered by this run, and the modules and sys.path entry its
+        # config brought, end with it, as they would with its process.
+        registered, path, modules = dict(model_lib._REGISTRY), list(sys.path), set(sys.modules)
+        with monkeypatch.context() as patch:
+            if cwd is not None:
+                patch.chdir(cwd)
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            keras.backend.clear_session()
+            keras.mixed_precision.set_global_policy("float32")
+            capfd.readouterr()  # what came before is not this run's
+            handler = absl_logging.get_absl_handler().python_handler
+            stream = handler.stream
+            handler.setStream(sys.stderr)
+            try:
+                code = cli.main(["tpurun", *args])
+            finally:
+                handler.setStream(stream)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                sys.path[:] = path
+                for name in set(sys.modules) - modules:
+                    if _is_users_module(sys.modules[name]):
+                        del sys.modules[name]
+                for name, cls in list(model_lib._REGISTRY.items()):
+                    if name not in registered and cls.__module__ not in sys.modules:
+                        del model_lib._REGISTRY[name]
+            out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["tpurun", *args], code, out, err)
+
+    return run
 
 
 def run_tpurun(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, contents, error_lines, run_tpurun
+from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, contents, error_lines
 
 # --- Usage errors: exit 2, before TensorFlow is imported (fast, not marked slow). ---
 
@@ -100,28 +100,28 @@ USAGE_ERRORS = {
 @pytest.mark.parametrize(
     "args, keywords", list(USAGE_ERRORS.values()), ids=list(USAGE_ERRORS.keys())
 )
-def test_usage_error(tmp_path, args, keywords):
+def test_usage_error(tpurun_cli, tmp_path, args, keywords):
     before = contents(tmp_path)
-    result = run_tpurun(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
+    result = tpurun_cli(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert_fails(result, USAGE, *keywords)
     assert contents(tmp_path) == before, "a usage error must not write anything"
 
 
-def test_usage_error_from_tpu_name_in_the_environment(tmp_path):
+def test_usage_error_from_tpu_name_in_the_environment(tpurun_cli, tmp_path):
     """TPU_NAME works like --tpu: a bare name still needs its zone and project."""
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path, env={"TPU_NAME": "env-tpu"}
     )
     assert_fails(result, USAGE, "--tpu=env-tpu is a TPU name", "--tpu_zone", "--gcp_project")
     assert contents(tmp_path) == set()
 
 
-def test_override_before_config_is_not_an_ordering_error(tmp_path):
+def test_override_before_config_is_not_an_ordering_error(tpurun_cli, tmp_path):
     """Flags may come in any order; config_flags used to reject `--config.x=v --config=iris`.
 
     The divisibility check runs after all flags are parsed, on the overridden value.
     """
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", "--config.train.batch_size=100", "--config=iris", "--num_shards=8", cwd=tmp_path
     )
     line = assert_fails(result, USAGE, "--batch_size=100 is not divisible by the 8 replicas")
@@ -133,9 +133,9 @@ def test_override_before_config_is_not_an_ordering_error(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["eval", "predict", "export"])
-def test_no_checkpoint_fails_without_creating_model_dir(tmp_path, command):
+def test_no_checkpoint_fails_without_creating_model_dir(tpurun_cli, tmp_path, command):
     model_dir = tmp_path / "model"
-    result = run_tpurun(command, "--config=iris", f"--model_dir={model_dir}", cwd=tmp_path)
+    result = tpurun_cli(command, "--config=iris", f"--model_dir={model_dir}", cwd=tmp_path)
     assert_fails(
         result,
         RUN_FAILURE,
@@ -146,21 +146,21 @@ def test_no_checkpoint_fails_without_creating_model_dir(tmp_path, command):
 
 
 @pytest.mark.slow
-def test_no_checkpoint_in_an_existing_dir_writes_nothing_into_it(tmp_path):
+def test_no_checkpoint_in_an_existing_dir_writes_nothing_into_it(tpurun_cli, tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    result = run_tpurun("eval", f"--model_dir={model_dir}", cwd=tmp_path)
+    result = tpurun_cli("eval", f"--model_dir={model_dir}", cwd=tmp_path)
     assert_fails(result, RUN_FAILURE, "no checkpoint in", "train first")
     assert contents(tmp_path) == {"model"}
 
 
 @pytest.mark.slow
-def test_unwritable_model_dir(tmp_path):
+def test_unwritable_model_dir(tpurun_cli, tmp_path):
     # We run as root, so chmod does not stop writes; a path below a regular file does.
     blocker = tmp_path / "afile"
     blocker.write_text("not a directory\n")
     model_dir = blocker / "model"
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", f"--model_dir={model_dir}", "--train_steps=20", "--iterations=10", cwd=tmp_path
     )
     assert_fails(
@@ -206,14 +206,14 @@ MALFORMED_DATA = {
 @pytest.mark.parametrize(
     "text, keywords", list(MALFORMED_DATA.values()), ids=list(MALFORMED_DATA.keys())
 )
-def test_malformed_train_data_leaves_no_model_dir(tmp_path, text, keywords):
+def test_malformed_train_data_leaves_no_model_dir(tpurun_cli, tmp_path, text, keywords):
     data = tmp_path / "train.csv"
     if isinstance(text, bytes):
         data.write_bytes(text)
     elif text is not None:
         data.write_text(text)
     before = contents(tmp_path)
-    result = run_tpurun(
+    result = tpurun_cli(
         "train",
         f"--config.data.train_path={data}",
         f"--model_dir={tmp_path / 'model'}",
@@ -233,11 +233,13 @@ def trained_copy(trained_iris, tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_malformed_data_on_resume_keeps_checkpoints_and_adds_no_record(trained_copy, tmp_path):
+def test_malformed_data_on_resume_keeps_checkpoints_and_adds_no_record(
+    tpurun_cli, trained_copy, tmp_path
+):
     data = tmp_path / "bad.csv"
     data.write_text(HEADER + "5.0,2.3,,1.0,1\n")
     before = contents(trained_copy)
-    result = run_tpurun(
+    result = tpurun_cli(
         "train",
         f"--config.data.train_path={data}",
         f"--model_dir={trained_copy}",
@@ -249,11 +251,11 @@ def test_malformed_data_on_resume_keeps_checkpoints_and_adds_no_record(trained_c
 
 
 @pytest.mark.slow
-def test_malformed_eval_data_writes_no_results_or_record(trained_copy, tmp_path):
+def test_malformed_eval_data_writes_no_results_or_record(tpurun_cli, trained_copy, tmp_path):
     data = tmp_path / "eval.csv"
     data.write_text(HEADER + "5.0,2.3,3.3,1.0,-1\n")
     before = contents(trained_copy)
-    result = run_tpurun(
+    result = tpurun_cli(
         "eval", f"--config.data.eval_path={data}", f"--model_dir={trained_copy}", cwd=tmp_path
     )
     assert_fails(result, RUN_FAILURE, "line 2", "label -1 is not a class id")
@@ -261,12 +263,12 @@ def test_malformed_eval_data_writes_no_results_or_record(trained_copy, tmp_path)
 
 
 @pytest.mark.slow
-def test_malformed_predict_input_writes_no_output(trained_copy, tmp_path):
+def test_malformed_predict_input_writes_no_output(tpurun_cli, trained_copy, tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text("SepalLength,SepalWidth,PetalLength,PetalWidth\n5.1,3.3,1.7\n")
     output = tmp_path / "predictions.jsonl"
     before = contents(tmp_path)
-    result = run_tpurun(
+    result = tpurun_cli(
         "predict",
         f"--input={rows}",
         f"--output={output}",
@@ -278,10 +280,10 @@ def test_malformed_predict_input_writes_no_output(trained_copy, tmp_path):
 
 
 @pytest.mark.slow
-def test_use_tpu_without_a_tpu_fails_fast(tmp_path, monkeypatch):
+def test_use_tpu_without_a_tpu_fails_fast(tpurun_cli, tmp_path, monkeypatch):
     monkeypatch.delenv("TPU_NAME", raising=False)
     start = time.monotonic()
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", "--use_tpu=true", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path
     )
     elapsed = time.monotonic() - start
@@ -295,10 +297,10 @@ def test_use_tpu_without_a_tpu_fails_fast(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_use_tpu_false_ignores_tpu_name_in_the_environment(tmp_path):
+def test_use_tpu_false_ignores_tpu_name_in_the_environment(tpurun_cli, tmp_path):
     """--use_tpu=false with TPU_NAME set runs locally (it used to be a contradiction error)."""
     model_dir = tmp_path / "model"
-    result = run_tpurun(
+    result = tpurun_cli(
         "train",
         "--use_tpu=false",
         f"--model_dir={model_dir}",
@@ -349,25 +351,25 @@ def broken_model_args(tmp_path: Path) -> tuple[str, ...]:
 
 
 @pytest.mark.slow
-def test_unknown_optimizer_is_a_usage_error(tmp_path):
-    result = run_tpurun(*UNKNOWN_OPTIMIZER, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
+def test_unknown_optimizer_is_a_usage_error(tpurun_cli, tmp_path):
+    result = tpurun_cli(*UNKNOWN_OPTIMIZER, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert_fails(result, USAGE, "no_such_optimizer", "is not a Keras optimizer", "adam")
     assert contents(tmp_path) == set()
 
 
 @pytest.mark.slow
-def test_unexpected_failure_is_one_line_without_verbosity(tmp_path):
+def test_unexpected_failure_is_one_line_without_verbosity(tpurun_cli, tmp_path):
     args = broken_model_args(tmp_path)
-    result = run_tpurun(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
+    result = tpurun_cli(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert_fails(result, RUN_FAILURE, "unexpected RuntimeError", "bug in the user's build()")
     assert "rerun with --verbosity=1 for the traceback" in result.stderr
     assert not (tmp_path / "model").exists()
 
 
 @pytest.mark.slow
-def test_verbosity_1_adds_the_traceback(tmp_path):
+def test_verbosity_1_adds_the_traceback(tpurun_cli, tmp_path):
     args = broken_model_args(tmp_path)
-    result = run_tpurun(*args, "--verbosity=1", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
+    result = tpurun_cli(*args, "--verbosity=1", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert result.returncode == RUN_FAILURE, result.stderr
     assert "Traceback (most recent call last)" in result.stderr
     lines = error_lines(result)

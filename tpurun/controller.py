@@ -110,6 +110,7 @@ class Controller:
         if self.cluster.is_chief:
             checkpoints.write_train_config(run)
         save = SaveCheckpoint(run, trainer.checkpoint, self.cluster)
+        trainer.start_input()
         logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
         try:
             for action in self.actions:

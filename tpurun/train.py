@@ -44,7 +44,7 @@ class Trainer:
         )
         self._configured_learning_rate = self._constant_learning_rate()
         self._loop = tf.function(self._host_loop)
-        self._iterator: Any = None  # the training input, from the first train() call
+        self._iterator: Any = None  # the training input, from start_input()
 
     @property
     def step(self) -> int:
@@ -116,11 +116,11 @@ class Trainer:
         )
         return total / tf.cast(num_steps, tf.float32), waited, finite
 
-    def train(self, num_steps: int) -> LoopStats:
-        """Runs one host loop of `num_steps` steps, from the optimizer's current step.
+    def start_input(self) -> None:
+        """Builds the training input at the optimizer's current step (once; `train` needs it).
 
-        The first call builds the input at that step: a restored run continues the
-        stream where the checkpoint's step left it.
+        A restored run continues the stream where the checkpoint's step left it. Built
+        before anything is written, so bad data fails a run that has written nothing.
         """
         if self._iterator is None:
             dataset = inputs.distribute(
@@ -132,6 +132,10 @@ class Trainer:
                 start_step=self.step,
             )
             self._iterator = iter(dataset)
+
+    def train(self, num_steps: int) -> LoopStats:
+        """Runs one host loop of `num_steps` steps, from the optimizer's current step."""
+        self.start_input()
         start = time.perf_counter()
         loss, waited, finite = self._loop(self._iterator, tf.constant(num_steps))
         loss_value = float(loss)  # waits for the loop to finish

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
@@ -12,13 +13,19 @@ from tpurun.actions.base import Action, LoopStats
 
 class TrainSummaries(Action):
     """TensorBoard under model_dir: the model's graph at the start, then after every host loop
-    loss, learning_rate, global_step/sec, examples/sec and input_wait_share."""
+    loss, learning_rate, global_step/sec, examples/sec and input_wait_share.
+
+    The events file is created at `start`, once the run has restored and built its
+    input: a run that fails before then leaves none.
+    """
 
     def __init__(self, model_dir: str, graph: Callable[[], tf.Graph] | None = None):
-        self._writer = tf.summary.create_file_writer(model_dir)
+        self._model_dir = model_dir
+        self._writer: Any = None
         self._graph = graph
 
     def start(self, step: int, last_step: int) -> None:
+        self._writer = tf.summary.create_file_writer(self._model_dir)
         if self._graph is None:
             return
         try:
@@ -43,4 +50,5 @@ class TrainSummaries(Action):
             logging.warning("Could not write TensorBoard events (step %d): %s", stats.step, e)
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
