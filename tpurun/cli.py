@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from absl import flags, logging
 from absl.logging import converter
 
-from tpurun import __version__, cli_flags, config_files
+from tpurun import __version__, cli_flags, config_files, terminal
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags
 
@@ -77,6 +77,8 @@ def main(argv: Sequence[str]) -> int:
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
         std_logging.root.setLevel(converter.absl_to_standard(level))
+        # Before anything imports TensorFlow: without its start-up chatter.
+        terminal.quiet_tensorflow(verbose=_verbose())
         # Imported here so that everything above stays TensorFlow-free.
         from tpurun import commands
 
