@@ -51,8 +51,6 @@ def run() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    # Quiet TensorFlow's C++ start-up chatter unless the user chose a level.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     command = argv[1] if len(argv) > 1 else ""
     try:
         if command in ("", "-h", "--help", "help", "--helpfull"):
@@ -77,7 +75,11 @@ def main(argv: Sequence[str]) -> int:
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
         std_logging.root.setLevel(converter.absl_to_standard(level))
-        # Before anything imports TensorFlow: without its start-up chatter.
+        # Before anything imports TensorFlow: without its start-up chatter, and
+        # without its C++ INFO/WARNING lines unless the user chose a level or
+        # --verbosity>=1 asks for everything.
+        if not _verbose():
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         terminal.quiet_tensorflow(verbose=_verbose())
         # Imported here so that everything above stays TensorFlow-free.
         from tpurun import commands
