@@ -5,8 +5,8 @@ its checkpoint; the chief copies the checkpoint's files here when its metric bea
 the recorded best. Living outside model_dir's ckpt-<step> files, it is never
 deleted by keep_checkpoint_max; `tpurun export --best` exports it.
 
-A replacement never leaves a half-written best: the new one is written to
-`.best.tmp/`, the old one is renamed to `.best.previous/`, the new one to `best/`,
+A replacement never leaves a half-written best: the new one is written to a
+temporary directory of this process (`storage.temporary_path`), the old one is renamed to `.best.previous/`, the new one to `best/`,
 and the old one is removed. A process killed between the two renames leaves the
 old best in `.best.previous/`, where `read` finds it; on GCS, where a rename
 moves file by file, `read` also skips a directory whose checkpoint is not whole. One process at a time
@@ -18,21 +18,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterable
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints
+from tpurun import checkpoints, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.eval_results import NOT_METRICS
-from tpurun.files import rename_dir
 from tpurun.run_config import RunConfig
 
 DIR = "best"
 RECORD = "best.json"
-_TMP = ".best.tmp"
 _PREVIOUS = ".best.previous"
+_PREVIOUS_NAME = re.compile(re.escape(_PREVIOUS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,27 +68,51 @@ def check_metric(run: RunConfig, metric_names: Iterable[str]) -> None:
 
 
 def read(model_dir: str) -> Best | None:
-    """The recorded best checkpoint of model_dir, or None if there is none yet."""
+    """The recorded best checkpoint of model_dir, or None if there is none yet.
+
+    A damaged record (truncated, edited) is set aside into model_dir/damaged/ with a
+    warning, and the best is as if none were kept: the next evaluation rebuilds it.
+    """
     for name in (DIR, _PREVIOUS):  # .best.previous: a replacement was killed half-way
-        directory = tf.io.gfile.join(model_dir, name)
-        record_path = tf.io.gfile.join(directory, RECORD)
-        if not tf.io.gfile.exists(record_path):
+        directory = storage.join(model_dir, name)
+        record_path = storage.join(directory, RECORD)
+        try:
+            best = _parse(directory, storage.read_json(record_path, _KEYS))
+        except storage.DamagedRecord as e:
+            moved_to = storage.move_into(model_dir, [record_path], storage.DAMAGED_DIR)
+            logging.warning(
+                "%s; moved it to %s: the next evaluation keeps a new best.", e, moved_to
+            )
             continue
-        with tf.io.gfile.GFile(record_path) as f:
-            record = json.load(f)
-        if not tf.io.gfile.exists(tf.io.gfile.join(directory, record["checkpoint"] + ".index")):
+        if best is None or not tf.io.gfile.exists(best.path + ".index"):
             # On GCS a directory rename moves file by file: a kill in the middle can
             # leave best.json here and the checkpoint in the other directory.
             continue
+        return best
+    return None
+
+
+_KEYS = ("step", "metric", "mode", "value", "checkpoint")
+
+
+def _parse(directory: str, record: dict | None) -> Best | None:
+    if record is None:
+        return None
+    name = record["checkpoint"]
+    if not isinstance(name, str) or not re.fullmatch(r"ckpt-\d+", name):
+        # Never a path: the best is a copy inside `directory`, whatever the record says.
+        raise storage.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
+    try:
         return Best(
             step=int(record["step"]),
-            metric=record["metric"],
-            mode=record["mode"],
+            metric=str(record["metric"]),
+            mode=str(record["mode"]),
             value=float(record["value"]),
-            checkpoint=record["checkpoint"],
-            path=tf.io.gfile.join(directory, record["checkpoint"]),
+            checkpoint=name,
+            path=storage.join(directory, name),
         )
-    return None
+    except (TypeError, ValueError) as e:
+        raise storage.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
 
 
 def require(run: RunConfig) -> Best:
@@ -97,7 +121,7 @@ def require(run: RunConfig) -> Best:
     if best is None:
         where = f"--config={run.config_name} --model_dir={run.model_dir}"
         raise RunError(
-            f"no best checkpoint in {tf.io.gfile.join(run.model_dir, DIR)} yet; evaluate first "
+            f"no best checkpoint in {storage.join(run.model_dir, DIR)} yet; evaluate first "
             f"(tpurun eval {where}, or tpurun train {where} --eval_every=N), "
             "or export the latest checkpoint without --best"
         )
@@ -125,7 +149,7 @@ def update(run: RunConfig, checkpoint_path: str, results: dict[str, float]) -> b
         logging.info("Best checkpoint stays %s; step %d has %s=%.4f.", kept, step, metric, value)
         return False
     name = checkpoint_path.rstrip("/").rsplit("/", 1)[-1]
-    best = Best(step, metric, mode, value, name, tf.io.gfile.join(run.model_dir, DIR, name))
+    best = Best(step, metric, mode, value, name, storage.join(run.model_dir, DIR, name))
     if not _write(run.model_dir, checkpoint_path, best):
         return False
     before = f"; was {current.value:.4f} at step {current.step}" if current else ""
@@ -136,43 +160,47 @@ def update(run: RunConfig, checkpoint_path: str, results: dict[str, float]) -> b
         value,
         mode,
         before,
-        tf.io.gfile.join(run.model_dir, DIR),
+        storage.join(run.model_dir, DIR),
     )
     return True
 
 
 def _write(model_dir: str, checkpoint_path: str, best: Best) -> bool:
-    """Replaces model_dir/best with a copy of the checkpoint; False if it was deleted meanwhile."""
-    tmp = tf.io.gfile.join(model_dir, _TMP)
-    if tf.io.gfile.exists(tmp):  # left by a process killed while it copied
-        tf.io.gfile.rmtree(tmp)
-    tf.io.gfile.makedirs(tmp)
+    """Replaces model_dir/best with a copy of the checkpoint; False if it was deleted meanwhile.
+
+    The copy goes to a temporary directory of this process; whatever fails before
+    the renames (a deleted checkpoint, a storage error) removes it again and leaves
+    the best as it was.
+    """
+    final = storage.join(model_dir, DIR)
+    tmp = storage.temporary_path(final)
+    storage.make_dir(model_dir, tmp)
     try:
-        files = tf.io.gfile.glob(checkpoint_path + ".*")  # ckpt-N.index, ckpt-N.data-*
+        files = checkpoints.files_of(checkpoint_path)  # ckpt-N.index, ckpt-N.data-*
         if not any(f.endswith(".index") for f in files):
             raise tf.errors.NotFoundError(None, None, f"{checkpoint_path}.index is gone")
         for file in files:
-            target = tf.io.gfile.join(tmp, file.rsplit("/", 1)[-1])
-            tf.io.gfile.copy(file, target, overwrite=True)
-        with tf.io.gfile.GFile(tf.io.gfile.join(tmp, RECORD), "w") as f:
-            f.write(json.dumps(best.record(), indent=2, sort_keys=True) + "\n")
-    except tf.errors.NotFoundError:
+            tf.io.gfile.copy(file, storage.join(tmp, storage.basename(file)), overwrite=True)
+        storage.write_atomically(
+            storage.join(tmp, RECORD), json.dumps(best.record(), indent=2, sort_keys=True) + "\n"
+        )
+    except BaseException as e:
+        storage.remove(model_dir, tmp, storage.TEMPORARY)
+        if not isinstance(e, tf.errors.NotFoundError):
+            raise
         # A sidecar's checkpoint can be deleted by the trainer's keep_checkpoint_max
         # after it was evaluated; the best recorded before stays.
-        tf.io.gfile.rmtree(tmp)
         logging.warning(
             "Checkpoint %s was deleted (keep_checkpoint_max) before it could be kept as the "
             "best; the best stays as it was.",
             checkpoint_path,
         )
         return False
-    final = tf.io.gfile.join(model_dir, DIR)
-    previous = tf.io.gfile.join(model_dir, _PREVIOUS)
+    previous = storage.join(model_dir, _PREVIOUS)
     if tf.io.gfile.exists(final):
-        if tf.io.gfile.exists(previous):  # an older best, already replaced by `final`
-            tf.io.gfile.rmtree(previous)
-        rename_dir(final, previous)
-    rename_dir(tmp, final)
-    if tf.io.gfile.exists(previous):
-        tf.io.gfile.rmtree(previous)
+        # An older best, already replaced by `final`.
+        storage.remove(model_dir, previous, _PREVIOUS_NAME)
+        storage.rename_dir(final, previous)
+    storage.rename_dir(tmp, final)
+    storage.remove(model_dir, previous, _PREVIOUS_NAME)
     return True

@@ -7,25 +7,29 @@ and a rename). A process killed at any moment therefore leaves either the new
 complete checkpoint or the previous state. On resume every candidate is checked
 (the tensor bundle carries a CRC32C per tensor, verified as it is read) and a
 damaged one is moved to `model_dir/damaged/`, falling back to the one before.
+
+The `checkpoint` state file is only trusted once checked: a garbled one, or one
+naming paths outside model_dir (TensorFlow's CheckpointManager deletes old
+checkpoints by the paths it lists), is rebuilt from the checkpoint files present.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import time
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 from absl import logging
+from google.protobuf import message as protobuf_message
+from google.protobuf import text_format
 
-from tpurun.errors import RunError, UsageError
-from tpurun.files import write_atomically
-from tpurun.model import Model
+from tpurun import storage, tf_internals, train_config
+from tpurun.errors import RunError
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
 
-# What reading a checkpoint that does not fit (or is damaged) raises.
-DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)
 # What a read raises when the storage, not the file, failed (GCS unavailable, no
 # permission): never a reason to call a checkpoint damaged. A damaged file raises
 # DataLoss, NotFound, OutOfRange, a bare OpError ("too short to be an sstable"),
@@ -39,13 +43,15 @@ NOT_DAMAGE = (
     tf.errors.CancelledError,
     tf.errors.AbortedError,
 )
-TRAIN_CONFIG = "train_config.json"
+STATE_FILE = "checkpoint"
+_SCRATCH = re.compile(r"(chief|worker)-\d+")  # a worker's scratch directory, by task
 
 
 def manager(
     run: RunConfig, checkpoint: tf.train.Checkpoint, directory: str | None = None
 ) -> tf.train.CheckpointManager:
-    """Writes ckpt-<step> to `directory` (default: model_dir)."""
+    """Writes ckpt-<step> to `directory` (default: model_dir); call after `restore_newest_intact`,
+    which leaves a state file TensorFlow's manager can trust."""
     return tf.train.CheckpointManager(
         checkpoint, directory or run.model_dir, max_to_keep=run.config.train.keep_checkpoint_max
     )
@@ -57,15 +63,66 @@ def scratch_dir(run: RunConfig, task: str) -> str:
     Every worker of a MultiWorkerMirroredStrategy must take part in a save, but
     only the chief's copy is kept.
     """
-    return tf.io.gfile.join(run.model_dir, ".scratch", task)
+    scratch = storage.make_dir(run.model_dir, storage.join(run.model_dir, ".scratch"))
+    return storage.join(scratch, task)
+
+
+def remove_scratch(model_dir: str, scratch: str) -> None:
+    storage.remove(model_dir, scratch, _SCRATCH)
 
 
 def path_of(model_dir: str, step: int) -> str:
-    return tf.io.gfile.join(model_dir, f"ckpt-{step}")
+    return storage.join(model_dir, f"ckpt-{step}")
+
+
+def step_of(path: str) -> int:
+    match = re.search(r"ckpt-(\d+)$", path)
+    if not match:
+        raise RunError(f"checkpoint {path} is not named ckpt-<step>; was it written by tpurun?")
+    return int(match.group(1))
+
+
+def state(model_dir: str) -> list[str] | None:
+    """The checkpoints the `checkpoint` state file lists, oldest first, newest last.
+
+    None when there is no state file; DamagedRecord when it is not one tpurun's
+    saves write (not text, not the format, a path outside model_dir or not named
+    ckpt-<step>).
+    """
+    path = storage.join(model_dir, STATE_FILE)
+    text = storage.read_text(path)
+    if text is None:
+        return None
+    proto = tf_internals.checkpoint_state_proto()
+    try:
+        text_format.Parse(text, proto)
+    except (text_format.ParseError, protobuf_message.DecodeError) as e:
+        raise storage.DamagedRecord(path, f"not a checkpoint state: {one_line(e, 100)}") from None
+    listed = [*proto.all_model_checkpoint_paths]
+    if proto.model_checkpoint_path and proto.model_checkpoint_path not in listed:
+        listed.append(proto.model_checkpoint_path)
+    paths = []
+    for name in listed:
+        full = name if "/" in name else storage.join(model_dir, name)
+        if not (
+            storage.inside(model_dir, full) and re.fullmatch(r"ckpt-\d+", storage.basename(full))
+        ):
+            raise storage.DamagedRecord(path, f"it names {name}, not a ckpt-<step> of {model_dir}")
+        paths.append(full)
+    return sorted(set(paths), key=step_of)
 
 
 def latest(model_dir: str) -> str | None:
-    return tf.train.latest_checkpoint(model_dir)
+    """The newest checkpoint: as the state file says, else (none, or damaged) by the files."""
+    try:
+        listed = state(model_dir)
+    except storage.DamagedRecord as e:
+        logging.warning("%s; going by the checkpoint files instead.", e)
+        listed = None
+    if listed:
+        return listed[-1]
+    found = candidates(model_dir)
+    return found[0] if found else None
 
 
 def require_latest(run: RunConfig) -> str:
@@ -80,13 +137,6 @@ def require_latest(run: RunConfig) -> str:
     return path
 
 
-def step_of(path: str) -> int:
-    match = re.search(r"ckpt-(\d+)$", path)
-    if not match:
-        raise RunError(f"checkpoint {path} is not named ckpt-<step>; was it written by tpurun?")
-    return int(match.group(1))
-
-
 def candidates(model_dir: str) -> list[str]:
     """Every checkpoint in model_dir with an index file, newest step first.
 
@@ -94,11 +144,15 @@ def candidates(model_dir: str) -> list[str]:
     merge but before the state file was rewritten left a complete newer one, and
     the state file itself may be what is damaged.
     """
-    paths = {
-        index[: -len(".index")]
-        for index in tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*.index"))
-        if re.search(r"ckpt-\d+\.index$", index)
-    }
+    try:
+        names = tf.io.gfile.listdir(model_dir)
+    except tf.errors.NotFoundError:
+        return []
+    paths = [
+        storage.join(model_dir, name[: -len(".index")])
+        for name in names
+        if storage.CHECKPOINT_INDEX.fullmatch(name)
+    ]
     return sorted(paths, key=step_of, reverse=True)
 
 
@@ -107,40 +161,58 @@ def remove_partial_saves(model_dir: str) -> None:
 
     A save killed before its merge leaves a `ckpt-<step>_temp` directory; one
     killed while deleting an old checkpoint leaves its .data without its .index.
-    Neither can ever be restored.
+    Neither can ever be restored. Only names a save makes, matched in full: a
+    user's `ckpt-notes_template/` is not one.
     """
-    leftovers = tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*_temp*"))
-    for data in tf.io.gfile.glob(tf.io.gfile.join(model_dir, "ckpt-*.data-*")):
-        if not tf.io.gfile.exists(data.rsplit(".data-", 1)[0] + ".index"):
-            leftovers.append(data)
-    for leftover in leftovers:
-        logging.info("Removing %s, left by an interrupted save.", leftover)
-        if tf.io.gfile.isdir(leftover):
-            tf.io.gfile.rmtree(leftover)
+    names = {name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)}
+    for name in sorted(names):
+        path = storage.join(model_dir, name)
+        if storage.CHECKPOINT_TEMP.fullmatch(name):
+            pattern = storage.CHECKPOINT_TEMP
+        elif storage.CHECKPOINT_DATA.fullmatch(name) and (
+            name.split(".data-")[0] + ".index" not in names
+        ):
+            pattern = storage.CHECKPOINT_DATA
         else:
-            tf.io.gfile.remove(leftover)
+            continue
+        logging.info("Removing %s, left by an interrupted save.", path)
+        storage.remove(model_dir, path, pattern)
+
+
+def files_of(path: str) -> list[str]:
+    """The files of checkpoint `path`: its .index and .data-NNNNN-of-NNNNN, by exact name."""
+    directory, name = path.rsplit("/", 1)
+    return [
+        storage.join(directory, file)
+        for file in tf.io.gfile.listdir(directory)
+        if file.startswith(name + ".")
+        and (storage.CHECKPOINT_INDEX.fullmatch(file) or storage.CHECKPOINT_DATA.fullmatch(file))
+    ]
 
 
 def restore_newest_intact(
-    checkpoint: tf.train.Checkpoint, run: RunConfig, is_chief: bool
+    make_checkpoint: Callable[[], tf.train.Checkpoint], run: RunConfig, is_chief: bool
 ) -> str | None:
     """Restores the newest checkpoint that reads back whole; returns its path (None: none).
 
     A damaged checkpoint (the tensors do not read back, or do not match the
     model) is moved to model_dir/damaged/ by the chief, and the one before it is
     tried, so a run always resumes from the last complete checkpoint.
+    `make_checkpoint()` gives a fresh checkpoint object over the run's model and
+    optimizer for each attempt: a failed read leaves restorations queued on its
+    object (the save counter's, read at the next save), which must not outlive it.
     """
     model_dir = run.model_dir
     if is_chief:
         remove_partial_saves(model_dir)
     found = candidates(model_dir)
     if found:
-        check_resume_config(run)
+        train_config.check_resume(run)
     damaged: list[str] = []
     reasons: list[str] = []
     for path in found:
         try:
-            _read_whole(checkpoint, path)
+            _read_whole(make_checkpoint(), path)
         except NOT_DAMAGE as e:
             # The storage failed, not the file: moving a good checkpoint aside and
             # resuming from an older one would silently throw away steps.
@@ -159,8 +231,7 @@ def restore_newest_intact(
         if is_chief:
             for bad in damaged:
                 _move_aside(bad, model_dir)
-            if damaged or latest(model_dir) != path:
-                _rewrite_state(model_dir, path)
+            _keep_state_true(model_dir, path)
         return path
     if found:
         raise RunError(
@@ -169,6 +240,8 @@ def restore_newest_intact(
             "use the config they were trained with, move them away to train from scratch, "
             "or restore the model_dir from a backup"
         )
+    if is_chief:
+        _keep_state_true(model_dir, None)
     return None
 
 
@@ -187,160 +260,41 @@ def _read_whole(checkpoint: tf.train.Checkpoint, path: str) -> None:
 
 
 def _move_aside(path: str, model_dir: str) -> None:
-    damaged_dir = tf.io.gfile.join(model_dir, "damaged")
-    tf.io.gfile.makedirs(damaged_dir)
-    for file in tf.io.gfile.glob(path + ".*"):
-        target = tf.io.gfile.join(damaged_dir, file.rsplit("/", 1)[-1])
-        tf.io.gfile.rename(file, target, overwrite=True)
-    logging.warning("Moved the damaged checkpoint %s to %s.", path, damaged_dir)
+    moved_to = storage.move_into(model_dir, files_of(path), storage.DAMAGED_DIR)
+    logging.warning("Moved the damaged checkpoint %s to %s.", path, moved_to)
 
 
-def _rewrite_state(model_dir: str, newest: str) -> None:
-    """Points the `checkpoint` state file at `newest`, listing the intact older ones."""
-    kept = [p for p in reversed(candidates(model_dir)) if step_of(p) <= step_of(newest)]
-    tf.compat.v1.train.update_checkpoint_state(model_dir, newest, all_model_checkpoint_paths=kept)
+def _keep_state_true(model_dir: str, newest: str | None) -> None:
+    """Makes the `checkpoint` state file list the intact checkpoints up to `newest`.
 
-
-# Config keys a resumed run may change: how long, how often and from where, not the
-# model, its optimizer, the seed or the batch size.
-RESUMABLE_CHANGES = (
-    "train.steps",
-    "train.iterations",
-    "train.save_checkpoints_steps",
-    "train.save_checkpoints_secs",
-    "train.keep_checkpoint_max",
-    "train.eval_every",
-    "train.warm_start_from",
-    "train.warm_start_vars",
-    "optimizer.learning_rate",
-    "eval.",
-    "predict.",
-)
-# ...and where the data live (moved files, a new bucket): data.* keys named so.
-DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
-
-
-def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _trained_config(config: dict) -> dict[str, object]:
-    """The keys that decide what a checkpoint holds: the model, its data order, the batch."""
-    return {
-        key: value
-        for key, value in _flatten(json.loads(json.dumps(config, default=str))).items()
-        if not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
-        and not (key.startswith("data.") and key.endswith(DATA_LOCATION_SUFFIXES))
-    }
-
-
-def write_train_config(run: RunConfig) -> None:
-    """Records the config the checkpoints in model_dir are trained with (atomically)."""
-    write_atomically(
-        tf.io.gfile.join(run.model_dir, TRAIN_CONFIG),
-        json.dumps(run.config.to_dict(), indent=2, sort_keys=True, default=str) + "\n",
-    )
-
-
-def check_resume_config(run: RunConfig) -> None:
-    """Refuses to resume when this config changes what the checkpoints were trained as."""
-    path = tf.io.gfile.join(run.model_dir, TRAIN_CONFIG)
-    if not tf.io.gfile.exists(path):
-        return  # written by a tpurun that kept no record: nothing to compare with
-    with tf.io.gfile.GFile(path) as f:
-        before = _trained_config(json.load(f))
-    now = _trained_config(run.config.to_dict())
-    differences = [
-        f"{key}: {before.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
-        for key in sorted(set(before) | set(now))
-        if before.get(key, "(absent)") != now.get(key, "(absent)")
-    ]
-    if not differences:
-        return
-    listed = "; ".join(differences)
-    if run.force_resume:
-        logging.warning("Resuming with a changed config (--force_resume): %s.", listed)
-        return
-    raise UsageError(
-        f"the checkpoints in {run.model_dir} were trained with a different config: {listed}. "
-        "Use a new --model_dir (or --warm_start_from to start from these weights), or pass "
-        "--force_resume to continue anyway"
-    )
-
-
-def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
-    """Copies the variables matching train.warm_start_vars from another run's checkpoint.
-
-    The checkpoint is read into a second copy of this config's model, so a
-    variable is found by its place in the model, as a restore would; only the
-    model's weights are taken (no optimizer state, no step).
+    Rewritten when it names another newest (a run killed before it was rewritten,
+    a damaged checkpoint moved aside), is damaged, or names paths tpurun would
+    not write; left alone (no write) when it is already right.
     """
-    source = run.config.train.warm_start_from
-    path = source
-    if tf.io.gfile.isdir(source):
-        path = latest(source)
-        if path is None:
-            raise UsageError(f"--warm_start_from={source} holds no checkpoint; pass a ckpt-N path")
-    elif not tf.io.gfile.exists(path + ".index"):
-        raise UsageError(
-            f"--warm_start_from={source} is neither a model_dir nor a checkpoint (no {path}.index)"
-        )
-    pattern_text = run.config.train.warm_start_vars
     try:
-        pattern = re.compile(pattern_text)
-    except re.error as e:
-        raise UsageError(
-            f"config.train.warm_start_vars={pattern_text!r} is not a regex: {e}"
-        ) from None
-    source_model = model.build()
-    for variable in source_model.variables:
-        # NaN until restored: a selected variable the checkpoint has no value for
-        # must fail, not be copied over as the source model's random init.
-        if tf.as_dtype(variable.dtype).is_floating:
-            variable.assign(tf.fill(tf.shape(variable), float("nan")))
-    try:
-        tf.train.Checkpoint(model=source_model).read(path).expect_partial()
-    except DAMAGE_ERRORS as e:
-        reason = one_line(e, 300)
-        raise RunError(
-            f"cannot warm-start from {path}: it does not fit the model of this config ({reason})"
-        ) from None
-    taken = []
-    missing = []
-    for target, value in zip(keras_model.variables, source_model.variables, strict=True):
-        if pattern.search(target.path) and tf.as_dtype(value.dtype).is_floating:
-            if not bool(tf.reduce_all(tf.math.is_finite(value))):
-                missing.append(target.path)
-                continue
-            if tuple(target.shape) != tuple(value.shape):
-                raise RunError(
-                    f"cannot warm-start {target.path}: shape {tuple(target.shape)} here, "
-                    f"{tuple(value.shape)} in {path}; exclude it with config.train.warm_start_vars"
-                )
-            target.assign(value)
-            taken.append(target.path)
-    if missing:
-        raise UsageError(
-            f"--warm_start_from={source}: {path} has no value for {', '.join(missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''} (is it a tpurun checkpoint of this model?); "
-            "leave them out with config.train.warm_start_vars"
-        )
-    if not taken:
-        raise UsageError(
-            f"config.train.warm_start_vars={pattern_text!r} matches none of the model's "
-            f"variables ({', '.join(v.path for v in keras_model.variables[:6])}, ...)"
-        )
-    logging.info(
-        "Warm-started %d of %d variables from %s; training starts at step 0.",
-        len(taken),
-        len(keras_model.variables),
-        path,
+        listed = state(model_dir)
+    except storage.DamagedRecord as e:
+        logging.warning("%s; rebuilding it from the checkpoint files.", e)
+        listed = []
+    if newest is None:
+        if listed:  # names checkpoints that are gone: TensorFlow's manager would trust it
+            storage.remove(model_dir, storage.join(model_dir, STATE_FILE), re.compile(STATE_FILE))
+        return
+    present = [p for p in reversed(candidates(model_dir)) if step_of(p) <= step_of(newest)]
+    if listed == present:
+        return
+    proto = tf_internals.checkpoint_state_proto()
+    proto.model_checkpoint_path = storage.basename(newest)  # relative, as TensorFlow writes
+    proto.all_model_checkpoint_paths.extend(storage.basename(p) for p in present)
+    # With times after the last preserved one, TensorFlow's manager keeps managing them
+    # (keep_checkpoint_max deletes the oldest); without, it would never delete them.
+    now = time.time()
+    proto.all_model_checkpoint_timestamps.extend(
+        now - len(present) + i for i in range(len(present))
+    )
+    proto.last_preserved_timestamp = now - len(present) - 1
+    storage.write_atomically(
+        storage.join(model_dir, STATE_FILE), text_format.MessageToString(proto)
     )
 
 

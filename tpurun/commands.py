@@ -11,12 +11,21 @@ import datetime
 import json
 import re
 import sys
-import uuid
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import actions, best, check, checkpoints, cluster, sidecar, strategy
+from tpurun import (
+    actions,
+    best,
+    check,
+    checkpoints,
+    cluster,
+    sidecar,
+    storage,
+    strategy,
+    train_config,
+)
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.progress import ResumeCost
@@ -26,7 +35,6 @@ from tpurun.errors import RunError, UsageError
 from tpurun.eval_results import eval_metrics
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
-from tpurun.files import write_atomically
 from tpurun.model import Mode, Model
 from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig
@@ -46,6 +54,7 @@ def run(run: RunConfig) -> None:
         # A sidecar may start before the trainer: it waits for the first checkpoint
         # instead, writing nothing (not even model_dir) until there is one.
         sidecar.wait_for_checkpoint(run)
+        train_config.check_same_model(run)
     else:
         # Before anything is written: eval/predict/export of nothing is an error.
         require_checkpoint(run)
@@ -72,8 +81,10 @@ def run(run: RunConfig) -> None:
 
 
 def require_checkpoint(run: RunConfig) -> None:
-    """Fails unless there is a checkpoint to read: the latest, or for export --best the best."""
+    """Fails unless there is a checkpoint to read (the latest, or for export --best the best)
+    trained with a config of this model."""
     checkpoints.require_latest(run)
+    train_config.check_same_model(run)
     if run.command == "export" and run.export_best:
         best.require(run)
 
@@ -159,7 +170,7 @@ def _undo(created_dir: str | None, record: str | None) -> None:
     """Removes the model_dir this run created, else this run's record; never raises."""
     try:
         if created_dir:
-            tf.io.gfile.rmtree(created_dir)
+            storage.remove_tree(created_dir)
         elif record and tf.io.gfile.exists(record):
             tf.io.gfile.remove(record)
     except (tf.errors.OpError, OSError) as e:
@@ -226,7 +237,9 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
     rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
     if output:
-        write_atomically(output, "".join(json.dumps(model_lib.to_json(row)) + "\n" for row in rows))
+        storage.write_atomically(
+            output, "".join(json.dumps(model_lib.to_json(row)) + "\n" for row in rows)
+        )
         print(f"wrote {len(rows)} predictions to {output}")
         return
     for line in model.format_predictions(rows):
@@ -256,16 +269,16 @@ def prepare_model_dir(run: RunConfig) -> bool:
     """Creates model_dir, or fails with a message if it cannot be written.
 
     Returns whether it created the directory (then a failed run removes it again).
+    The chief also removes what tpurun processes that died left there.
     """
     try:
         created = not tf.io.gfile.isdir(run.model_dir)
-        tf.io.gfile.makedirs(run.model_dir)
+        storage.make_dir(run.model_dir, run.model_dir)
         # A name of its own: every worker of a cluster probes the same model_dir at
         # once, and one removing another's probe made that one fail.
-        probe = tf.io.gfile.join(run.model_dir, f".tpurun-write-probe-{uuid.uuid4().hex}")
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("ok")
-        tf.io.gfile.remove(probe)
+        storage.probe_writable(run.model_dir)
+        if not created and cluster.is_chief_process():
+            storage.remove_leftovers(run.model_dir)
     except (tf.errors.OpError, OSError) as e:
         raise RunError(
             f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
@@ -277,9 +290,8 @@ def prepare_model_dir(run: RunConfig) -> bool:
 def write_record(run: RunConfig) -> str:
     """The run record: run config and versions, one JSON file per run under model_dir/runs."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    runs = tf.io.gfile.join(run.model_dir, "runs")
-    tf.io.gfile.makedirs(runs)
-    path = tf.io.gfile.join(runs, f"{stamp}-{run.command}.json")
-    write_atomically(path, run.record(tf.__version__) + "\n")
+    runs = storage.make_dir(run.model_dir, storage.join(run.model_dir, "runs"))
+    path = storage.join(runs, f"{stamp}-{run.command}.json")
+    storage.write_atomically(path, run.record(tf.__version__) + "\n")
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
     return path

@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterator, Sequence
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints
+from tpurun import checkpoints, train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.actions.save import SaveCheckpoint
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import RunConfig, aligned_to_loop
 from tpurun.train import Trainer
+from tpurun.warm_start import warm_start
 
 
 @contextlib.contextmanager
@@ -108,7 +109,7 @@ class Controller:
             logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
             return
         if self.cluster.is_chief:
-            checkpoints.write_train_config(run)
+            train_config.write(run)
         save = SaveCheckpoint(run, trainer.checkpoint, self.cluster)
         trainer.start_input()
         logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
@@ -123,10 +124,12 @@ class Controller:
     def _restore(self) -> None:
         """Continues from model_dir's newest intact checkpoint, or warm-starts, or starts fresh."""
         run, trainer = self.run, self.trainer
-        path = checkpoints.restore_newest_intact(trainer.checkpoint, run, self.cluster.is_chief)
+        path = checkpoints.restore_newest_intact(
+            trainer.fresh_checkpoint, run, self.cluster.is_chief
+        )
         if path is None:
             if run.config.train.warm_start_from:
-                checkpoints.warm_start(trainer.model, trainer.keras_model, run)
+                warm_start(trainer.model, trainer.keras_model, run)
         else:
             logging.info("Resuming from %s (step %d).", path, trainer.step)
             trainer.keep_configured_learning_rate()

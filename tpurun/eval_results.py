@@ -11,8 +11,8 @@ import json
 import keras
 import tensorflow as tf
 
+from tpurun import storage
 from tpurun.errors import RunError
-from tpurun.files import write_atomically
 from tpurun.model import Model
 
 # Eval results that are counts, not a measure of the model.
@@ -46,7 +46,7 @@ def results_path(model_dir: str, step: int) -> str:
 
 def write_results(model_dir: str, results: dict[str, float]) -> str:
     """Writes eval/results-<step>.json under model_dir, atomically; returns its path."""
-    tf.io.gfile.makedirs(tf.io.gfile.join(model_dir, "eval"))
+    storage.make_dir(model_dir, storage.join(model_dir, "eval"))
     path = results_path(model_dir, int(results["global_step"]))
-    write_atomically(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
+    storage.write_atomically(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return path

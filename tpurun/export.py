@@ -1,23 +1,22 @@
 """Export for serving: a SavedModel whose `serving_default` returns the model's predictions.
 
-Written to a hidden temporary directory beside the target and renamed into place,
-so a failed or killed export never leaves a half-written SavedModel behind.
+Written to a temporary directory of this process beside the target and renamed
+into place, so a failed or killed export never leaves a half-written SavedModel.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints
-from tpurun.errors import UsageError
-from tpurun.files import rename_dir
+from tpurun import checkpoints, storage
+from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, build_keras_model
 from tpurun.run_config import RunConfig
+from tpurun.tf_errors import one_line
 
 
 def serving_input_spec(model: Model):
@@ -38,21 +37,34 @@ def serving_input_spec(model: Model):
 
 
 def target_dir(run: RunConfig) -> str:
+    """--export_dir (new, or an empty directory), else model_dir/export/<timestamp>."""
     if run.export_dir:
-        if tf.io.gfile.exists(run.export_dir) and tf.io.gfile.listdir(run.export_dir):
+        if storage.is_link(run.export_dir):
+            raise UsageError(
+                f"--export_dir={run.export_dir} is a symbolic link; give the directory it "
+                "points to, or a new path"
+            )
+        if tf.io.gfile.exists(run.export_dir) and (
+            not tf.io.gfile.isdir(run.export_dir) or tf.io.gfile.listdir(run.export_dir)
+        ):
             raise UsageError(
                 f"--export_dir={run.export_dir} exists and is not empty; pick a new one"
             )
         return run.export_dir
-    base = tf.io.gfile.join(run.model_dir, "export")
+    base = storage.make_dir(run.model_dir, storage.join(run.model_dir, "export"))
     stamp = int(time.time())
-    while tf.io.gfile.exists(tf.io.gfile.join(base, str(stamp))):
+    while tf.io.gfile.exists(storage.join(base, str(stamp))):
         stamp += 1
-    return tf.io.gfile.join(base, str(stamp))
+    return storage.join(base, str(stamp))
 
 
 def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
-    """Exports the checkpoint; returns the SavedModel directory."""
+    """Exports the checkpoint; returns the SavedModel directory.
+
+    Written to a temporary directory of this process beside the target and
+    renamed into place: a failed or killed export leaves no half-written
+    SavedModel (a killed one's temporary is removed by the next run).
+    """
     keras_model = build_keras_model(model)  # default strategy: serving has no replicas
     checkpoints.restore_model(keras_model, checkpoint_path)
     # keras.export.ExportArchive, not tf.saved_model.save: only it saves Keras 3
@@ -67,19 +79,21 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
         input_signature=[serving_input_spec(model)],
     )
     final = target_dir(run)
-    # Not os.path: the path may be gs://... or any other TensorFlow file system.
-    parent, _, name = final.rstrip("/").rpartition("/")
-    parent = parent or "."
-    tmp = tf.io.gfile.join(parent, f".{name}.tmp-{os.getpid()}")
-    tf.io.gfile.makedirs(parent)
+    tmp = storage.temporary_path(final)
     try:
+        tf.io.gfile.makedirs(final.rstrip("/").rpartition("/")[0] or ".")
         archive.write_out(tmp, verbose=False)
         if tf.io.gfile.exists(final):  # an empty --export_dir
-            tf.io.gfile.remove(final) if not tf.io.gfile.isdir(final) else tf.io.gfile.rmtree(final)
-        rename_dir(tmp, final)
-    except BaseException:
+            storage.remove_tree(final)
+        storage.rename_dir(tmp, final)
+    except BaseException as e:
         if tf.io.gfile.exists(tmp):
-            tf.io.gfile.rmtree(tmp)
+            storage.remove_tree(tmp)
+        if isinstance(e, tf.errors.OpError):
+            raise RunError(
+                f"cannot write the export to {final} ({type(e).__name__}: {one_line(e, 200)}); "
+                "nothing was left behind: check that you can write there and rerun"
+            ) from None
         raise
     logging.info("Exported step %d to %s.", checkpoints.step_of(checkpoint_path), final)
     return final

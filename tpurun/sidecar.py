@@ -5,14 +5,13 @@ It drives the same eval actions as `train --eval_every` (`tpurun.actions.evaluat
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints
+from tpurun import checkpoints, storage
 from tpurun.errors import RunError
 from tpurun.eval_results import results_path
 from tpurun.run_config import RunConfig
@@ -31,11 +30,11 @@ def saved_checkpoints(model_dir: str) -> list[str]:
     """
     if not tf.io.gfile.isdir(model_dir):
         return []
-    state = tf.train.get_checkpoint_state(model_dir)
-    if state is None:
-        return []
-    paths = {*state.all_model_checkpoint_paths, state.model_checkpoint_path}
-    return sorted((p for p in paths if re.search(r"ckpt-\d+$", p)), key=checkpoints.step_of)
+    try:
+        return checkpoints.state(model_dir) or []
+    except storage.DamagedRecord as e:
+        logging.warning("%s; going by the checkpoint files instead.", e)
+        return sorted(checkpoints.candidates(model_dir), key=checkpoints.step_of)
 
 
 def still_saved(path: str) -> bool:

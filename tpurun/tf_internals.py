@@ -2,10 +2,11 @@
 
 Some things tpurun needs have no public TensorFlow API: the values a
 `tf.distribute.CrossDeviceOps` takes and returns (for the packed all-reduce of
-`tpurun.packed_reduction`), and a registration deadline for the workers of a
-MultiWorkerMirroredStrategy. Each adapter falls back to TensorFlow's stock
+`tpurun.packed_reduction`), a registration deadline for the workers of a
+MultiWorkerMirroredStrategy, and the proto of the `checkpoint` state file (public
+only through a deprecated helper). Each adapter falls back to TensorFlow's stock
 behaviour when the private API moves (a slower all-reduce; workers that wait as
-long as TensorFlow waits), and `missing()` names the ones that fell back:
+long as TensorFlow waits; a deprecation notice), and `missing()` names the ones that fell back:
 tests/test_tf_internals.py asserts it is empty, so a TensorFlow upgrade that
 moves them fails CI instead of silently degrading a run.
 
@@ -24,6 +25,11 @@ try:  # PerReplica / Mirrored values and regroup: tf.distribute has no public co
 except ImportError:  # pragma: no cover - only when TensorFlow moved them
     _distribute_utils = _values = None  # type: ignore[assignment]
 
+try:  # The `checkpoint` state file's proto (public only through a deprecated helper).
+    from tensorflow.python.training import checkpoint_state_pb2 as _checkpoint_state
+except ImportError:  # pragma: no cover
+    _checkpoint_state = None  # type: ignore[assignment]
+
 try:  # The coordination service's configuration, set before MultiWorkerMirroredStrategy.
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination
     from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
@@ -39,7 +45,22 @@ def missing() -> list[str]:
         absent.append("PerReplica/Mirrored values and regroup (the packed all-reduce)")
     if not coordination_service_available():
         absent.append("the coordination service's configuration (the bounded multi-worker start)")
+    if not hasattr(_checkpoint_state, "CheckpointState"):
+        absent.append("the CheckpointState proto (the state file's format)")
     return absent
+
+
+def checkpoint_state_proto() -> Any:
+    """An empty CheckpointState: the format of a model_dir's `checkpoint` state file.
+
+    Fallback: the same class from TensorFlow's deprecated public helper (which then
+    prints its deprecation notice once).
+    """
+    if hasattr(_checkpoint_state, "CheckpointState"):
+        return _checkpoint_state.CheckpointState()
+    proto = tf.compat.v1.train.generate_checkpoint_state_proto("/", "/ckpt-0")
+    proto.Clear()
+    return proto
 
 
 # --- Distributed values, for the packed all-reduce ----------------------------------

@@ -33,8 +33,15 @@ class Trainer:
             # Slot variables must exist before the first replicated step: created
             # lazily inside it, they break with 2+ replicas.
             self.optimizer.build(self.keras_model.trainable_variables)
-        # What a checkpoint holds.
-        self.checkpoint = tf.train.Checkpoint(
+        # What a checkpoint holds; saves write this one.
+        self.checkpoint = self.fresh_checkpoint()
+        self._configured_learning_rate = self._constant_learning_rate()
+        self._loop = tf.function(self._host_loop)
+        self._iterator: Any = None  # the training input, from start_input()
+
+    def fresh_checkpoint(self) -> tf.train.Checkpoint:
+        """A new checkpoint object over the model and optimizer (a restore attempt takes one)."""
+        return tf.train.Checkpoint(
             model=self.keras_model,
             optimizer=self.optimizer,
             # Every model variable by name too: Keras's random-number states (Dropout's
@@ -42,9 +49,6 @@ class Trainer:
             # that restarted them would draw the first steps' dropout masks again.
             model_variables=list(self.keras_model.variables),
         )
-        self._configured_learning_rate = self._constant_learning_rate()
-        self._loop = tf.function(self._host_loop)
-        self._iterator: Any = None  # the training input, from start_input()
 
     @property
     def step(self) -> int:

@@ -29,5 +29,5 @@ class SaveCheckpoint:
         if self._scratch is None:
             logging.info("Saved checkpoint %s.", path)
             return path
-        tf.io.gfile.rmtree(self._scratch)
+        checkpoints.remove_scratch(self._model_dir, self._scratch)
         return checkpoints.path_of(self._model_dir, step)  # the chief's copy

@@ -1,0 +1,136 @@
+"""model_dir/train_config.json: the config the checkpoints of a model_dir were trained with.
+
+Written by every `tpurun train` before its first save; read before a checkpoint
+is restored, so that a run resumed, evaluated or exported with another config
+fails at once with both config names and what differs, instead of deep inside
+a restore.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from absl import logging
+
+from tpurun import storage
+from tpurun.errors import RunError, UsageError
+from tpurun.run_config import RunConfig
+
+FILE = "train_config.json"
+
+# Config keys a resumed run may change: how long, how often and from where, not the
+# model, its optimizer, the seed or the batch size.
+RESUMABLE_CHANGES = (
+    "train.steps",
+    "train.iterations",
+    "train.save_checkpoints_steps",
+    "train.save_checkpoints_secs",
+    "train.keep_checkpoint_max",
+    "train.eval_every",
+    "train.warm_start_from",
+    "train.warm_start_vars",
+    "optimizer.learning_rate",
+    "eval.",
+    "predict.",
+)
+# ...and where the data live (moved files, a new bucket): data.* keys named so.
+DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _trained_config(config: dict) -> dict[str, object]:
+    """The keys that decide what a checkpoint holds: the model, its data order, the batch."""
+    return {
+        key: value
+        for key, value in _flatten(json.loads(json.dumps(config, default=str))).items()
+        if not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
+        and not (key.startswith("data.") and key.endswith(DATA_LOCATION_SUFFIXES))
+    }
+
+
+def write(run: RunConfig) -> None:
+    """Records the config the checkpoints in model_dir are trained with (atomically)."""
+    record = {"config_name": run.config_name, "config": run.config.to_dict()}
+    storage.write_atomically(
+        storage.join(run.model_dir, FILE),
+        json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
+    )
+
+
+def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
+    """(config name, config) of model_dir's record; None if it has none.
+
+    A damaged record ends the run with one line, unless --force_resume says to
+    go on without the check (the next train rewrites it).
+    """
+    path = storage.join(run.model_dir, FILE)
+    try:
+        record = storage.read_json(path)
+        if record is None:
+            return None
+        if not isinstance(record, dict):
+            raise storage.DamagedRecord(path, "not a JSON object")
+    except storage.DamagedRecord as e:
+        if run.force_resume:
+            logging.warning("%s; --force_resume: going on without comparing configs.", e)
+            return None
+        raise RunError(
+            f"{e}: it records the config the checkpoints were trained with; restore it from "
+            "a backup, or pass --force_resume to go on without the check (train rewrites it)"
+        ) from None
+    if isinstance(record.get("config"), dict) and "config_name" in record:
+        return record["config_name"], record["config"]
+    return None, record  # written by tpurun 0.2: the config alone
+
+
+def check_same_model(run: RunConfig) -> None:
+    """Fails, before any restore, when model_dir was trained with a config of another model."""
+    recorded = read(run)
+    if recorded is None:
+        return
+    name, config = recorded
+    model = config.get("model")
+    if model is None or model == run.config.model:
+        return
+    trained = f"--config={name} (model {model})" if name else f"model {model}"
+    raise UsageError(
+        f"{run.model_dir} was trained with {trained}, but this is --config={run.config_name} "
+        f"(model {run.config.model}): pass --config={name or model}, or the --model_dir of a "
+        f"{run.config.model} run"
+    )
+
+
+def check_resume(run: RunConfig) -> None:
+    """Refuses to resume when this config changes what the checkpoints were trained as."""
+    recorded = read(run)
+    if recorded is None:
+        return  # written by a tpurun that kept no record: nothing to compare with
+    check_same_model(run)
+    before = _trained_config(recorded[1])
+    now = _trained_config(run.config.to_dict())
+    differences = [
+        f"{key}: {before.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
+        for key in sorted(set(before) | set(now))
+        if before.get(key, "(absent)") != now.get(key, "(absent)")
+    ]
+    if not differences:
+        return
+    listed = "; ".join(differences)
+    if run.force_resume:
+        logging.warning("Resuming with a changed config (--force_resume): %s.", listed)
+        return
+    raise UsageError(
+        f"the checkpoints in {run.model_dir} were trained with a different config: {listed}. "
+        "Use a new --model_dir (or --warm_start_from to start from these weights), or pass "
+        "--force_resume to continue anyway"
+    )
