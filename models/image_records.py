@@ -63,9 +63,7 @@ def list_files(patterns: str, what: str) -> list[str]:
         try:
             files.update(tf.io.gfile.glob(pattern))
         except tf.errors.OpError as e:
-            raise RunError(
-                f"{what}: cannot list {pattern}: {one_line(e)}"
-            ) from None
+            raise RunError(f"{what}: cannot list {pattern}: {one_line(e)}") from None
     if not files:
         raise RunError(
             f"{what}: no file matches {patterns!r}; make TFRecords with "
@@ -450,7 +448,7 @@ class ImageClassifier(Classifier):
             out = to_json(row)
             if self.class_names:
                 out["class_name"] = self.class_names[out["class_ids"]]
-            lines.append(json.dumps(out))
+            lines.append(json.dumps(out, allow_nan=False))
         return lines
 
 

@@ -41,14 +41,16 @@ def shipped_csv(filename: str) -> str:
 def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.DataFrame:
     """Reads an Iris CSV: float32 features (and int32 labels), or RunError naming the bad row.
 
-    The first line is a header: either the column names, or the tutorial's
-    `120,4,setosa,versicolor,virginica`; columns are then taken by position.
+    One output per data row: the first line is a header only when it is one,
+    the column names or the tutorial's `120,4,setosa,versicolor,virginica`
+    (then columns are taken by position), and data when it is a row of numbers;
+    a first line that is neither is refused rather than guessed.
     """
     columns = FEATURES + ((LABEL,) if with_labels else ())
     try:
         # Through TensorFlow's file systems, like every other path of a run (gs://, ...).
         with tf.io.gfile.GFile(path, "rb") as f:
-            frame = pd.read_csv(f, header=0, dtype=str, keep_default_na=False)
+            frame = pd.read_csv(f, header=None, dtype=str, keep_default_na=False)
     except tf.errors.NotFoundError:
         raise RunError(f"data file {path} does not exist; check the path") from None
     except pd.errors.EmptyDataError:
@@ -61,9 +63,21 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
         ) from None
     except (OSError, ValueError, tf.errors.OpError) as e:
         raise RunError(f"cannot read data file {path}: {one_line(e)}") from None
-    if set(columns) <= set(frame.columns):
-        frame = frame[list(columns)]
+    first = [cell.strip() for cell in frame.iloc[0]]
+    header = _header(first, columns)
+    if header is None:
+        raise RunError(
+            f"data file {path}, line 1: {','.join(first)!r} is neither a header (the column "
+            f"names {','.join(columns)}, or the tutorial's count line like "
+            f"120,4,setosa,versicolor,virginica) nor a row of {len(columns)} numbers; fix "
+            "that line"
+        )
+    first_row = 2 if header else 1  # the file's line number of the frame's first row
+    if header == "names":
+        frame.columns = first
+        frame = frame.iloc[1:][list(columns)]
     elif len(frame.columns) >= len(columns):
+        frame = frame.iloc[1:] if header else frame
         frame = frame.iloc[:, : len(columns)]
         frame.columns = list(columns)
     else:
@@ -72,16 +86,20 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
         )
     if frame.empty:
         raise RunError(f"data file {path} has a header but no rows")
+    frame = frame.reset_index(drop=True)
     out = pd.DataFrame(index=frame.index)
     for column in columns:
         values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
-        bad = values.isna()
-        if bad.any():
-            row = int(np.argmax(bad.to_numpy()))
-            raise RunError(
-                f"data file {path}, line {row + 2}: column {column} is "
-                f"{frame[column].iloc[row]!r}, not a number (missing or malformed value)"
-            )
+        for bad, what in (
+            (values.isna(), "not a number (missing or malformed value)"),
+            (np.isinf(values), "not a finite number; give every value as a finite number"),
+        ):
+            if bad.any():
+                row = int(np.argmax(bad.to_numpy()))
+                raise RunError(
+                    f"data file {path}, line {row + first_row}: column {column} is "
+                    f"{frame[column].iloc[row]!r}, {what}"
+                )
         out[column] = values
     if with_labels:
         labels = out[LABEL]
@@ -90,13 +108,35 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
             row = int(np.argmax(bad.to_numpy()))
             raise RunError(
                 # :g, not !r: numpy 2 reprs a label as "np.int64(7)".
-                f"data file {path}, line {row + 2}: label {float(labels.iloc[row]):g} is not a "
-                f"class id in 0..{n_classes - 1}; fix that row"
+                f"data file {path}, line {row + first_row}: label {float(labels.iloc[row]):g} "
+                f"is not a class id in 0..{n_classes - 1}; fix that row"
             )
         out[LABEL] = labels.astype(np.int32)
     for column in FEATURES:
         out[column] = out[column].astype(np.float32)
     return out
+
+
+def _header(first: list[str], columns: tuple[str, ...]) -> str | None:
+    """What the first line of an Iris CSV is: "names", "count" (the tutorial's
+    `120,4,setosa,...`), "" (data: a row of numbers), or None (none of these)."""
+    if set(columns) <= set(first):
+        return "names"
+    numbers = [_is_number(cell) for cell in first]
+    if len(first) >= len(columns) and all(numbers[: len(columns)]):
+        return ""
+    counts = len(first) >= 3 and all(cell.isdigit() for cell in first[:2])
+    if counts and not any(numbers[2:]) and all(first[2:]):
+        return "count"
+    return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @register("iris")

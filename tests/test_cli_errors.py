@@ -358,10 +358,16 @@ def test_unknown_optimizer_is_a_usage_error(tpurun_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_unexpected_failure_is_one_line_without_verbosity(tpurun_cli, tmp_path):
+def test_a_bug_in_the_users_model_is_one_line_naming_it_without_verbosity(tpurun_cli, tmp_path):
+    """The user's own error: their message and their file:line, not "unexpected" (issue 15)."""
     args = broken_model_args(tmp_path)
     result = tpurun_cli(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
-    assert_fails(result, RUN_FAILURE, "unexpected RuntimeError", "bug in the user's build()")
+    line = assert_fails(
+        result,
+        RUN_FAILURE,
+        "RuntimeError in your code at project/broken_model.py:11: bug in the user's build()",
+    )
+    assert "unexpected" not in line
     assert "rerun with --verbosity=1 for the traceback" in result.stderr
     assert not (tmp_path / "model").exists()
 
@@ -373,7 +379,7 @@ def test_verbosity_1_adds_the_traceback(tpurun_cli, tmp_path):
     assert result.returncode == RUN_FAILURE, result.stderr
     assert "Traceback (most recent call last)" in result.stderr
     lines = error_lines(result)
-    assert len(lines) == 1 and "unexpected RuntimeError" in lines[0], result.stderr
+    assert len(lines) == 1 and "RuntimeError in your code" in lines[0], result.stderr
     assert "rerun with --verbosity=1" not in result.stderr
     assert not (tmp_path / "model").exists()
 

@@ -8,7 +8,6 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 from __future__ import annotations
 
 import datetime
-import json
 import re
 import sys
 
@@ -238,7 +237,7 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
     output = run.config.predict.output
     if output:
         storage.write_atomically(
-            output, "".join(json.dumps(model_lib.to_json(row)) + "\n" for row in rows)
+            output, "".join(model_lib.json_line(row) + "\n" for row in rows)
         )
         print(f"wrote {len(rows)} predictions to {output}")
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import platform
 from typing import Any
 
@@ -196,36 +197,14 @@ def _validate(run: RunConfig) -> None:
                 )
             node = node[part]
 
-    def positive(name: str, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
-            raise UsageError(f"{name}={value} must be a positive integer")
-
-    positive("--batch_size (config.train.batch_size)", config.train.batch_size)
-    positive("--eval_batch_size (config.eval.batch_size)", config.eval.batch_size)
-    positive("--predict_batch_size (config.predict.batch_size)", config.predict.batch_size)
-    positive("--iterations (config.train.iterations)", config.train.iterations)
-    if config.train.steps < 0:
-        raise UsageError(f"--train_steps={config.train.steps} must be >= 0")
-    if config.eval.steps < 0:
-        raise UsageError(f"--eval_steps={config.eval.steps} must be >= 0 (0 = one exact pass)")
-    for name in ("save_checkpoints_steps", "save_checkpoints_secs", "eval_every"):
-        value = config.train[name]
-        if not isinstance(value, int) or value < 0:
-            raise UsageError(
-                f"--{name}={value} (config.train.{name}) must be an integer >= 0 (0 = off)"
-            )
-    positive(
-        "--keep_checkpoint_max (config.train.keep_checkpoint_max)", config.train.keep_checkpoint_max
-    )
+    _check_sizes(config)
     if config.eval.best_mode not in ("min", "max"):
         raise UsageError(
             f"config.eval.best_mode={config.eval.best_mode!r} must be 'min' or 'max' "
             f"(is a smaller or a larger {config.eval.best_metric} better?)"
         )
     for name in ("hang_timeout", "eval_timeout"):
-        value = getattr(run, name)
-        if not isinstance(value, (int, float)) or value < 0:
-            raise UsageError(f"--{name}={value} must be a number of seconds >= 0")
+        _seconds(f"--{name}", getattr(run, name), 0, MAX_SECONDS, " (0 = never)")
     if run.profile_steps is not None:
         first, last = run.profile_steps
         if not 1 <= first <= last:
@@ -233,14 +212,16 @@ def _validate(run: RunConfig) -> None:
                 f"--profile_steps={first},{last} must be START,END with 1 <= START <= END"
             )
     if run.num_shards is not None:
-        positive("--num_shards", run.num_shards)
+        _integer("--num_shards", run.num_shards, 1, MAX_REPLICAS)
         check_divisible("--batch_size", config.train.batch_size, run.num_shards)
         check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
         check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
     timeout = run.tpu_init_timeout
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        shown = f"{timeout:g}" if isinstance(timeout, (int, float)) else timeout
-        raise UsageError(f"--tpu_init_timeout={shown} must be a number of seconds > 0")
+    if not (_is_number(timeout) and 0 < timeout <= MAX_SECONDS):
+        shown = f"{timeout:g}" if _is_number(timeout) else timeout
+        raise UsageError(
+            f"--tpu_init_timeout={shown} must be a number of seconds > 0, at most {MAX_SECONDS}"
+        )
     if run.use_tpu is False and run.tpu:
         raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
     is_tpu_name = run.tpu and run.tpu != "local" and not run.tpu.startswith("grpc://")
@@ -253,3 +234,71 @@ def _validate(run: RunConfig) -> None:
         )
     if not run.model_dir:
         raise UsageError("--model_dir must not be empty")
+
+
+# Bounds of the numbers a run takes: beyond them a value is a typo, not a plan. A
+# global batch of 2^20 is far past the largest TPU pod batches in use; a predict
+# batch past the rows to predict only pads them (and allocates the padding).
+MAX_BATCH = 2**20
+MAX_STEPS = 10**12
+MAX_ITERATIONS = 10**6
+MAX_SECONDS = 30 * 24 * 3600  # 30 days
+MAX_REPLICAS = 2**16
+MAX_SEED = 2**32 - 1  # numpy's seeds
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(name: str, value: object, low: int, high: int, note: str = "", key: str = "") -> None:
+    """An integer in [low, high], or a UsageError saying the range (`note` after its low end,
+    `key` the config key after the value)."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return
+    if low == 1:
+        allowed = f"a positive integer{note} (at most {high})"
+    else:
+        allowed = (
+            f"{'an integer ' if note == ' (0 = off)' else ''}>= {low}{note} and at most {high}"
+        )
+    raise UsageError(f"{name}={value}{key} must be {allowed}")
+
+
+def _seconds(name: str, value: object, low: float, high: float, note: str = "") -> None:
+    """A finite number of seconds in [low, high] (nan and inf are neither)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value) and low <= value <= high:
+            return
+    shown = f"{value:g}" if _is_number(value) else value
+    raise UsageError(
+        f"{name}={shown} must be a number of seconds >= {low:g}{note}, at most {high:g}"
+    )
+
+
+def _check_sizes(config: Any) -> None:
+    """Batch sizes, steps, cadences, retention and seed within their bounds."""
+    for flag, key in (
+        ("--batch_size", "train.batch_size"),
+        ("--eval_batch_size", "eval.batch_size"),
+        ("--predict_batch_size", "predict.batch_size"),
+    ):
+        section, leaf = key.split(".")
+        _integer(f"{flag} (config.{key})", config[section][leaf], 1, MAX_BATCH)
+    _integer("--iterations (config.train.iterations)", config.train.iterations, 1, MAX_ITERATIONS)
+    _integer("--train_steps", config.train.steps, 0, MAX_STEPS)
+    _integer("--eval_steps", config.eval.steps, 0, MAX_STEPS, " (0 = one exact pass)")
+    for name, high in (
+        ("save_checkpoints_steps", MAX_STEPS),
+        ("eval_every", MAX_STEPS),
+        ("save_checkpoints_secs", MAX_SECONDS),
+    ):
+        key = f" (config.train.{name})"
+        _integer(f"--{name}", config.train[name], 0, high, " (0 = off)", key=key)
+    _integer(
+        "--keep_checkpoint_max (config.train.keep_checkpoint_max)",
+        config.train.keep_checkpoint_max,
+        1,
+        10**6,
+    )
+    _integer("--seed (config.seed)", config.seed, 0, MAX_SEED)

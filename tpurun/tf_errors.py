@@ -1,10 +1,11 @@
-"""Turns an unexpected exception into the one line a user sees, and an exit code."""
+"""Turns an exception into the one line a user sees, and an exit code."""
 
 from __future__ import annotations
 
 import re
 import sys
 
+from tpurun import user_code
 from tpurun.errors import EXIT_RUN_FAILURE
 
 # What TensorFlow puts around the message of an error raised inside a tf.function
@@ -17,13 +18,25 @@ _FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
 
 
 def describe(error: BaseException) -> tuple[str, int]:
-    first_line = (str(error).strip().splitlines() or [""])[0]
+    """The line for an exception no tpurun code turned into a TpurunError, and its exit code.
+
+    A TensorFlow error says what failed; an error raised in the user's code (a
+    model, a config) says so, with the user's message and file:line; only what is
+    left, tpurun's own bugs, is "unexpected".
+    """
     if "tensorflow" in sys.modules:  # only look at TF's errors if TF is loaded
         import tensorflow as tf
 
         if isinstance(error, tf.errors.OpError):
             return f"{type(error).__name__}: {op_error_line(error.message)}", EXIT_RUN_FAILURE
-    return f"unexpected {type(error).__name__}: {first_line}", EXIT_RUN_FAILURE
+    where = user_code.raised_at(error)
+    if where is not None:
+        return (
+            f"{type(error).__name__} in your code at {where}: {user_code_line(error)}",
+            EXIT_RUN_FAILURE,
+        )
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"unexpected {type(error).__name__}: {first}", EXIT_RUN_FAILURE
 
 
 def one_line(error: BaseException, limit: int | None = None) -> str:
