@@ -14,6 +14,9 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 from fake_gcs.server import GcsServer
+from fake_gcs.traffic import classify
+
+API, DOWNLOADS = "www.googleapis.com", "storage.googleapis.com"
 
 
 def write(path: str, data: bytes | str) -> None:
@@ -158,6 +161,37 @@ def test_tensorflow_reads_what_pandas_wrote(bucket):
 
 
 # Counting
+
+
+@pytest.mark.parametrize(
+    ("method", "host", "target", "expected"),
+    [
+        ("GET", API, "/storage/v1/b/B/o/a%2Fb?fields=size", ("metadata", "B", "a/b")),
+        ("GET", API, "/storage/v1/b/B", ("metadata", "B", "")),
+        ("GET", API, "/storage/v1/b/B/storageLayout", ("metadata", "B", "")),
+        ("GET", API, "/storage/v1/b/B/o?prefix=a%2F&delimiter=%2F", ("list", "B", "")),
+        (
+            "POST",
+            API,
+            "/upload/storage/v1/b/B/o?uploadType=resumable&name=a%2Fb",
+            ("upload", "B", "a/b"),
+        ),
+        ("PUT", API, "/upload/storage/v1/b/B/o?name=a%2Fb&upload_id=7", ("upload", "B", "a/b")),
+        ("GET", DOWNLOADS, "/B/a%2Fb", ("download", "B", "a/b")),
+        (
+            "GET",
+            "127.0.0.1:9",
+            "/download/storage/v1/b/B/o/a%2Fb?alt=media",
+            ("download", "B", "a/b"),
+        ),
+        ("DELETE", API, "/storage/v1/b/B/o/a%2Fb", ("delete", "B", "a/b")),
+        ("POST", API, "/storage/v1/b/B/o/a%2Fb/rewriteTo/b/B/o/c%2Fd", ("copy", "B", "a/b")),
+        ("POST", "oauth2.googleapis.com", "/token", ("auth", "", "")),
+        ("GET", API, "/discovery/v1/apis", ("other", "", "")),
+    ],
+)
+def test_classify(method, host, target, expected):
+    assert classify(method, host, target) == expected
 
 
 def test_counting_counts_one_write_by_kind(bucket, gcs):

@@ -75,23 +75,18 @@ class Emulator:
                 )
             if self._wait_ready(timeout):
                 return
-        self.stop()
+            self.stop()
         raise RuntimeError(f"fake-gcs-server did not start; its log:\n{self.log_path.read_text()}")
 
     def _wait_ready(self, timeout: float) -> bool:
-        """True once it answers; False if it exited (e.g. the port was taken)."""
+        """True once it answers; False if it exited (e.g. the port was taken) or is too slow."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                return False
+        while time.monotonic() < deadline and self._process.poll() is None:
             try:
                 return json_request(self.port, "GET", "/storage/v1/b")[0] == 200
             except OSError:
                 time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(
-            f"fake-gcs-server not ready in {timeout}s; log:\n{self.log_path.read_text()}"
-        )
+        return False
 
     def stop(self) -> None:
         if self._process is None:
