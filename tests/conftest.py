@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +32,9 @@ from scripts.offline_env import OFFLINE_ENV, free_local_ports  # noqa: F401 - fo
 
 os.environ.update(OFFLINE_ENV)
 os.environ.pop("TPU_NAME", None)
+
+if TYPE_CHECKING:
+    from fake_gcs.server import GcsServer
 
 REPO = Path(__file__).resolve().parent.parent
 IN_PROCESS_REPLICAS = 8
@@ -165,3 +170,36 @@ def trained_iris(tmp_path_factory) -> Path:
     model_dir = tmp_path_factory.mktemp("iris") / "model"
     assert_ok(run_tpurun("train", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}"))
     return model_dir
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory) -> Iterator[GcsServer]:
+    """A GCS server on 127.0.0.1 (tests/fake_gcs) for the whole session, started on first use.
+
+    Its `env` goes into this process's environment, so that gs:// paths here
+    (`tpurun.cli.main`, tf.io.gfile, pandas) land on it as they do in the subprocesses
+    that `run_tpurun` starts. TensorFlow and gcsfs read these variables at each
+    request, so this works after gs:// was first used too. They are left set when the
+    session ends: a late request (a summary writer flushing at exit) then meets the
+    proxy's closed local port rather than Google's hosts.
+    """
+    from fake_gcs.server import GcsServer  # here: only the tests that use it need its packages
+
+    with GcsServer(tmp_path_factory.mktemp("gcs")) as server:
+        os.environ.update(server.env)
+        yield server
+
+
+@pytest.fixture
+def gcs(gcs_server: GcsServer) -> Iterator[GcsServer]:
+    """The session's GCS server, with no faults and an empty request log at the test's start."""
+    gcs_server.clear_faults()
+    gcs_server.reset_requests()
+    yield gcs_server
+    gcs_server.clear_faults()
+
+
+@pytest.fixture
+def bucket(gcs: GcsServer, request) -> str:
+    """A new empty bucket for this test, named after it: 'gs://<name>'."""
+    return gcs.make_bucket(request.node.name)

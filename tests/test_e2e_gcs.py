@@ -1,0 +1,82 @@
+"""Iris end to end on gs://: model_dir, data and predictions in a bucket of the test GCS server.
+
+The CLI runs in subprocesses, as a user runs it, and once in this process through
+`tpurun.cli.main` (the proxy is a process of its own, so TensorFlow holding the
+GIL during gs:// I/O cannot stall it). Every storage request goes through the
+proxy: none may be refused (a host other than Google's storage API) or ask for a
+token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import tensorflow as tf
+from absl.testing import flagsaver
+from conftest import assert_ok, run_tpurun
+from tpurun.models import iris
+
+from tpurun import cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def iris_on_gcs(bucket) -> list[str]:
+    """The common flags of a run whose model_dir and data are in `bucket`."""
+    for name in ("iris_training.csv", "iris_test.csv"):
+        tf.io.gfile.copy(iris.shipped_csv(name), f"{bucket}/data/{name}")
+    return [
+        "--config=iris",
+        "--use_tpu=false",
+        f"--model_dir={bucket}/iris",
+        f"--config.data.train_path={bucket}/data/iris_training.csv",
+        f"--config.data.eval_path={bucket}/data/iris_test.csv",
+    ]
+
+
+def test_train_eval_predict_export_in_subprocesses(bucket, gcs, iris_on_gcs):
+    model_dir = f"{bucket}/iris"
+    result = run_tpurun("train", *iris_on_gcs, "--train_steps=20", "--iterations=10")
+    assert_ok(result)
+    assert f"Saved checkpoint {model_dir}/ckpt-20." in result.stderr
+    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
+
+    result = assert_ok(run_tpurun("eval", *iris_on_gcs))
+    assert "eval at step 20:" in result.stdout and "(30 examples)" in result.stdout
+    with tf.io.gfile.GFile(f"{model_dir}/eval/results-20.json") as f:
+        assert json.load(f)["global_step"] == 20
+
+    output = f"{bucket}/out/predictions.jsonl"
+    assert_ok(run_tpurun("predict", *iris_on_gcs, f"--output={output}"))
+    with tf.io.gfile.GFile(output) as f:
+        assert len(f.read().splitlines()) == 3
+
+    result = assert_ok(run_tpurun("export", *iris_on_gcs))
+    [export_dir] = result.stdout.split()
+    assert export_dir.startswith(f"{model_dir}/export/")
+    serving = tf.saved_model.load(export_dir).signatures["serving_default"]
+    served = serving(**{name: tf.constant([5.1, 5.9]) for name in iris.FEATURES})
+    assert served["class_ids"].shape == (2,)
+
+    assert not [r for r in gcs.requests if r.kind in ("refused", "auth")], gcs.requests
+    files = [name for _, _, names in tf.io.gfile.walk(model_dir) for name in names]
+    assert not [name for name in files if ".tmp" in name], files
+
+
+def test_cli_main_in_this_process(bucket, iris_on_gcs):
+    assert_ok(run_tpurun("train", *iris_on_gcs, "--train_steps=10", "--iterations=10"))
+    output = f"{bucket}/out/predictions.jsonl"
+    level = logging.root.level  # main() sets the level of the progress lines
+    try:
+        with flagsaver.flagsaver():
+            assert cli.main(["tpurun", "eval", *iris_on_gcs]) == 0
+        with flagsaver.flagsaver():
+            assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
+    finally:
+        logging.root.setLevel(level)
+    assert tf.io.gfile.exists(f"{bucket}/iris/eval/results-10.json")
+    with tf.io.gfile.GFile(output) as f:
+        assert len(f.read().splitlines()) == 3
