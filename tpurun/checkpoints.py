@@ -251,7 +251,9 @@ def _read_whole(checkpoint: tf.train.Checkpoint, path: str) -> None:
     A checkpoint of tpurun before 0.2 has no `model_variables` list (which also
     saves Keras's random-number states): it restores the model and optimizer only.
     """
-    keys = {name for name, _ in tf.train.list_variables(path)}
+    # The reader of the prefix itself: tf.train.list_variables first asks whether the
+    # path is a directory, which ram:// answers yes for any prefix of a file name.
+    keys = set(tf.compat.v1.train.NewCheckpointReader(path).get_variable_to_shape_map())
     if hasattr(checkpoint, "model_variables") and not any(
         key.startswith("model_variables/") for key in keys
     ):

@@ -236,9 +236,7 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
     rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
     if output:
-        storage.write_atomically(
-            output, "".join(model_lib.json_line(row) + "\n" for row in rows)
-        )
+        storage.write_atomically(output, "".join(model_lib.json_line(row) + "\n" for row in rows))
         print(f"wrote {len(rows)} predictions to {output}")
         return
     for line in model.format_predictions(rows):

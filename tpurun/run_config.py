@@ -271,9 +271,7 @@ def _seconds(name: str, value: object, low: float, high: float, note: str = "") 
         if math.isfinite(value) and low <= value <= high:
             return
     shown = f"{value:g}" if _is_number(value) else value
-    raise UsageError(
-        f"{name}={shown} must be a number of seconds >= {low:g}{note}, at most {high:g}"
-    )
+    raise UsageError(f"{name}={shown} must be a number of seconds >= {low:g}{note}, at most {high}")
 
 
 def _check_sizes(config: Any) -> None:
