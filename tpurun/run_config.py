@@ -16,7 +16,7 @@ from typing import Any
 
 import ml_collections
 
-from tpurun import __version__
+from tpurun import __version__, optimization_config
 from tpurun.errors import UsageError
 
 COMMANDS = ("train", "eval", "predict", "export", "check")
@@ -176,10 +176,10 @@ def aligned_to_loop(steps: int, iterations: int) -> int:
 _REQUIRED_KEYS = (
     "model",
     "seed",
-    "optimizer.name",
-    "optimizer.learning_rate",
     *(key for flag, key in FLAG_TO_CONFIG_KEY.items() if flag not in MODEL_SPECIFIC_FLAGS),
     "train.warm_start_vars",
+    "train.ema_decay",
+    *(f"optimizer.{key}" for key in optimization_config.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",
 )
@@ -198,6 +198,7 @@ def _validate(run: RunConfig) -> None:
             node = node[part]
 
     _check_sizes(config)
+    optimization_config.validate(config, train_steps=config.train.steps)
     if config.eval.best_mode not in ("min", "max"):
         raise UsageError(
             f"config.eval.best_mode={config.eval.best_mode!r} must be 'min' or 'max' "
