@@ -380,29 +380,40 @@ def swap_in_ema(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
             variable.assign(value)
 
 
-def restore_ema_weights(
-    keras_model: keras.Model, config: ml_collections.ConfigDict, checkpoint_path: str
-) -> None:
-    """Sets the model's trainable weights to the moving averages saved in a training checkpoint.
+class MovingAverages:
+    """The moving averages a training checkpoint keeps, read into a model's trainable weights.
 
     For an evaluator, predictor or export that restores the model only: the averages
     are optimizer variables, found by their place in an optimizer built from the same
-    config on the same variables. Call it in the strategy scope the model was built in.
+    config on the same variables. Make it (once) in the strategy scope the model was
+    built in; `load(path)` after each restore of the model.
     """
-    optimizer = build_optimizer(config, config.train.batch_size)
-    optimizer.build(keras_model.trainable_variables)
-    # The optimizer tracks the model's variables too: this also restores the raw weights.
-    # Every variable of this optimizer must be in the checkpoint: one trained without
-    # EMA has fewer, and would otherwise fill the averages with Adam's moments (the
-    # variables are matched by their place in the optimizer's list).
-    try:
-        status = tf.train.Checkpoint(optimizer=optimizer).read(checkpoint_path)
-        status.expect_partial().assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:
-        raise RunError(
-            f"{checkpoint_path} has no moving averages for this config's optimizer "
-            f"({one_line(e, 200)}): it was not trained with this config.train.ema_decay and "
-            "optimizer; use the config it was trained with"
-        ) from None
-    for variable, average in ema_pairs(optimizer):
-        variable.assign(average)
+
+    def __init__(self, keras_model: keras.Model, config: ml_collections.ConfigDict):
+        self._optimizer = build_optimizer(config, config.train.batch_size)
+        self._optimizer.build(keras_model.trainable_variables)
+
+    def load(self, checkpoint_path: str) -> None:
+        # The optimizer tracks the model's variables too: this also restores the raw
+        # weights. Every variable of this optimizer must be in the checkpoint: one
+        # trained without EMA has fewer, and would otherwise fill the averages with
+        # Adam's moments (the variables are matched by their place in the list).
+        try:
+            status = tf.train.Checkpoint(optimizer=self._optimizer).read(checkpoint_path)
+            status.expect_partial().assert_existing_objects_matched()
+        except (AssertionError, ValueError) as e:
+            raise RunError(
+                f"{checkpoint_path} has no moving averages for this config's optimizer "
+                f"({one_line(e, 200)}): it was not trained with this config.train.ema_decay "
+                "and optimizer; use the config it was trained with"
+            ) from None
+        for variable, average in ema_pairs(self._optimizer):
+            variable.assign(average)
+
+
+def restore_ema_weights(
+    keras_model: keras.Model, config: ml_collections.ConfigDict, checkpoint_path: str
+) -> None:
+    """Sets the model's trainable weights to the moving averages of a training checkpoint
+    (`MovingAverages`, once)."""
+    MovingAverages(keras_model, config).load(checkpoint_path)

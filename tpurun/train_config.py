@@ -32,6 +32,8 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",
+    # Variables are float32 under every policy: a checkpoint reads the same.
+    "precision",
     "eval.",
     "predict.",
 )
