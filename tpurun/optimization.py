@@ -62,6 +62,25 @@ from tpurun.tf_errors import one_line
 _ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 # Keras' list of averages, parallel to the variables the optimizer was built on.
 _AVERAGES = "_model_variables_moving_average"
+# Keras' schedule (or rate variable) and the variables the optimizer was built on.
+_SCHEDULE = "_learning_rate"
+_BUILT_ON = "_trainable_variables"
+
+
+def missing() -> list[str]:
+    """The private Keras attributes this module uses that this Keras lacks.
+
+    tests/test_tf_internals.py asserts none is: clipping without the all-reduce hook
+    refuses to build (rather than not clip), EMA without the averages' list fails to
+    read them, and without the schedule the learning_rate scalar shows the current rate.
+    """
+    optimizer = keras.optimizers.SGD(use_ema=True)
+    optimizer.build([keras.Variable(1.0)])
+    return [
+        name
+        for name in (_ALL_REDUCE_HOOK, _AVERAGES, _SCHEDULE, _BUILT_ON)
+        if not hasattr(optimizer, name)
+    ]
 
 
 @keras.saving.register_keras_serializable(package="tpurun")
@@ -185,7 +204,7 @@ def learning_rate(config: ml_collections.ConfigDict, global_batch_size: int) -> 
 
 def learning_rate_at(optimizer: keras.optimizers.Optimizer, step: int) -> float:
     """The rate the optimizer uses for the update after `step` steps (for TensorBoard)."""
-    rate = getattr(optimizer, "_learning_rate", None)
+    rate = getattr(optimizer, _SCHEDULE, None)
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         return float(rate(step))
     return float(tf.convert_to_tensor(optimizer.learning_rate))
@@ -358,7 +377,7 @@ def ema_pairs(optimizer: keras.optimizers.Optimizer) -> list[tuple[Any, Any]]:
     if not optimizer.built:
         raise RunError("build the optimizer on the trainable variables before reading averages")
     averages = getattr(optimizer, _AVERAGES)
-    pairs = zip(optimizer._trainable_variables, averages, strict=True)
+    pairs = zip(getattr(optimizer, _BUILT_ON), averages, strict=True)
     return [(variable, average) for variable, average in pairs if average is not None]
 
 
