@@ -26,12 +26,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from offline_env import OFFLINE_ENV  # scripts/offline_env.py
+from offline_env import run_json_worker  # scripts/offline_env.py
 
 BATCH = 128
 ITERATIONS = 50  # configs/mnist.py's iterations per loop
@@ -87,13 +86,7 @@ def run_in_subprocess(name: str, data_dir: str, args: argparse.Namespace) -> flo
         f"--steps={args.steps}",
         f"--repeats={args.repeats}",
     ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}
-    )
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr)
-        raise SystemExit(f"worker {name} failed (exit {result.returncode})")
-    return float(json.loads(result.stdout.strip().splitlines()[-1]))
+    return float(run_json_worker(command))  # type: ignore[arg-type]
 
 
 def run_config(data_dir: str, precision: str):
