@@ -227,11 +227,11 @@ def _validate(run: RunConfig) -> None:
         check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
         check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
     timeout = run.tpu_init_timeout
-    if not (_is_number(timeout) and 0 < timeout <= MAX_SECONDS):
-        shown = f"{timeout:g}" if _is_number(timeout) else timeout
-        raise UsageError(
-            f"--tpu_init_timeout={shown} must be a number of seconds > 0, at most {MAX_SECONDS}"
-        )
+    shown = f"{timeout:g}" if _is_number(timeout) else timeout
+    if not (_is_number(timeout) and timeout > 0):  # nan too
+        raise UsageError(f"--tpu_init_timeout={shown} must be a number of seconds > 0")
+    if timeout > MAX_SECONDS:
+        raise UsageError(f"--tpu_init_timeout={shown} must be at most {MAX_SECONDS} seconds")
     if run.use_tpu is False and run.tpu:
         raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
     is_tpu_name = run.tpu and run.tpu != "local" and not run.tpu.startswith("grpc://")
