@@ -40,6 +40,10 @@ def build(run: RunConfig) -> Cluster:
 
 def local(num_shards: int | None) -> Cluster:
     """`num_shards` local GPUs, else that many logical CPU devices (default: 1 device)."""
+    if not os.environ.get("TF_CONFIG", "-").strip():
+        # Blank means no cluster, as unset does; MirroredStrategy reads TF_CONFIG too,
+        # and fails to parse a blank one.
+        del os.environ["TF_CONFIG"]
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         count = num_shards or len(gpus)
