@@ -17,9 +17,13 @@ many work as in a fresh process.
 
 from __future__ import annotations
 
+import contextlib
+import logging as std_logging
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,9 +45,14 @@ IN_PROCESS_REPLICAS = 8
 
 
 def _split_cpu() -> None:
+    import tensorflow as tf
+
     from tpurun import strategy
 
     strategy.split_cpu(IN_PROCESS_REPLICAS)  # before any TensorFlow op of the session
+    # And TensorFlow initialised with it now: until then a later split (an in-process
+    # `--num_shards=2` run first in the session) would silently replace this one.
+    assert len(tf.config.list_logical_devices("CPU")) == IN_PROCESS_REPLICAS
 
 
 _split_cpu()
@@ -55,15 +64,49 @@ def _is_users_module(module) -> bool:
     return bool(file) and not file.startswith((sys.prefix, sys.base_prefix, str(REPO)))
 
 
-@pytest.fixture
-def tpurun_cli(capfd, monkeypatch):
-    """`tpurun_cli(*args, cwd=..., env=...)`: runs the CLI in this process; a CompletedProcess.
+@contextlib.contextmanager
+def _captured_output() -> Iterator[dict[str, str]]:
+    """Captures stdout and stderr at the file descriptors (TensorFlow's C++ writes there too).
+
+    Yields a dict that holds "out" and "err" once the block ends. Works at any
+    fixture scope, under pytest's own capturing or without it (`-s`): the
+    descriptors and sys.stdout/sys.stderr are put back as they were.
+    """
+    captured: dict[str, str] = {}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved_fds = [os.dup(1), os.dup(2)]
+        saved_streams = sys.stdout, sys.stderr
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        try:
+            yield captured
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+                stream.close()
+            sys.stdout, sys.stderr = saved_streams
+            for fd, saved in zip((1, 2), saved_fds, strict=True):
+                os.dup2(saved, fd)
+                os.close(saved)
+            for name, file in (("out", out), ("err", err)):
+                file.seek(0)
+                captured[name] = file.read().decode(errors="replace")
+
+
+def tpurun_in_process(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """Runs `tpurun args...` through `tpurun.cli.main` in this process; a CompletedProcess.
 
     Each run starts as a new process would: in `cwd` (default: the current
     directory), with `env` added to the environment, a fresh Keras session (layer
     names, global policy), and stdout/stderr captured at the file descriptors
     (absl's log handler keeps the stream it was made with, so it is pointed at
-    the captured one for the run).
+    the captured one for the run). Afterwards the user's modules, models and
+    sys.path entries its config brought, and the log levels it set, are gone again.
+    Usable from fixtures of any scope; tests take it as the `tpurun_cli` fixture.
     """
     import keras
     from absl import logging as absl_logging
@@ -71,27 +114,25 @@ def tpurun_cli(capfd, monkeypatch):
     from tpurun import cli
     from tpurun import model as model_lib
 
-    def run(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
-        # A user's model registered by this run, and the modules and sys.path entry its
-        # config brought, end with it, as they would with its process.
-        registered, path, modules = dict(model_lib._REGISTRY), list(sys.path), set(sys.modules)
-        with monkeypatch.context() as patch:
-            if cwd is not None:
-                patch.chdir(cwd)
-            for name, value in (env or {}).items():
-                patch.setenv(name, value)
-            keras.backend.clear_session()
-            keras.mixed_precision.set_global_policy("float32")
-            capfd.readouterr()  # what came before is not this run's
-            handler = absl_logging.get_absl_handler().python_handler
-            stream = handler.stream
+    # A user's model registered by this run, and the modules and sys.path entry its
+    # config brought, end with it, as they would with its process.
+    registered, path, modules = dict(model_lib._REGISTRY), list(sys.path), set(sys.modules)
+    levels = std_logging.root.level, absl_logging.get_absl_logger().level
+    with pytest.MonkeyPatch.context() as patch:
+        if cwd is not None:
+            patch.chdir(cwd)
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy("float32")
+        handler = absl_logging.get_absl_handler().python_handler
+        stream = handler.stream
+        with _captured_output() as captured:
             handler.setStream(sys.stderr)
             try:
                 code = cli.main(["tpurun", *args])
             finally:
                 handler.setStream(stream)
-                sys.stdout.flush()
-                sys.stderr.flush()
                 sys.path[:] = path
                 for name in set(sys.modules) - modules:
                     if _is_users_module(sys.modules[name]):
@@ -99,10 +140,53 @@ def tpurun_cli(capfd, monkeypatch):
                 for name, cls in list(model_lib._REGISTRY.items()):
                     if name not in registered and cls.__module__ not in sys.modules:
                         del model_lib._REGISTRY[name]
-            out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(["tpurun", *args], code, out, err)
+                std_logging.root.setLevel(levels[0])
+                absl_logging.get_absl_logger().setLevel(levels[1])
+    return subprocess.CompletedProcess(["tpurun", *args], code, captured["out"], captured["err"])
 
-    return run
+
+@pytest.fixture
+def tpurun_cli():
+    """`tpurun_cli(*args, cwd=..., env=...)`: `tpurun_in_process` (the CLI in this process)."""
+    return tpurun_in_process
+
+
+def _running_children() -> set[int]:
+    """This process's children that still run (a zombie has ended: only not reaped yet)."""
+    pids: set[int] = set()
+    for children in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids.update(int(pid) for pid in children.read_text().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            running.add(pid)
+    return running
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Fails a test that leaves a process it started running (and kills that process)."""
+    before = _running_children()
+    yield
+    left = _running_children() - before
+    if not left:
+        return
+    commands = {}
+    for pid in left:
+        try:
+            commands[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+    pytest.fail(f"the test left processes running (now killed): {commands}")
 
 
 def run_tpurun(
@@ -168,7 +252,9 @@ def contents(directory: Path) -> set[str]:
 def trained_iris(tmp_path_factory) -> Path:
     """An Iris model_dir trained with the default config (1000 steps), shared by read-only tests."""
     model_dir = tmp_path_factory.mktemp("iris") / "model"
-    assert_ok(run_tpurun("train", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}"))
+    assert_ok(
+        tpurun_in_process("train", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}")
+    )
     return model_dir
 
 
