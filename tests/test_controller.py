@@ -1,0 +1,448 @@
+"""tpurun.controller: the outer training loop, driven with a fake trainer.
+
+The fake trainer counts steps in one tf.Variable, saved and restored by the real
+checkpoint code in a tmp model_dir (tiny checkpoints: milliseconds each); fake
+actions and a fake `evaluate` record every call in one list, so a test sees what
+the controller did and in which order. Time is a FakeClock patched in as the
+controller's `time`.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+import tensorflow as tf
+from fakes import FakeClock
+
+from tpurun import config_files, controller
+from tpurun.actions.base import Action, LoopStats
+from tpurun.cluster import Cluster
+from tpurun.controller import Controller, crossed, loop_cadence, sigterm_notice
+from tpurun.errors import Preempted, RunError
+from tpurun.run_config import RunConfig, merge_flags
+
+LOOP_SECONDS = 7.0  # fake seconds each host loop takes
+
+
+class FakeTrainer:
+    """What the Controller needs of a Trainer: a step, a checkpoint, `train(n) -> LoopStats`.
+
+    `bad_loss`/`bad_weights`: the loop ending at that step reports a non-finite loss
+    or weights; `on_loop(step)` runs at the end of each loop (e.g. to send SIGTERM).
+    """
+
+    def __init__(
+        self, log: list, clock: FakeClock, *, bad_loss=None, bad_weights=None, on_loop=None
+    ):
+        self.log = log
+        self.clock = clock
+        self.steps = tf.Variable(0, dtype=tf.int64)
+        self.checkpoint = tf.train.Checkpoint(steps=self.steps)
+        self.model = self.keras_model = None  # used only by a warm start
+        self.bad_loss, self.bad_weights, self.on_loop = bad_loss, bad_weights, on_loop
+
+    @property
+    def step(self) -> int:
+        return int(self.steps.numpy())
+
+    def start_input(self) -> None:
+        self.log.append(("start_input", self.step))
+
+    def keep_configured_learning_rate(self) -> None:
+        self.log.append(("keep_configured_learning_rate", self.step))
+
+    def train(self, num_steps: int) -> LoopStats:
+        self.steps.assign_add(num_steps)
+        self.clock.advance(LOOP_SECONDS)
+        self.log.append(("train", self.step))
+        if self.on_loop:
+            self.on_loop(self.step)
+        return LoopStats(
+            step=self.step,
+            num_steps=num_steps,
+            loss=math.nan if self.step == self.bad_loss else 0.5,
+            seconds=1.0,
+            input_seconds=0.0,
+            global_batch=32,
+            learning_rate=0.1,
+            weights_finite=self.step != self.bad_weights,
+        )
+
+
+class Recorder(Action):
+    """Records every hook with its values; the checkpoint `after_save` names must exist."""
+
+    def __init__(self, log: list, name: str = "action"):
+        self.log, self.name = log, name
+
+    def start(self, step, last_step):
+        self.log.append((f"{self.name}.start", step, last_step))
+
+    def before_loop(self, step, num_steps):
+        self.log.append((f"{self.name}.before_loop", step, num_steps))
+
+    def after_loop(self, stats):
+        self.log.append((f"{self.name}.after_loop", stats.step))
+
+    def after_save(self, step, path):
+        assert tf.io.gfile.exists(path + ".index"), "after_save before the checkpoint exists"
+        self.log.append((f"{self.name}.after_save", step, path.rsplit("/", 1)[1]))
+
+    def close(self):
+        self.log.append((f"{self.name}.close",))
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    clock = FakeClock()
+    monkeypatch.setattr(controller, "time", clock.as_time_module())
+    return clock
+
+
+def make_run(model_dir, **flags) -> RunConfig:
+    """Iris's config with flags; no time cadence unless asked for (the default is 600 s)."""
+    flags.setdefault("save_checkpoints_secs", 0)
+    flags.setdefault("save_checkpoints_steps", 0)
+    config = merge_flags(config_files.load(config_files.resolve("iris")), flags)
+    return RunConfig("train", "iris", config, model_dir=str(model_dir))
+
+
+def train(
+    model_dir, clock, *, evaluate=True, trainer_args=None, **flags
+) -> tuple[list, FakeTrainer]:
+    """Runs a Controller to --train_steps; returns the log of what happened, and the trainer."""
+    log: list = []
+    trainer = FakeTrainer(log, clock, **(trainer_args or {}))
+    cluster = Cluster(tf.distribute.get_strategy(), "1 CPU replica (default strategy)")
+    Controller(
+        make_run(model_dir, **flags),
+        cluster,
+        trainer,
+        actions=[Recorder(log)],
+        evaluate=(lambda path: log.append(("evaluate", path.rsplit("/", 1)[1])))
+        if evaluate
+        else None,
+    ).train()
+    return log, trainer
+
+
+def saves(log: list) -> list[int]:
+    return [entry[1] for entry in log if entry[0] == "action.after_save"]
+
+
+def evaluations(log: list) -> list[str]:
+    return [entry[1] for entry in log if entry[0] == "evaluate"]
+
+
+def checkpoints_in(model_dir) -> list[int]:
+    return sorted(int(p.name[5:-6]) for p in model_dir.glob("ckpt-*.index"))
+
+
+# --- cadence -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "steps, iterations, save_every, saved",
+    [
+        (95, 10, 25, [30, 60, 90, 95]),  # 25 rounded up to 30; always the last step
+        (95, 10, 0, [95]),  # no step cadence: the last step only
+        (100, 10, 50, [50, 100]),  # on the loop boundary: no extra save at the end
+        (35, 50, 10, [35]),  # one short loop
+    ],
+    ids=["rounded_up", "only_the_last", "on_the_boundary", "one_short_loop"],
+)
+def test_saves_every_n_steps_rounded_up_to_loops_and_at_the_last_step(
+    tmp_path, clock, caplog, steps, iterations, save_every, saved
+):
+    caplog.set_level("INFO")
+    log, trainer = train(
+        tmp_path,
+        clock,
+        train_steps=steps,
+        iterations=iterations,
+        save_checkpoints_steps=save_every,
+        keep_checkpoint_max=100,
+    )
+    assert saves(log) == saved
+    assert checkpoints_in(tmp_path) == saved
+    assert trainer.step == steps
+    rounded = -(-save_every // iterations) * iterations
+    notice = (
+        f"save_checkpoints_steps={save_every} rounded up to {rounded}, a multiple of "
+        f"--iterations={iterations}."
+    )
+    assert (notice in caplog.messages) is (rounded != save_every)
+
+
+def test_save_checkpoints_secs_saves_after_the_loop_that_passes_it(tmp_path, clock):
+    # Loops of 7 fake seconds, a save due every 20: after the 3rd loop (21 s since the
+    # start), then the 6th (21 s since that save), ...; and at the last step.
+    log, _ = train(
+        tmp_path,
+        clock,
+        train_steps=100,
+        iterations=10,
+        save_checkpoints_secs=20,
+        keep_checkpoint_max=100,
+    )
+    assert saves(log) == [30, 60, 90, 100]
+
+
+def test_steps_and_secs_cadences_whichever_comes_first(tmp_path, clock):
+    log, _ = train(
+        tmp_path,
+        clock,
+        train_steps=100,
+        iterations=10,
+        save_checkpoints_steps=40,
+        save_checkpoints_secs=30,  # 5 loops of 7 s
+        keep_checkpoint_max=100,
+    )
+    # 40 (steps, at 28 s), 80 (steps, at 56 s: before the time save due 30 s after the
+    # one at 40, which restarted the count), 100 (the last).
+    assert saves(log) == [40, 80, 100]
+
+
+def test_evaluates_after_the_save_at_eval_steps_and_the_last(tmp_path, clock, caplog):
+    caplog.set_level("INFO")
+    log, _ = train(tmp_path, clock, train_steps=110, iterations=25, eval_every=40)
+    assert "eval_every=40 rounded up to 50, a multiple of --iterations=25." in caplog.messages
+    assert evaluations(log) == ["ckpt-50", "ckpt-100", "ckpt-110"]
+    assert saves(log) == [50, 100, 110]  # an eval step saves the checkpoint it evaluates
+    at_50 = log.index(("action.after_loop", 50))
+    assert log[at_50 : at_50 + 3] == [
+        ("action.after_loop", 50),
+        ("action.after_save", 50, "ckpt-50"),
+        ("evaluate", "ckpt-50"),
+    ]
+
+
+def test_eval_every_without_an_evaluator_neither_evaluates_nor_saves(tmp_path, clock):
+    log, _ = train(tmp_path, clock, evaluate=False, train_steps=110, iterations=25, eval_every=40)
+    assert evaluations(log) == []
+    assert saves(log) == [110]
+
+
+def test_a_resumed_run_saves_in_the_loops_that_pass_a_multiple(tmp_path, clock, caplog):
+    """Resumed at 73, loops end at 83, 93, ...: each passes a multiple of 10."""
+    caplog.set_level("INFO")
+    first, _ = train(
+        tmp_path, clock, train_steps=73, iterations=10, save_checkpoints_steps=10,
+        keep_checkpoint_max=100,
+    )  # fmt: skip
+    assert saves(first) == [10, 20, 30, 40, 50, 60, 70, 73]
+    assert ("keep_configured_learning_rate", 0) not in first
+    log, trainer = train(
+        tmp_path, clock, train_steps=150, iterations=10, save_checkpoints_steps=10,
+        keep_checkpoint_max=100,
+    )  # fmt: skip
+    assert f"Resuming from {tmp_path / 'ckpt-73'} (step 73)." in caplog.messages
+    assert log[0] == ("keep_configured_learning_rate", 73)
+    assert ("action.start", 73, 150) in log
+    assert saves(log) == [*range(83, 150, 10), 150]
+    assert trainer.step == 150
+
+
+def test_already_at_the_last_step_does_nothing(tmp_path, clock, caplog):
+    caplog.set_level("INFO")
+    train(tmp_path, clock, train_steps=20, iterations=10)
+    (tmp_path / "train_config.json").unlink()
+    log, _ = train(tmp_path, clock, train_steps=20, iterations=10)
+    assert "Already at step 20 of --train_steps=20: nothing to train." in caplog.messages
+    assert log == [("keep_configured_learning_rate", 20)]  # no action started, no input
+    assert not (tmp_path / "train_config.json").exists()
+
+
+# --- the order of the hooks --------------------------------------------------------------
+
+
+def test_hooks_come_in_order_with_their_values(tmp_path, clock):
+    log: list = []
+    trainer = FakeTrainer(log, clock)
+    Controller(
+        make_run(tmp_path, train_steps=25, iterations=10, eval_every=20),
+        Cluster(tf.distribute.get_strategy(), "test"),
+        trainer,
+        actions=[Recorder(log, "a"), Recorder(log, "b")],
+        evaluate=lambda path: log.append(("evaluate", path.rsplit("/", 1)[1])),
+    ).train()
+    assert log == [
+        ("start_input", 0),  # before any action starts: bad data fails a run that wrote nothing
+        ("a.start", 0, 25),
+        ("b.start", 0, 25),
+        ("a.before_loop", 0, 10),
+        ("b.before_loop", 0, 10),
+        ("train", 10),
+        ("a.after_loop", 10),
+        ("b.after_loop", 10),
+        ("a.before_loop", 10, 10),
+        ("b.before_loop", 10, 10),
+        ("train", 20),
+        ("a.after_loop", 20),
+        ("b.after_loop", 20),
+        ("a.after_save", 20, "ckpt-20"),
+        ("b.after_save", 20, "ckpt-20"),
+        ("evaluate", "ckpt-20"),
+        ("a.before_loop", 20, 5),  # the last loop is short
+        ("b.before_loop", 20, 5),
+        ("train", 25),
+        ("a.after_loop", 25),
+        ("b.after_loop", 25),
+        ("a.after_save", 25, "ckpt-25"),
+        ("b.after_save", 25, "ckpt-25"),
+        ("evaluate", "ckpt-25"),
+        ("a.close",),
+        ("b.close",),
+    ]
+    assert (tmp_path / "train_config.json").exists()
+
+
+# --- the NaN guard -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "trainer_args, what",
+    [
+        ({"bad_loss": 30}, "the loss became nan"),
+        ({"bad_weights": 30}, "a weight became NaN or Inf"),
+    ],
+    ids=["loss", "weights"],
+)
+def test_non_finite_loss_or_weights_stop_with_nothing_saved_after(
+    tmp_path, clock, trainer_args, what
+):
+    with pytest.raises(RunError) as raised:
+        train(
+            tmp_path,
+            clock,
+            trainer_args=trainer_args,
+            train_steps=100,
+            iterations=10,
+            save_checkpoints_steps=20,
+            eval_every=30,
+        )
+    assert str(raised.value) == (
+        f"{what} between steps 21 and 30; the latest checkpoint is still "
+        f"{tmp_path / 'ckpt-20'}; lower config.optimizer.learning_rate or look for NaN/Inf "
+        "in the data"
+    )
+    assert checkpoints_in(tmp_path) == [20]
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-20")
+
+
+def test_non_finite_before_any_save_says_nothing_was_saved(tmp_path, clock):
+    log: list = []
+    trainer = FakeTrainer(log, clock, bad_loss=10)
+    with pytest.raises(
+        RunError, match=r"the latest checkpoint is still none \(nothing was saved\)"
+    ):
+        Controller(
+            make_run(tmp_path, train_steps=100, iterations=10),
+            Cluster(tf.distribute.get_strategy(), "test"),
+            trainer,
+            actions=[Recorder(log)],
+        ).train()
+    assert checkpoints_in(tmp_path) == []
+    assert log[-2:] == [("action.after_loop", 10), ("action.close",)]  # closed all the same
+
+
+# --- SIGTERM: save at the current step, then "preempted, restart me" ---------------------
+
+
+def sigterm_at(step: int):
+    def on_loop(at: int) -> None:
+        if at == step:
+            signal.raise_signal(signal.SIGTERM)  # what a TPU VM gets before preemption
+
+    return on_loop
+
+
+def test_sigterm_saves_at_the_current_step_then_raises_preempted(tmp_path, clock):
+    log: list = []
+    trainer = FakeTrainer(log, clock, on_loop=sigterm_at(30))
+    with pytest.raises(Preempted) as raised:
+        Controller(
+            make_run(tmp_path, train_steps=100, iterations=10, save_checkpoints_steps=50),
+            Cluster(tf.distribute.get_strategy(), "test"),
+            trainer,
+            actions=[Recorder(log)],
+        ).train()
+    assert raised.value.exit_code == 75
+    assert str(raised.value) == (
+        "SIGTERM: saved a checkpoint at step 30; rerun the same command to continue from it "
+        "(exit code 75 means: preempted, restart me)"
+    )
+    assert saves(log) == [30]
+    assert checkpoints_in(tmp_path) == [30]
+    assert ("train", 40) not in log, "no loop after the notice"
+    assert log[-1] == ("action.close",)
+
+
+def test_sigterm_in_the_last_loop_just_finishes(tmp_path, clock):
+    log: list = []
+    trainer = FakeTrainer(log, clock, on_loop=sigterm_at(30))
+    Controller(
+        make_run(tmp_path, train_steps=30, iterations=10),
+        Cluster(tf.distribute.get_strategy(), "test"),
+        trainer,
+        actions=[Recorder(log)],
+    ).train()
+    assert saves(log) == [30]
+
+
+def test_sigterm_notice_sets_the_event_and_restores_the_previous_handler():
+    previous = signal.getsignal(signal.SIGTERM)
+    with sigterm_notice() as preempted:
+        assert not preempted.is_set()
+        signal.raise_signal(signal.SIGTERM)  # the process lives on
+        assert preempted.is_set()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_sigterm_notice_off_the_main_thread_installs_nothing():
+    import threading
+
+    seen: list = []
+
+    def in_thread() -> None:
+        with sigterm_notice() as preempted:
+            seen.append((preempted.is_set(), signal.getsignal(signal.SIGTERM)))
+
+    previous = signal.getsignal(signal.SIGTERM)
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    assert seen == [(False, previous)]
+
+
+# --- cadence arithmetic ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "step, num_steps, every, expected",
+    [
+        (100, 100, 100, True),
+        (150, 100, 100, True),
+        (1150, 100, 500, False),
+        (1550, 100, 500, True),
+        (83, 10, 10, True),
+        (90, 5, 10, True),
+        (85, 5, 10, False),
+        (100, 100, 0, False),
+    ],
+)
+def test_a_cadence_fires_in_the_loop_that_passes_a_multiple(step, num_steps, every, expected):
+    assert crossed(step, num_steps, every) is expected
+
+
+@pytest.mark.parametrize(
+    "configured, iterations, expected",
+    [(25, 10, 30), (30, 10, 30), (0, 10, 0), (1, 100, 100)],
+)
+def test_loop_cadence_rounds_a_config_cadence_up_to_whole_loops(
+    tmp_path, configured, iterations, expected
+):
+    run = make_run(tmp_path, iterations=iterations, save_checkpoints_steps=configured)
+    assert loop_cadence(run, "save_checkpoints_steps") == expected
