@@ -1,15 +1,14 @@
-"""Watching a training run: progress line or log lines, TensorBoard graph and input wait,
-the input-bound warning, --profile_steps and the --hang_timeout watchdog.
+"""Watching a training run end to end: progress line or log lines, TensorBoard graph and
+input wait, the input-bound warning, --profile_steps and the --hang_timeout watchdog.
 
-The monitors' logic is tested in-process with made-up loops; the end-to-end tests
-(marked slow) run tpurun: Iris, and a model of its own whose input is slow, or
-blocks forever after a number of batches.
+The actions' logic is unit-tested with made-up loops in test_actions.py; here tpurun
+runs Iris, and a model of its own whose input is slow, or blocks forever after a
+number of batches.
 """
 
 from __future__ import annotations
 
 import fcntl
-import io
 import os
 import pty
 import re
@@ -20,229 +19,16 @@ import termios
 import time
 from pathlib import Path
 
-import ml_collections
 import pytest
 import tensorflow as tf
-from conftest import OFFLINE_ENV, assert_ok, error_lines, run_tpurun
+from conftest import OFFLINE_ENV, assert_ok, error_lines, run_tpurun, tpurun_in_process
 
-from tpurun import actions, config_defaults
-from tpurun.actions import hang, progress
-from tpurun.actions.profiler import ProfileSteps
 from tpurun.errors import EXIT_HUNG
-from tpurun.run_config import RunConfig
 
 LOG_LINE = re.compile(
     r"step (\d+)/(\d+)  loss [\d.]+  [\d.]+ steps/sec  \d+ examples/sec  input wait (\d+)%"
 )
 INPUT_BOUND = "Training is input-bound"
-
-
-def loop(step: int, seconds: float = 1.0, input_seconds: float = 0.0, num_steps: int = 100):
-    return actions.LoopStats(
-        step=step,
-        num_steps=num_steps,
-        loss=0.5,
-        seconds=seconds,
-        input_seconds=input_seconds,
-        global_batch=32,
-        learning_rate=0.1,
-    )
-
-
-def warnings_in(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-
-
-# --- the input-bound warning ----------------------------------------------------------
-
-
-def test_input_bound_warns_once_naming_the_fixes(caplog):
-    watcher = progress.InputBound("SlowModel")
-    for step in (100, 200, 300, 400):
-        watcher.after_loop(loop(step, seconds=1.0, input_seconds=0.8))
-    (warning,) = warnings_in(caplog)
-    assert warning.startswith(f"{INPUT_BOUND}: in the host loop up to step 200")
-    assert "waited for input 80% of the time" in warning and "SlowModel.input_fn" in warning
-    for fix in ("prefetch", "num_parallel_calls", "interleave", "num_parallel_reads", "cache"):
-        assert fix in warning
-    assert "larger files" in warning
-
-
-@pytest.mark.parametrize(
-    "loops",
-    [
-        [(1.0, 0.9)],  # the first loop: compiling, filling the pipeline
-        [(1.0, 0.1), (1.0, 0.5)],  # not above the share
-        [(0.02, 0.001), (0.02, 0.015)],  # above it, but 0.15 ms a step: tf.data's own cost
-    ],
-    ids=["first_loop", "at_the_share", "under_a_millisecond_a_step"],
-)
-def test_input_bound_stays_quiet(caplog, loops):
-    watcher = progress.InputBound("Iris")
-    for i, (seconds, input_seconds) in enumerate(loops):
-        watcher.after_loop(loop(100 * (i + 1), seconds, input_seconds))
-    assert warnings_in(caplog) == []
-
-
-# --- --profile_steps -------------------------------------------------------------------
-
-
-class FakeProfiler:
-    def __init__(self, monkeypatch):
-        self.calls: list[str] = []
-        monkeypatch.setattr(
-            tf.profiler.experimental, "start", lambda logdir: self.calls.append(logdir)
-        )
-        monkeypatch.setattr(tf.profiler.experimental, "stop", lambda: self.calls.append("stop"))
-
-
-def run_loops(watcher: actions.Action, step: int, last: int, iterations: int) -> None:
-    watcher.start(step, last)
-    while step < last:
-        num_steps = min(iterations, last - step)
-        watcher.before_loop(step, num_steps)
-        step += num_steps
-        watcher.after_loop(loop(step, num_steps=num_steps))
-    watcher.close()
-
-
-@pytest.mark.parametrize(
-    "wanted, resumed_at, captured",
-    [
-        ((120, 180), 0, "101..200"),  # whole loops around the range
-        ((101, 150), 0, "101..150"),  # exactly one loop
-        ((260, 900), 0, "251..300"),  # past the end: stopped at close
-        ((50, 260), 200, "201..300"),  # starts before this (resumed) run
-    ],
-    ids=["inside", "one_loop", "past_the_end", "before_the_resume"],
-)
-def test_profile_steps_captures_whole_loops_and_says_which(
-    monkeypatch, caplog, tmp_path, wanted, resumed_at, captured
-):
-    profiler = FakeProfiler(monkeypatch)
-    caplog.set_level("INFO")
-    run_loops(ProfileSteps(str(tmp_path), *wanted), resumed_at, 300, iterations=50)
-    assert profiler.calls == [str(tmp_path), "stop"]
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Profiled")]
-    assert line.startswith(
-        f"Profiled steps {captured} (whole host loops) into {tmp_path}/plugins/profile"
-    )
-    inside = wanted[0] > resumed_at and wanted[1] <= 300
-    assert bool(warnings_in(caplog)) is not inside
-
-
-def test_profile_steps_outside_the_run_warn_and_profile_nothing(monkeypatch, caplog, tmp_path):
-    profiler = FakeProfiler(monkeypatch)
-    run_loops(ProfileSteps(str(tmp_path), 500, 600), 0, 300, iterations=50)
-    assert profiler.calls == []
-    (warning,) = warnings_in(caplog)
-    assert warning == (
-        "--profile_steps=500,600 is outside the steps this run trains (1..300): nothing will "
-        "be profiled; pick steps in that range."
-    )
-
-
-# --- --hang_timeout --------------------------------------------------------------------
-
-
-def test_hang_timeout_fires_once_with_the_step_and_the_checkpoint(tmp_path):
-    messages: list[str] = []
-    watcher = hang.HangTimeout(0.5, str(tmp_path), on_hang=messages.append)
-    watcher.start(0, 1000)
-    watcher.before_loop(0, 100)
-    watcher.after_loop(loop(100))
-    watcher.after_save(100, "/runs/x/ckpt-100")
-    watcher.before_loop(100, 100)
-    time.sleep(2.0)
-    watcher.close()
-    assert messages == [
-        "tpurun train: error: no progress for --hang_timeout=0.5s at step 100 (in the host loop "
-        "of steps 101..200): stuck waiting for input or the TPU; the latest checkpoint is "
-        "/runs/x/ckpt-100; rerun the same command to resume from it (or raise --hang_timeout "
-        "if a host loop really takes that long)"
-    ]
-
-
-def test_hang_timeout_stays_quiet_while_loops_come(tmp_path):
-    messages: list[str] = []
-    watcher = hang.HangTimeout(0.5, str(tmp_path), on_hang=messages.append)
-    watcher.start(0, 1000)
-    for step in range(0, 1000, 100):
-        watcher.before_loop(step, 100)
-        time.sleep(0.15)
-        watcher.after_loop(loop(step + 100))
-    watcher.close()
-    time.sleep(0.7)  # closed: the thread is gone, nothing fires after training ended
-    assert messages == []
-
-
-# --- the progress line -----------------------------------------------------------------
-
-
-def test_progress_bar_shows_steps_loss_and_eta_and_puts_logs_above_it():
-    from absl import logging
-
-    stream = io.StringIO()
-    stderr, handler = sys.stderr, logging.get_absl_handler().python_handler
-    handler_stream = handler.stream
-    bar = progress.ProgressBar(stream)
-    bar.start(100, 400)
-    for step in (200, 300, 400):
-        bar.before_loop(step - 100, 100)
-        bar.after_loop(loop(step, seconds=0.5, input_seconds=0.1))
-    print("Saved checkpoint /x/ckpt-400.", file=sys.stderr)  # as absl writes it
-    bar.close()
-    assert sys.stderr is stderr and handler.stream is handler_stream
-    shown = stream.getvalue()
-    assert re.search(
-        r"step 400/400, loss 0\.5000, input wait 20% \[[\d.]+ steps/s, ETA 00:00\]", shown
-    )
-    assert "\rSaved checkpoint /x/ckpt-400.\n" in shown  # on a line of its own
-
-
-# --- which monitors a run gets ---------------------------------------------------------
-
-
-def make_run(tmp_path, **fields) -> RunConfig:
-    config = ml_collections.FrozenConfigDict(config_defaults.base_config(model="iris"))
-    return RunConfig(
-        command="train", config_name="iris", config=config, model_dir=str(tmp_path), **fields
-    )
-
-
-def kinds(run: RunConfig, is_chief: bool, terminal: bool) -> list[str]:
-    watchers = actions.for_training(
-        run, is_chief=is_chief, model_name="Iris", input_seeks=True, terminal=terminal
-    )
-    for watcher in watchers:
-        watcher.close()
-    return [type(w).__name__ for w in watchers]
-
-
-@pytest.mark.parametrize(
-    "is_chief, terminal, fields, expected",
-    [
-        (True, True, {}, ["HangTimeout", "ProgressBar", "InputBound", "TrainSummaries"]),
-        (True, False, {}, ["HangTimeout", "LogLines", "InputBound", "TrainSummaries"]),
-        (False, True, {}, ["HangTimeout", "LogLines", "InputBound"]),
-        (
-            True,
-            False,
-            {"hang_timeout": 0, "profile_steps": (1, 2)},
-            ["LogLines", "InputBound", "TrainSummaries", "ProfileSteps"],
-        ),
-        (False, False, {"profile_steps": (1, 2)}, ["HangTimeout", "LogLines", "InputBound"]),
-    ],
-    ids=[
-        "chief_terminal",
-        "chief_log",
-        "worker_terminal",
-        "chief_profile_no_watchdog",
-        "worker_profile",
-    ],
-)
-def test_for_training_picks_the_monitors(tmp_path, is_chief, terminal, fields, expected):
-    assert kinds(make_run(tmp_path, **fields), is_chief, terminal) == expected
 
 
 # --- end to end ------------------------------------------------------------------------
@@ -323,7 +109,9 @@ def slow_input(tmp_path) -> Path:
 def iris_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """Iris trained without a terminal, profiling steps 120..180: the run and its model_dir."""
     model_dir = tmp_path_factory.mktemp("iris") / "model"
-    result = run_tpurun("train", *IRIS, "--profile_steps=120,180", f"--model_dir={model_dir}")
+    result = tpurun_in_process(
+        "train", *IRIS, "--profile_steps=120,180", f"--model_dir={model_dir}"
+    )
     return assert_ok(result), model_dir
 
 
@@ -414,9 +202,9 @@ def test_on_a_terminal_a_live_progress_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_slow_input_warns_once_that_training_is_input_bound(slow_input):
+def test_slow_input_warns_once_that_training_is_input_bound(tpurun_cli, slow_input):
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             f"--config={slow_input}",
             "--use_tpu=false",
