@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -382,28 +381,3 @@ def test_verbosity_1_adds_the_traceback(tpurun_cli, tmp_path):
     assert len(lines) == 1 and "RuntimeError in your code" in lines[0], result.stderr
     assert "rerun with --verbosity=1" not in result.stderr
     assert not (tmp_path / "model").exists()
-
-
-def test_workers_probing_one_model_dir_at_once_all_find_it_writable(tmp_path):
-    """Every worker of a cluster runs this check on the shared model_dir at the same time."""
-    from tpurun import commands, config_files
-    from tpurun.run_config import RunConfig, merge_flags
-
-    config = merge_flags(config_files.load(config_files.resolve("iris")), {})
-    run = RunConfig("train", "iris", config, model_dir=str(tmp_path / "model"))
-    failures: list[Exception] = []
-
-    def probe_many_times() -> None:
-        for _ in range(200):
-            try:
-                commands.prepare_model_dir(run)
-            except Exception as e:  # noqa: BLE001 - collected and shown below
-                failures.append(e)
-
-    workers = [threading.Thread(target=probe_many_times) for _ in range(4)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    assert not failures, failures[:3]
-    assert os.listdir(tmp_path / "model") == []  # no probe left behind

@@ -14,10 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import RUN_FAILURE, assert_fails, assert_ok, contents, run_tpurun
-
-from tests.synthetic_images import write_digit_records
-from tpurun.tf_errors import op_error_line
+from conftest import RUN_FAILURE, assert_fails, assert_ok, contents, tpurun_in_process
+from synthetic_images import write_digit_records
 
 # A small network and a few steps: each case fails within the first loop.
 TINY = (
@@ -125,11 +123,11 @@ def data_dir(clean_data, tmp_path) -> Path:
     "corrupt, keywords", list(BROKEN_RECORDS.values()), ids=list(BROKEN_RECORDS.keys())
 )
 def test_malformed_train_record_is_named_and_leaves_no_model_dir(
-    tmp_path, data_dir, corrupt, keywords
+    tpurun_cli, tmp_path, data_dir, corrupt, keywords
 ):
     corrupt(data_dir / BAD_FILE)
     before = contents(tmp_path)
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", *TINY, f"--data_dir={data_dir}", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path
     )
     assert_fails(result, RUN_FAILURE, f"data file {data_dir / BAD_FILE}, ", *keywords)
@@ -138,13 +136,13 @@ def test_malformed_train_record_is_named_and_leaves_no_model_dir(
 
 
 @pytest.mark.slow
-def test_empty_train_files_say_there_are_no_examples(tmp_path, data_dir):
+def test_empty_train_files_say_there_are_no_examples(tpurun_cli, tmp_path, data_dir):
     """Zero records would make training wait forever for its first batch."""
     files = sorted(data_dir.glob("train-*.tfrecord"))
     for path in files:
         path.write_bytes(b"")
     before = contents(tmp_path)
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", *TINY, f"--data_dir={data_dir}", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path
     )
     assert_fails(
@@ -157,7 +155,9 @@ def test_empty_train_files_say_there_are_no_examples(tmp_path, data_dir):
 def trained(clean_data, tmp_path_factory) -> Path:
     """A tiny mnist model_dir trained on the clean digits, for the eval and predict cases."""
     model_dir = tmp_path_factory.mktemp("mnist") / "model"
-    assert_ok(run_tpurun("train", *TINY, f"--data_dir={clean_data}", f"--model_dir={model_dir}"))
+    assert_ok(
+        tpurun_in_process("train", *TINY, f"--data_dir={clean_data}", f"--model_dir={model_dir}")
+    )
     return model_dir
 
 
@@ -172,13 +172,13 @@ def trained(clean_data, tmp_path_factory) -> Path:
     ids=["eval_truncated", "eval_label_is_a_float", "predict_image_is_int64"],
 )
 def test_malformed_eval_or_predict_record_is_named_and_writes_nothing(
-    trained, data_dir, tmp_path, command, corrupt, keywords
+    tpurun_cli, trained, data_dir, tmp_path, command, corrupt, keywords
 ):
     bad = data_dir / "test-00000-of-00001.tfrecord"
     corrupt(bad)
     model_dir = Path(shutil.copytree(trained, tmp_path / "model"))
     before = contents(model_dir)
-    result = run_tpurun(
+    result = tpurun_cli(
         command, *TINY, f"--data_dir={data_dir}", f"--model_dir={model_dir}", cwd=tmp_path
     )
     assert_fails(result, RUN_FAILURE, f"data file {bad}, ", *keywords)
@@ -199,65 +199,3 @@ def test_find_bad_record_passes_clean_files_and_names_a_bad_one(clean_data, tmp_
     )
     # Predict ignores labels: not a reason for its failure.
     assert image_records.find_bad_record([str(bad)], Mode.PREDICT) is None
-
-
-# Real messages of errors raised inside a tf.function (TensorFlow 2.21).
-GRAPH_ERRORS = {
-    "in_a_dataset_function": (
-        "Graph execution error:\n\nDetected at node ParseExample/ParseExampleV2 defined at "
-        "(most recent call last):\n<stack traces unavailable>\nError in user-defined function "
-        "passed to ParallelMapDatasetV2:3 transformation with iterator: "
-        "Iterator::Root::Prefetch::ParallelMapV2: Name: <unknown>, Key: label, Index: 3.  Data "
-        "types don't match. Data type: float but expected type: int64\n\t [[{{node "
-        "ParseExample/ParseExampleV2}}]]\n\t [[while/body/_1/while/IteratorGetNextAsOptional]] "
-        "[Op:__inference_loop_157]",
-        "Name: <unknown>, Key: label, Index: 3.  Data types don't match. Data type: float but "
-        "expected type: int64",
-    ),
-    "with_a_python_trace": (
-        "Graph execution error:\n\nDetected at node while/IteratorGetNextAsOptional defined at "
-        '(most recent call last):\n  File "/tmp/run.py", line 19, in <module>\n\n  File '
-        '"/tmp/run.py", line 13, in loop\n\ntruncated record at 16929\' failed with Read less '
-        "bytes than requested\n\t [[{{node while/IteratorGetNextAsOptional}}]] "
-        "[Op:__inference_loop_628]",
-        "truncated record at 16929' failed with Read less bytes than requested",
-    ),
-    "eager": ("No such file or directory: /x\nmore", "No such file or directory: /x"),
-    "eager_in_a_function_node": (
-        "{{function_node __wrapped__CollectiveBcastRecv_device_/job:worker/replica:0/task:1/"
-        "device:CPU:0}} Collective ops is aborted by: Failed to send RPC to coordination "
-        "service.\nAdditional GRPC error information",
-        "Collective ops is aborted by: Failed to send RPC to coordination service.",
-    ),
-}
-
-
-@pytest.mark.parametrize(
-    "message, line", list(GRAPH_ERRORS.values()), ids=list(GRAPH_ERRORS.keys())
-)
-def test_an_undiagnosed_tensorflow_error_shows_its_meaningful_line(message, line):
-    """Not "InvalidArgumentError: Graph execution error:", which says nothing."""
-    assert op_error_line(message) == line
-
-
-# The message a worker got when its chief was SIGKILLed mid-run (TensorFlow 2.21).
-LOST_WORKER = (
-    "Graph execution error:\n\nDetected at node while/CollectiveReduceV2 defined at (most "
-    'recent call last):\n  File "<frozen runpy>", line 198, in _run_module_as_main\n\n'
-    "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
-    "information from remote target /job:worker/replica:0/task:0 while calling "
-    "/tensorflow.WorkerService/CompleteInstance:\n:UNKNOWN:Error received from peer\n"
-    "The error could be from a previous operation. Restart your program to reset.\n\t "
-    "[[{{node while/CollectiveReduceV2}}]] [Op:__inference__host_loop_691]"
-)
-
-
-def test_alost_worker_reason_is_told_apart_from_unavailable_storage():
-    import tensorflow as tf
-
-    from tpurun.commands import lost_worker_reason
-
-    lost = tf.errors.UnavailableError(None, None, LOST_WORKER)
-    assert lost_worker_reason(lost) == "recvmsg:Connection reset by peer"
-    storage = tf.errors.UnavailableError(None, None, "Error executing an HTTP request: 503")
-    assert lost_worker_reason(storage) is None
