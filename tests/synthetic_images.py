@@ -42,7 +42,8 @@ def check_image_model(
     min_accuracy: float,
     num_shards: int = 1,
 ) -> float:
-    """Trains `config` on the synthetic digits through the CLI, then evals, predicts, exports.
+    """Trains `config` on the synthetic digits through the CLI (in-process), then evals,
+    predicts, exports.
 
     Checks: eval accuracy >= min_accuracy on the 100 test digits; predict gives one
     row per test record, in record order (so mostly the true labels); the export
@@ -52,9 +53,8 @@ def check_image_model(
     import json
 
     import tensorflow as tf
+    from conftest import assert_ok, tpurun_in_process
     from tpurun.models import image_records
-
-    from tests.conftest import assert_ok, run_tpurun
 
     data_dir = write_digit_records(tmp_path / "data")
     model_dir = tmp_path / "model"
@@ -65,8 +65,8 @@ def check_image_model(
         *overrides,
     )
     local = ("--use_tpu=false", f"--num_shards={num_shards}")
-    assert_ok(run_tpurun("train", *common, *local))
-    result = assert_ok(run_tpurun("eval", *common, *local))
+    assert_ok(tpurun_in_process("train", *common, *local))
+    result = assert_ok(tpurun_in_process("eval", *common, *local))
     assert "(100 examples)" in result.stdout, result.stdout
     step = max(int(p.stem.split("-")[1]) for p in (model_dir / "eval").glob("results-*.json"))
     accuracy = json.loads((model_dir / "eval" / f"results-{step}.json").read_text())["accuracy"]
@@ -75,7 +75,9 @@ def check_image_model(
     test_files = sorted(str(p) for p in data_dir.glob("test-*.tfrecord"))
     output = tmp_path / "predictions.jsonl"
     assert_ok(
-        run_tpurun("predict", *common, *local, f"--input={data_dir}/test-*", f"--output={output}")
+        tpurun_in_process(
+            "predict", *common, *local, f"--input={data_dir}/test-*", f"--output={output}"
+        )
     )
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     images, labels = image_records.read_arrays(test_files)
@@ -85,7 +87,7 @@ def check_image_model(
     assert sum(p == y for p, y in zip(predicted, labels, strict=True)) >= min_accuracy * 100
 
     export_dir = tmp_path / "export"
-    assert_ok(run_tpurun("export", *common, f"--export_dir={export_dir}"))
+    assert_ok(tpurun_in_process("export", *common, f"--export_dir={export_dir}"))
     assert (export_dir / "saved_model.pb").is_file()
     serving = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
     examples = [image_records.example(x, 0).SerializeToString() for x in images[:10]]

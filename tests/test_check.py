@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, run_tpurun
+from conftest import error_lines
 
 FIXTURES = Path(__file__).resolve().parent / "check_fixtures"
 
@@ -70,9 +70,9 @@ def report(result: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rule", list(RULE_CASES))
-def test_rule_is_caught_with_its_fix(rule, tmp_path):
+def test_rule_is_caught_with_its_fix(tpurun_cli, rule, tmp_path):
     config, found, fix = RULE_CASES[rule]
-    result = run_tpurun("check", f"--config={FIXTURES / config}.py", cwd=tmp_path)
+    result = tpurun_cli("check", f"--config={FIXTURES / config}.py", cwd=tmp_path)
     assert result.returncode == 1, report(result)
     lines = findings(result)
     assert lines, report(result)
@@ -91,8 +91,8 @@ def test_rule_is_caught_with_its_fix(rule, tmp_path):
 
 
 @pytest.mark.slow
-def test_shipped_iris_config_is_clean(tmp_path):
-    result = run_tpurun("check", "--config=iris", cwd=tmp_path)
+def test_shipped_iris_config_is_clean(tpurun_cli, tmp_path):
+    result = tpurun_cli("check", "--config=iris", cwd=tmp_path)
     assert result.returncode == 0, report(result)
     assert "tpurun check: clean: the train, eval and predict steps of iris" in result.stdout
     assert "8 replicas (a v3-8), with no errors" in result.stdout
@@ -104,8 +104,8 @@ def test_shipped_iris_config_is_clean(tmp_path):
 
 
 @pytest.mark.slow
-def test_per_replica_batch_not_a_multiple_of_8_is_only_a_warning(tmp_path):
-    result = run_tpurun("check", "--config=iris", "--batch_size=24", cwd=tmp_path)
+def test_per_replica_batch_not_a_multiple_of_8_is_only_a_warning(tpurun_cli, tmp_path):
+    result = tpurun_cli("check", "--config=iris", "--batch_size=24", cwd=tmp_path)
     assert result.returncode == 0, report(result)
     lines = findings(result)
     assert (
@@ -118,10 +118,10 @@ def test_per_replica_batch_not_a_multiple_of_8_is_only_a_warning(tmp_path):
 
 
 @pytest.mark.slow
-def test_num_shards_sets_the_replicas_and_tpu_flags_are_ignored(tmp_path):
+def test_num_shards_sets_the_replicas_and_tpu_flags_are_ignored(tpurun_cli, tmp_path):
     """--num_shards=4 checks 4 replicas; --use_tpu and --model_dir neither connect nor write."""
     model_dir = tmp_path / "model"
-    result = run_tpurun(
+    result = tpurun_cli(
         "check",
         "--config=iris",
         "--num_shards=4",
@@ -153,78 +153,83 @@ def graph_findings(fn) -> list[tuple[str, str]]:
     return [(found.rule, found.op.type) for found in GraphWalker(graph).findings()]
 
 
-def _graph_cases():
+def grow(x):
     import tensorflow as tf
 
-    def grow(x):
-        return tf.while_loop(
-            lambda i, a: i < 3,
-            lambda i, a: (i + 1, tf.concat([a, a], 0)),
-            [0, x],
-            shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, 4])],
-        )[1]
-
-    clean = {
-        "map_fn": lambda x: tf.map_fn(lambda r: r * 2, x),
-        "fixed_while": lambda x: tf.while_loop(
-            lambda i, a: i < 3, lambda i, a: (i + 1, a * 2), [0, x]
-        )[1],
-        "same_shape_cond": lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x, lambda: -x),
-        "where_3_args": lambda x: tf.where(x > 0, x, 0.0),
-        "reshape_by_shape": lambda x: tf.reshape(tf.reshape(x, [-1]), tf.shape(x)),
-        "top_k_and_gather": lambda x: tf.gather(x, tf.math.top_k(x, 2).indices, batch_dims=1),
-        "tensor_array": lambda x: (
-            tf.TensorArray(tf.float32, size=4).unstack(tf.transpose(x)).stack()
-        ),
-    }
-    caught = {
-        "where_1_arg": (lambda x: tf.where(x > 0), ("dynamic-shape", "Where")),
-        "unique": (
-            lambda x: tf.unique(tf.reshape(tf.cast(x, tf.int32), [-1]))[0],
-            ("dynamic-shape", "Unique"),
-        ),
-        "range_of_a_value": (
-            lambda x: tf.range(tf.cast(tf.reduce_sum(x), tf.int32)),
-            ("dynamic-shape", "Range"),
-        ),
-        "growing_while": (grow, ("dynamic-shape", "StatelessWhile")),
-        "mask_inside_cond": (
-            lambda x: tf.cond(
-                tf.reduce_sum(x) > 0, lambda: tf.boolean_mask(x, x > 0), lambda: tf.zeros([3])
-            ),
-            ("dynamic-shape", "Where"),
-        ),
-        "cond_shapes_differ": (
-            lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x, lambda: x[:2]),
-            ("dynamic-shape", "StatelessIf"),
-        ),
-        "float64": (lambda x: tf.cast(x, tf.float64) * 2, ("dtype", "Cast")),
-        "numpy_function": (
-            lambda x: tf.numpy_function(lambda a: a, [x], tf.float32),
-            ("xla-unsupported", "PyFunc"),
-        ),
-    }
-    return clean, caught
+    return tf.while_loop(
+        lambda i, a: i < 3,
+        lambda i, a: (i + 1, tf.concat([a, a], 0)),
+        [0, x],
+        shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, 4])],
+    )[1]
 
 
-def test_graph_walker_finds_nothing_in_static_steps():
-    clean, _ = _graph_cases()
-    found = {name: graph_findings(fn) for name, fn in clean.items()}
-    assert found == {name: [] for name in clean}
+# Each a function of an [8, 4] input (the tf module is passed in: imported lazily).
+CLEAN_GRAPHS = {
+    "map_fn": lambda tf, x: tf.map_fn(lambda r: r * 2, x),
+    "fixed_while": lambda tf, x: tf.while_loop(
+        lambda i, a: i < 3, lambda i, a: (i + 1, a * 2), [0, x]
+    )[1],
+    "same_shape_cond": lambda tf, x: tf.cond(tf.reduce_sum(x) > 0, lambda: x, lambda: -x),
+    "where_3_args": lambda tf, x: tf.where(x > 0, x, 0.0),
+    "reshape_by_shape": lambda tf, x: tf.reshape(tf.reshape(x, [-1]), tf.shape(x)),
+    "top_k_and_gather": lambda tf, x: tf.gather(x, tf.math.top_k(x, 2).indices, batch_dims=1),
+    "tensor_array": lambda tf, x: (
+        tf.TensorArray(tf.float32, size=4).unstack(tf.transpose(x)).stack()
+    ),
+}
+# name -> (function, the one (rule, op type) found: the root of the problem)
+CAUGHT_GRAPHS = {
+    "where_1_arg": (lambda tf, x: tf.where(x > 0), ("dynamic-shape", "Where")),
+    "unique": (
+        lambda tf, x: tf.unique(tf.reshape(tf.cast(x, tf.int32), [-1]))[0],
+        ("dynamic-shape", "Unique"),
+    ),
+    "range_of_a_value": (
+        lambda tf, x: tf.range(tf.cast(tf.reduce_sum(x), tf.int32)),
+        ("dynamic-shape", "Range"),
+    ),
+    "growing_while": (lambda tf, x: grow(x), ("dynamic-shape", "StatelessWhile")),
+    "mask_inside_cond": (
+        lambda tf, x: tf.cond(
+            tf.reduce_sum(x) > 0, lambda: tf.boolean_mask(x, x > 0), lambda: tf.zeros([3])
+        ),
+        ("dynamic-shape", "Where"),
+    ),
+    "cond_shapes_differ": (
+        lambda tf, x: tf.cond(tf.reduce_sum(x) > 0, lambda: x, lambda: x[:2]),
+        ("dynamic-shape", "StatelessIf"),
+    ),
+    "float64": (lambda tf, x: tf.cast(x, tf.float64) * 2, ("dtype", "Cast")),
+    "numpy_function": (
+        lambda tf, x: tf.numpy_function(lambda a: a, [x], tf.float32),
+        ("xla-unsupported", "PyFunc"),
+    ),
+}
 
 
-def test_graph_walker_finds_the_root_of_each_problem():
-    _, caught = _graph_cases()
+@pytest.mark.parametrize("fn", list(CLEAN_GRAPHS.values()), ids=list(CLEAN_GRAPHS))
+def test_graph_walker_finds_nothing_in_static_steps(fn):
+    import tensorflow as tf
+
+    assert graph_findings(lambda x: fn(tf, x)) == []
+
+
+@pytest.mark.parametrize("fn, expected", list(CAUGHT_GRAPHS.values()), ids=list(CAUGHT_GRAPHS))
+def test_graph_walker_finds_the_root_of_each_problem(fn, expected):
+    import tensorflow as tf
+
+    found = graph_findings(lambda x: fn(tf, x))
+    if expected[0] == "dtype":
+        found = found[:1]  # float64 ops are grouped by layer later
     # Only the root: not the ops after it, whose shapes are dynamic because of it.
-    found = {name: graph_findings(fn) for name, (fn, _) in caught.items()}
-    found["float64"] = found["float64"][:1]  # float64 ops are grouped by layer later
-    assert found == {name: [expected] for name, (_, expected) in caught.items()}
+    assert found == [expected]
 
 
 def shipped_config_args(name: str, data: Path) -> list[str]:
     """What each shipped config needs to find its data, made here on the fly."""
     if name in ("mnist", "fashion_mnist"):
-        from tests.synthetic_images import write_digit_records
+        from synthetic_images import write_digit_records
 
         return [f"--data_dir={write_digit_records(data, train=64, test=16)}"]
     if name == "shakespeare":
@@ -237,11 +242,11 @@ def shipped_config_args(name: str, data: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "shakespeare", "flops"])
-def test_every_shipped_config_passes_check(tmp_path, name):
+def test_every_shipped_config_passes_check(tpurun_cli, tmp_path, name):
     """The shipped models run on a v3-8 as far as a trace can tell (warnings allowed)."""
     work = tmp_path / "work"
     work.mkdir()
-    result = run_tpurun(
+    result = tpurun_cli(
         "check", f"--config={name}", *shipped_config_args(name, tmp_path / "data"), cwd=work
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.conftest import REPO
-from tests.synthetic_images import digits
+from conftest import REPO
+from synthetic_images import digits
 
 SIZES = {"train": 25, "test": 12}
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import assert_ok
+from synthetic_images import check_image_model
 from tpurun.models.fashion_mnist import CLASS_NAMES
-
-from tests.conftest import assert_ok, run_tpurun
-from tests.synthetic_images import check_image_model
 
 
 @pytest.mark.slow
-def test_fashion_mnist_trains_to_090_on_synthetic_digits_and_predicts_and_exports(tmp_path):
+def test_fashion_mnist_trains_to_090_on_synthetic_digits_and_predicts_and_exports(
+    tpurun_cli, tmp_path
+):
     # The example's network with fewer filters (8/16/16, 64 units) and BatchNorm
     # momentum 0.9 (eval uses the moving statistics, which must catch up in 150
     # steps): >= 0.9 on the 100 synthetic test digits.
@@ -32,7 +33,7 @@ def test_fashion_mnist_trains_to_090_on_synthetic_digits_and_predicts_and_export
 
     # Printed predictions name the garment.
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "predict",
             "--config=fashion_mnist",
             f"--data_dir={tmp_path / 'data'}",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from tests.conftest import assert_ok, run_tpurun
+from conftest import assert_ok
 
 NUMBER = r"[\d.]+(?:e[-+]\d+)?"  # as printed with :.4g
 
@@ -30,7 +29,7 @@ def test_unknown_dtype_is_a_usage_error():
 
 
 @pytest.mark.slow
-def test_train_then_predict_prints_tflops_per_replica_and_total(tmp_path):
+def test_train_then_predict_prints_tflops_per_replica_and_total(tpurun_cli, tmp_path):
     common = (
         "--config=flops",
         f"--model_dir={tmp_path}",
@@ -43,12 +42,12 @@ def test_train_then_predict_prints_tflops_per_replica_and_total(tmp_path):
         "--eval_batch_size=512",
         "--predict_batch_size=512",
     )
-    result = assert_ok(run_tpurun("train", *common, "--train_steps=4", "--iterations=2"))
+    result = assert_ok(tpurun_cli("train", *common, "--train_steps=4", "--iterations=2"))
     # 3 x 4 matmuls of [256 x 256] x [256 x 256] per replica and step: 0.4 GFLOP.
     assert "a training step is 0.4 GFLOP per replica" in result.stderr
     assert re.search(r"step 4/4  loss [\d.]+", result.stderr)
 
-    result = assert_ok(run_tpurun("predict", *common))
+    result = assert_ok(tpurun_cli("predict", *common))
     lines = result.stdout.strip().splitlines()
     print("\n".join(lines))
     assert len(lines) == 2

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tests.synthetic_images import check_image_model, digits, write_digit_records
+from synthetic_images import check_image_model, digits, write_digit_records
 
 
 def params(batch_size: int, pipelines: int = 1, pipeline: int = 0):
@@ -87,16 +86,16 @@ def test_two_input_pipelines_read_disjoint_halves(data_dir, pattern, sharding):
     assert sorted(map(bytes, together)) == sorted(map(bytes, everything)), sharding
 
 
-def test_missing_data_says_how_to_make_it(tmp_path):
-    from tests.conftest import error_lines, run_tpurun
+def test_missing_data_says_how_to_make_it(tpurun_cli, tmp_path):
+    from conftest import error_lines
 
-    result = run_tpurun(
+    result = tpurun_cli(
         "train", "--config=mnist", "--use_tpu=false", f"--model_dir={tmp_path / 'm'}"
     )
     assert result.returncode == 1
     [line] = error_lines(result)
     assert "--data_dir" in line and "convert_mnist.py" in line
-    result = run_tpurun("predict", "--config=iris", "--prompt=x", f"--model_dir={tmp_path}")
+    result = tpurun_cli("predict", "--config=iris", "--prompt=x", f"--model_dir={tmp_path}")
     assert result.returncode == 2
     assert "--prompt sets config key predict.prompt, which config 'iris' does not have" in (
         result.stderr

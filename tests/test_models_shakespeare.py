@@ -7,8 +7,7 @@ import re
 
 import numpy as np
 import pytest
-
-from tests.conftest import assert_ok, run_tpurun
+from conftest import assert_ok
 
 # A text with an obvious pattern, so that a tiny LSTM learns it in 200 steps.
 LINES = (
@@ -44,7 +43,7 @@ def test_bytes_round_trip_and_short_text_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_loss_falls_eval_generate_and_export(tmp_path):
+def test_loss_falls_eval_generate_and_export(tpurun_cli, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("".join(LINES[i % 2] for i in range(200)))  # 8.4 KB
     model_dir = tmp_path / "model"
@@ -52,7 +51,7 @@ def test_loss_falls_eval_generate_and_export(tmp_path):
     data = f"--config.data.path={text}"
 
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *common,
             data,
@@ -68,7 +67,7 @@ def test_loss_falls_eval_generate_and_export(tmp_path):
 
     # The held-out last 10% of the text, in windows of 40 bytes: >= 0.6 of the
     # next bytes right (a byte-level model of this text reaches ~0.8 in 200 steps).
-    assert_ok(run_tpurun("eval", *common, data))
+    assert_ok(tpurun_cli("eval", *common, data))
     [results] = (model_dir / "eval").glob("results-*.json")
     accuracy = json.loads(results.read_text())["accuracy"]
     print(f"shakespeare: losses {losses}, held-out next-byte accuracy {accuracy:.4f}")
@@ -76,13 +75,13 @@ def test_loss_falls_eval_generate_and_export(tmp_path):
 
     # Generation needs no data: the prompt, continued by config.predict.length bytes.
     result = assert_ok(
-        run_tpurun("predict", *common, "--prompt=ROMEO:", "--config.predict.length=80")
+        tpurun_cli("predict", *common, "--prompt=ROMEO:", "--config.predict.length=80")
     )
     assert result.stdout.startswith("ROMEO:"), result.stdout
     assert len(result.stdout.rstrip("\n")) > len("ROMEO:") + 40
     output = tmp_path / "generated.jsonl"
     assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "predict",
             *common,
             "--prompt=JULIET:",
@@ -100,7 +99,7 @@ def test_loss_falls_eval_generate_and_export(tmp_path):
     from tpurun.models.shakespeare import encode
 
     export_dir = tmp_path / "export"
-    assert_ok(run_tpurun("export", *common, f"--export_dir={export_dir}"))
+    assert_ok(tpurun_cli("export", *common, f"--export_dir={export_dir}"))
     assert (export_dir / "saved_model.pb").is_file()
     serving = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
     for prefix in ("ROMEO: to be or not to b", "JULIET: wherefore art thou, Rom"):
