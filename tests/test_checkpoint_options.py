@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import USAGE, assert_fails, assert_ok, run_tpurun
+from conftest import USAGE, assert_fails, assert_ok
 from test_resume import weights
 
 pytestmark = pytest.mark.slow
@@ -22,9 +22,11 @@ def steps_saved(model_dir) -> list[int]:
     )
 
 
-def test_step_cadence_is_rounded_to_the_loop_with_a_notice_and_retention_applies(tmp_path):
+def test_step_cadence_is_rounded_to_the_loop_with_a_notice_and_retention_applies(
+    tpurun_cli, tmp_path
+):
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=95",
@@ -45,9 +47,9 @@ def test_step_cadence_is_rounded_to_the_loop_with_a_notice_and_retention_applies
     assert steps_saved(tmp_path) == [90, 95]
 
 
-def test_time_cadence_saves_after_the_loop_that_passes_it(tmp_path):
+def test_time_cadence_saves_after_the_loop_that_passes_it(tpurun_cli, tmp_path):
     only_end = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=200",
@@ -59,7 +61,7 @@ def test_time_cadence_saves_after_the_loop_that_passes_it(tmp_path):
     # One step per loop: a few thousand host loops take several seconds, so a 1 s
     # cadence saves between them, whatever this machine's speed.
     by_time = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=1500",
@@ -72,10 +74,12 @@ def test_time_cadence_saves_after_the_loop_that_passes_it(tmp_path):
     assert len(saved) >= 2, by_time.stderr[-2000:]  # by time, then at the end
 
 
-def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(tmp_path):
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
+def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
+    tpurun_cli, tmp_path
+):
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
     line = assert_fails(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=40",
@@ -92,7 +96,7 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
     assert "train.steps" not in line
     # What may change on resume: steps, learning rate, cadence.
     assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=40",
@@ -102,7 +106,7 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
         )
     )
     forced = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=60",
@@ -116,13 +120,13 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
     assert recorded["train"]["batch_size"] == 16  # the new run's config is the record now
 
 
-def test_warm_start_takes_the_weights_and_trains_from_step_zero(tmp_path):
+def test_warm_start_takes_the_weights_and_trains_from_step_zero(tpurun_cli, tmp_path):
     source = tmp_path / "source"
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=200", f"--model_dir={source}"))
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={source}"))
     target = tmp_path / "target"
     # 0 steps: the checkpoint written is exactly what the warm start loaded.
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=10",
@@ -137,15 +141,15 @@ def test_warm_start_takes_the_weights_and_trains_from_step_zero(tmp_path):
     model = [n for n in before if n.startswith(MODEL_VARIABLES)]
     assert len(model) == 6 and all(np.array_equal(before[n], after[n]) for n in model)
     assert int(after["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
-    assert_ok(run_tpurun("eval", "--config=iris", "--use_tpu=false", f"--model_dir={target}"))
+    assert_ok(tpurun_cli("eval", "--config=iris", "--use_tpu=false", f"--model_dir={target}"))
 
 
-def test_warm_start_of_matching_variables_only(tmp_path):
+def test_warm_start_of_matching_variables_only(tpurun_cli, tmp_path):
     source = tmp_path / "source"
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=100", f"--model_dir={source}"))
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={source}"))
     target = tmp_path / "target"
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=10",
@@ -163,9 +167,9 @@ def test_warm_start_of_matching_variables_only(tmp_path):
     assert len(same) == 2, same
 
 
-def test_warm_start_errors_are_one_line(tmp_path):
+def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path):
     assert_fails(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             f"--warm_start_from={tmp_path / 'nothing'}",
@@ -176,9 +180,9 @@ def test_warm_start_errors_are_one_line(tmp_path):
         "neither a model_dir nor a checkpoint",
     )
     source = tmp_path / "source"
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=10", f"--model_dir={source}"))
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={source}"))
     assert_fails(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             f"--warm_start_from={source}",
@@ -189,7 +193,7 @@ def test_warm_start_errors_are_one_line(tmp_path):
         "warm_start_vars='nomatch' matches none",
     )
     assert_fails(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             f"--warm_start_from={source}",
@@ -204,7 +208,7 @@ def test_warm_start_errors_are_one_line(tmp_path):
     # Not a checkpoint of this model: nothing would be restored, so nothing is taken.
     foreign = tf.train.Checkpoint(other=tf.Variable([1.0, 2.0])).write(str(tmp_path / "foreign"))
     assert_fails(
-        run_tpurun("train", *IRIS, f"--warm_start_from={foreign}", f"--model_dir={tmp_path / 'd'}"),
+        tpurun_cli("train", *IRIS, f"--warm_start_from={foreign}", f"--model_dir={tmp_path / 'd'}"),
         USAGE,
         "has no value for",
         "leave them out with config.train.warm_start_vars",

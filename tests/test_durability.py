@@ -1,4 +1,7 @@
-"""Guard rails of a training run: NaN stops it cleanly; SIGTERM saves and says "restart me"."""
+"""Guard rails of a training run: NaN stops it cleanly; SIGTERM saves and says "restart me".
+
+In-process, but for the SIGTERM, which goes to a training process of its own (the
+controller's handling of it is unit-tested in test_controller.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV, assert_ok, error_lines, run_tpurun
+from conftest import OFFLINE_ENV, assert_ok, error_lines
 
 from tpurun.errors import EXIT_PREEMPTED
 
@@ -17,11 +20,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_exploding_learning_rate_stops_with_the_step_range_and_keeps_the_good_checkpoint(
+    tpurun_cli,
     tmp_path,
 ):
     common = ("--config=iris", "--use_tpu=false", "--iterations=50", f"--model_dir={tmp_path}")
-    assert_ok(run_tpurun("train", *common, "--train_steps=100"))
-    result = run_tpurun(
+    assert_ok(tpurun_cli("train", *common, "--train_steps=100"))
+    result = tpurun_cli(
         # 2 replicas: the resumed learning rate is a MirroredVariable there.
         "train",
         *common,
@@ -45,7 +49,7 @@ def test_exploding_learning_rate_stops_with_the_step_range_and_keeps_the_good_ch
             assert np.all(np.isfinite(reader.get_tensor(name))), name
 
 
-def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tmp_path):
+def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tpurun_cli, tmp_path):
     args = [
         sys.executable,
         "-m",
@@ -76,7 +80,7 @@ def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tmp_path):
     assert (tmp_path / f"ckpt-{saved}.index").exists()
 
     resumed = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             "--config=iris",
             "--use_tpu=false",
@@ -105,10 +109,10 @@ def scalars(directory) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def test_train_and_eval_summaries_read_back_by_tag(tmp_path):
+def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):
     common = ("--config=iris", "--use_tpu=false", f"--model_dir={tmp_path}")
-    assert_ok(run_tpurun("train", *common, "--train_steps=200", "--iterations=50"))
-    assert_ok(run_tpurun("eval", *common))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=200", "--iterations=50"))
+    assert_ok(tpurun_cli("eval", *common))
 
     train = scalars(tmp_path)
     assert set(train) == {

@@ -1,4 +1,5 @@
-"""Iris end to end through the real CLI: train, eval, predict, export, on 1 and 8 replicas."""
+"""Iris end to end through the real CLI (in-process): train, eval, predict, export, on 1 and 8
+replicas; the export also under TensorFlow's own saved_model_cli."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.conftest import OFFLINE_ENV, assert_ok, run_tpurun
+from conftest import assert_ok, tpurun_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -48,12 +48,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_default_config_reaches_090_and_predicts_the_tutorial_examples(trained_iris):
-    result = assert_ok(run_tpurun("eval", "--config=iris", f"--model_dir={trained_iris}"))
+def test_default_config_reaches_090_and_predicts_the_tutorial_examples(tpurun_cli, trained_iris):
+    result = assert_ok(tpurun_cli("eval", "--config=iris", f"--model_dir={trained_iris}"))
     assert "(30 examples)" in result.stdout
     assert eval_results(trained_iris, 1000)["accuracy"] >= 0.9
 
-    result = assert_ok(run_tpurun("predict", "--config=iris", f"--model_dir={trained_iris}"))
+    result = assert_ok(tpurun_cli("predict", "--config=iris", f"--model_dir={trained_iris}"))
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 3
     for line, species in zip(lines, ("Setosa", "Versicolor", "Virginica"), strict=True):
@@ -70,9 +70,9 @@ def test_run_record_written_with_versions(trained_iris):
     assert set(record["versions"]) == {"tpurun", "tensorflow", "python"}
 
 
-def test_eight_shards_split_the_global_batch(tmp_path):
+def test_eight_shards_split_the_global_batch(tpurun_cli, tmp_path):
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             "--config=iris",
             "--use_tpu=false",
@@ -86,41 +86,31 @@ def test_eight_shards_split_the_global_batch(tmp_path):
     assert "Global batch 32 split over 8 replica(s): 4 examples per replica" in result.stderr
 
 
-SPLIT_CHECK = """
-import numpy as np, tensorflow as tf, ml_collections
-from tpurun import config_files, inputs, strategy
-from tpurun.model import Mode
-from tpurun.models.iris import Iris
-config = ml_collections.FrozenConfigDict(config_files.load(config_files.resolve("iris")))
-eight = strategy.local(8).strategy
-model = Iris(config)
-dist = inputs.distribute(eight, model, Mode.TRAIN, 32, seed=0)
-first = next(iter(dist))
-per_replica = eight.experimental_local_results(first[1])
-assert [int(t.shape[0]) for t in per_replica] == [4] * 8, per_replica
-single = next(iter(inputs.distribute(tf.distribute.get_strategy(), model, Mode.TRAIN, 32, 0)))
-np.testing.assert_array_equal(tf.concat(per_replica, 0).numpy(), single[1].numpy())
-print("SPLIT-OK")
-"""
-
-
 def test_eight_replicas_get_the_same_global_batch_in_eight_slices():
     """Each replica gets 4 rows, and together they are the 1-replica batch of 32, in order."""
-    result = subprocess.run(
-        [sys.executable, "-c", SPLIT_CHECK],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, **OFFLINE_ENV},
-    )
-    assert "SPLIT-OK" in result.stdout, result.stderr[-3000:]
+    import ml_collections
+    import tensorflow as tf
+    from tpurun.models.iris import Iris
+
+    from tpurun import config_files, inputs, strategy
+    from tpurun.model import Mode
+
+    config = ml_collections.FrozenConfigDict(config_files.load(config_files.resolve("iris")))
+    eight = strategy.local(8).strategy
+    model = Iris(config)
+    dist = inputs.distribute(eight, model, Mode.TRAIN, 32, seed=0)
+    first = next(iter(dist))
+    per_replica = eight.experimental_local_results(first[1])
+    assert [int(t.shape[0]) for t in per_replica] == [4] * 8, per_replica
+    single = next(iter(inputs.distribute(tf.distribute.get_strategy(), model, Mode.TRAIN, 32, 0)))
+    np.testing.assert_array_equal(tf.concat(per_replica, 0).numpy(), single[1].numpy())
 
 
-def test_one_and_eight_replicas_reach_the_same_weights(tmp_path):
+def test_one_and_eight_replicas_reach_the_same_weights(tpurun_cli, tmp_path):
     steps = 200
     for shards in (1, 8):
         assert_ok(
-            run_tpurun(
+            tpurun_cli(
                 "train",
                 "--config=iris",
                 "--use_tpu=false",
@@ -145,17 +135,17 @@ def test_one_and_eight_replicas_reach_the_same_weights(tmp_path):
         np.testing.assert_allclose(eight[name], one[name], rtol=1e-5, err_msg=name)
 
 
-def test_resume_continues_from_the_checkpoint_to_train_steps(tmp_path):
+def test_resume_continues_from_the_checkpoint_to_train_steps(tpurun_cli, tmp_path):
     common = ("--config=iris", "--use_tpu=false", "--iterations=50", f"--model_dir={tmp_path}")
-    assert_ok(run_tpurun("train", *common, "--train_steps=150"))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=150"))
     assert (tmp_path / "ckpt-150.index").exists()
-    resumed = assert_ok(run_tpurun("train", *common, "--train_steps=300"))
+    resumed = assert_ok(tpurun_cli("train", *common, "--train_steps=300"))
     assert "(step 150)" in resumed.stderr
     assert "Training from step 150 to 300" in resumed.stderr
     assert "step 200/300" in resumed.stderr and "step 300/300" in resumed.stderr
     assert "step 100/300" not in resumed.stderr
     assert (tmp_path / "ckpt-300.index").exists()
-    again = assert_ok(run_tpurun("train", *common, "--train_steps=300"))
+    again = assert_ok(tpurun_cli("train", *common, "--train_steps=300"))
     assert "nothing to train" in again.stderr
 
 
@@ -164,7 +154,7 @@ def reference_eval(trained_iris, tmp_path_factory) -> dict:
     """Eval of the trained model with the config's batch (32 > 30 rows: one padded batch)."""
     model_dir = tmp_path_factory.mktemp("reference") / "model"
     shutil.copytree(trained_iris, model_dir)
-    assert_ok(run_tpurun("eval", "--config=iris", f"--model_dir={model_dir}"))
+    assert_ok(tpurun_in_process("eval", "--config=iris", f"--model_dir={model_dir}"))
     return eval_results(model_dir, 1000)
 
 
@@ -176,11 +166,13 @@ def reference_eval(trained_iris, tmp_path_factory) -> dict:
         pytest.param(("--eval_batch_size=16", "--num_shards=8"), id="batch16-8replicas"),
     ],
 )
-def test_eval_counts_exactly_the_30_examples(trained_iris, reference_eval, tmp_path, batch_flags):
+def test_eval_counts_exactly_the_30_examples(
+    tpurun_cli, trained_iris, reference_eval, tmp_path, batch_flags
+):
     model_dir = tmp_path / "copy"
     shutil.copytree(trained_iris, model_dir)
     result = assert_ok(
-        run_tpurun("eval", "--config=iris", f"--model_dir={model_dir}", *batch_flags)
+        tpurun_cli("eval", "--config=iris", f"--model_dir={model_dir}", *batch_flags)
     )
     assert "(30 examples)" in result.stdout
     results = eval_results(model_dir, 1000)
@@ -194,7 +186,7 @@ def predict_rows(model_dir: Path, tmp_path: Path, rows: Path, *flags: str) -> li
     """`tpurun predict --input=rows --output=...` and its JSON lines."""
     out = tmp_path / "out.jsonl"
     assert_ok(
-        run_tpurun(
+        tpurun_in_process(
             "predict",
             "--config=iris",
             f"--model_dir={model_dir}",
@@ -220,7 +212,7 @@ def test_predict_7_rows_with_batch_4_returns_7_rows_in_order(trained_iris, tmp_p
         assert sum(p["probabilities"]) == pytest.approx(1.0, abs=1e-5)
 
 
-def test_export_runs_under_saved_model_cli_and_matches_predict(trained_iris, tmp_path):
+def test_export_runs_under_saved_model_cli_and_matches_predict(tpurun_cli, trained_iris, tmp_path):
     rows = tmp_path / "rows.csv"
     features = write_rows(rows, 7)
     predictions = predict_rows(trained_iris, tmp_path, rows)
@@ -228,7 +220,7 @@ def test_export_runs_under_saved_model_cli_and_matches_predict(trained_iris, tmp
 
     export_dir = tmp_path / "exported"
     result = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "export", "--config=iris", f"--model_dir={trained_iris}", f"--export_dir={export_dir}"
         )
     )
@@ -269,22 +261,22 @@ def test_export_runs_under_saved_model_cli_and_matches_predict(trained_iris, tmp
     np.testing.assert_allclose(outputs["probabilities"].numpy(), predicted, atol=1e-5)
 
 
-def test_default_export_goes_to_model_dir_export_timestamp(trained_iris, tmp_path):
+def test_default_export_goes_to_model_dir_export_timestamp(tpurun_cli, trained_iris, tmp_path):
     model_dir = tmp_path / "copy"
     shutil.copytree(trained_iris, model_dir)
-    result = assert_ok(run_tpurun("export", "--config=iris", f"--model_dir={model_dir}"))
+    result = assert_ok(tpurun_cli("export", "--config=iris", f"--model_dir={model_dir}"))
     exports = list((model_dir / "export").iterdir())
     assert len(exports) == 1 and exports[0].name.isdigit()
     assert str(exports[0]) in result.stdout
     assert (exports[0] / "saved_model.pb").exists()
 
 
-def test_default_model_dir_is_named_after_the_config(tmp_path):
+def test_default_model_dir_is_named_after_the_config(tpurun_cli, tmp_path):
     result = assert_ok(
-        run_tpurun("train", "--config=iris", "--train_steps=10", "--iterations=10", cwd=tmp_path)
+        tpurun_cli("train", "--config=iris", "--train_steps=10", "--iterations=10", cwd=tmp_path)
     )
     assert f"using {tmp_path / 'iris'}" in result.stderr
     assert "running locally" in result.stderr
     assert (tmp_path / "iris" / "ckpt-10.index").exists()
-    evaluated = assert_ok(run_tpurun("eval", "--config=iris", cwd=tmp_path))
+    evaluated = assert_ok(tpurun_cli("eval", "--config=iris", cwd=tmp_path))
     assert "(30 examples)" in evaluated.stdout

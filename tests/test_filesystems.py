@@ -3,79 +3,64 @@
 ram:// is TensorFlow's in-memory file system: nothing of it is on disk, so an
 open(), os.path or shutil call on a data, model_dir or export path would fail
 there (gs:// works the same way, through the same calls). It lives inside one
-process only, so one Python process runs train, eval, predict and export through
+process only: train, eval, predict and export run in this one, through
 `tpurun.cli.main`, which also shows that main() can run several times in a process.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-from conftest import OFFLINE_ENV, contents
+from conftest import contents
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = r"""
-import json
-import tensorflow as tf
-from tpurun import cli
-from tpurun.models import iris
 
-data = "ram://data/iris_training.csv"
-tf.io.gfile.makedirs("ram://data")
-tf.io.gfile.copy(iris.shipped_csv("iris_training.csv"), data)
-common = ["--config=iris", "--use_tpu=false", "--model_dir=ram://runs/iris",
-          f"--config.data.train_path={data}"]
-codes = []
-for command, *flags in [
-    ("train", "--train_steps=20", "--iterations=10"),
-    ("eval",),
-    ("predict", "--output=ram://out/predictions.jsonl"),
-    ("export",),  # to ram://runs/iris/export/<timestamp>
-    ("export", "--export_dir=ram://exports/iris"),
-]:
-    codes.append([command, cli.main(["tpurun", command, *common, *flags])])
-files = sorted(
-    tf.io.gfile.join(directory, name)
-    for root in ("ram://runs", "ram://out", "ram://exports")
-    for directory, _, names in tf.io.gfile.walk(root)
-    for name in names
-)
-with tf.io.gfile.GFile("ram://out/predictions.jsonl") as f:
-    predictions = f.read().splitlines()
-serving = tf.saved_model.load("ram://exports/iris").signatures["serving_default"]
-served = serving(**{name: tf.constant([5.1, 5.9]) for name in iris.FEATURES})
-print("RESULT " + json.dumps({
-    "codes": codes, "files": files, "predictions": len(predictions),
-    "served": served["class_ids"].shape.as_list(),
-}))
-"""
+def ram_files(*roots: str) -> list[str]:
+    import tensorflow as tf
 
-
-def test_train_eval_predict_export_in_ram(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=tmp_path,
-        env={**os.environ, **OFFLINE_ENV},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return sorted(
+        tf.io.gfile.join(directory, name)
+        for root in roots
+        for directory, _, names in tf.io.gfile.walk(root)
+        for name in names
     )
-    assert result.returncode == 0, result.stderr
-    [line] = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    report = json.loads(line[len("RESULT ") :])
-    assert report["codes"] == [
+
+
+def test_train_eval_predict_export_in_ram(tpurun_cli, tmp_path):
+    import tensorflow as tf
+    from tpurun.models import iris
+
+    ram = f"ram://{tmp_path.name}"  # this test's own corner of the process's ram://
+    data = f"{ram}/data/iris_training.csv"
+    tf.io.gfile.makedirs(f"{ram}/data")
+    tf.io.gfile.copy(iris.shipped_csv("iris_training.csv"), data)
+    common = ["--config=iris", "--use_tpu=false", f"--model_dir={ram}/runs/iris",
+              f"--config.data.train_path={data}"]  # fmt: skip
+    codes, errors = [], []
+    for command, *flags in [
+        ("train", "--train_steps=20", "--iterations=10"),
+        ("eval",),
+        ("predict", f"--output={ram}/out/predictions.jsonl"),
+        ("export",),  # to <model_dir>/export/<timestamp>
+        ("export", f"--export_dir={ram}/exports/iris"),
+    ]:
+        result = tpurun_cli(command, *common, *flags, cwd=tmp_path)
+        codes.append([command, result.returncode])
+        errors.append(result.stderr)
+    assert codes == [
         ["train", 0],
         ["eval", 0],
         ["predict", 0],
         ["export", 0],
         ["export", 0],
-    ], result.stderr
-    files = report["files"]
+    ], errors
+    files = [
+        f.replace(ram, "ram:/") for f in ram_files(f"{ram}/runs", f"{ram}/out", f"{ram}/exports")
+    ]
+    with tf.io.gfile.GFile(f"{ram}/out/predictions.jsonl") as f:
+        predictions = f.read().splitlines()
+    serving = tf.saved_model.load(f"{ram}/exports/iris").signatures["serving_default"]
+    served = serving(**{name: tf.constant([5.1, 5.9]) for name in iris.FEATURES})
     for path in (
         "ram://runs/iris/checkpoint",
         "ram://runs/iris/ckpt-20.index",
@@ -99,5 +84,5 @@ def test_train_eval_predict_export_in_ram(tmp_path):
         "saved_model.pb",
     ], default_export
     assert not [f for f in files if ".tmp" in f], "temporary files left behind"
-    assert report["predictions"] == 3 and report["served"] == [2]
+    assert len(predictions) == 3 and served["class_ids"].shape.as_list() == [2]
     assert contents(tmp_path) == set(), "nothing may be written to the local disk"

@@ -1,4 +1,9 @@
-"""Exact, atomic resume: killed at any moment, a run ends with the weights of an uninterrupted one."""
+"""Exact, atomic resume: killed at any moment, a run ends with the weights of an uninterrupted one.
+
+The runs that are killed (SIGKILL) are processes of their own; every other run,
+the uninterrupted references among them, is in-process. The SIGKILLed runs' end
+matching an in-process reference bit for bit also shows that an in-process run
+trains as a fresh process does."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV, REPO, assert_fails, assert_ok, run_tpurun
+from conftest import OFFLINE_ENV, REPO, assert_fails, assert_ok, tpurun_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +60,7 @@ def reference(tmp_path_factory) -> dict[str, Path]:
     for shards in ("1", "2"):
         model_dir = tmp_path_factory.mktemp(f"reference-{shards}")
         assert_ok(
-            run_tpurun(
+            tpurun_in_process(
                 "train",
                 *IRIS,
                 f"--num_shards={shards}",
@@ -68,11 +73,11 @@ def reference(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("shards", ["1", "2"])
-def test_stopping_and_resuming_gives_bit_identical_weights(tmp_path, reference, shards):
+def test_stopping_and_resuming_gives_bit_identical_weights(tpurun_cli, tmp_path, reference, shards):
     # Stops off the loop boundary (73: a short last loop) and on it (150).
     for steps in ("73", "150", "300"):
         result = assert_ok(
-            run_tpurun(
+            tpurun_cli(
                 "train",
                 *IRIS,
                 f"--num_shards={shards}",
@@ -143,7 +148,9 @@ def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_p
 # The 6th save (step 60): its merge, or its first state-file update (a save writes
 # the state twice: Checkpoint.save, then the manager); the 6th old-checkpoint deletion.
 @pytest.mark.parametrize(("point", "nth"), [("merge", "6"), ("state", "11"), ("delete", "6")])
-def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference, point, nth):
+def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(
+    tpurun_cli, tmp_path, reference, point, nth
+):
     killed = subprocess.run(
         [
             sys.executable,
@@ -174,7 +181,7 @@ def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference,
     else:
         assert len(list(tmp_path.glob("ckpt-*.data-*"))) > len(list(tmp_path.glob("ckpt-*.index")))
     resumed = assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=300",
@@ -207,32 +214,32 @@ def damage_index(path: Path) -> None:
 
 @pytest.mark.parametrize("damage", [damage_truncate, damage_flip_bytes, damage_index])
 def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_one_before_used(
-    tmp_path, reference, damage
+    tpurun_cli, tmp_path, reference, damage
 ):
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=200", f"--model_dir={tmp_path}"))
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={tmp_path}"))
     damage(tmp_path / "ckpt-200")
-    resumed = assert_ok(run_tpurun("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
+    resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
     assert f"Checkpoint {tmp_path / 'ckpt-200'} is damaged" in resumed.stderr
     assert f"Resuming from {tmp_path / 'ckpt-190'} " in resumed.stderr
     assert (tmp_path / "damaged" / "ckpt-200.index").exists()
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
 
 
-def test_a_garbled_state_file_does_not_lose_the_checkpoints(tmp_path, reference):
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=200", f"--model_dir={tmp_path}"))
+def test_a_garbled_state_file_does_not_lose_the_checkpoints(tpurun_cli, tmp_path, reference):
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={tmp_path}"))
     (tmp_path / "checkpoint").write_text("model_checkpoint_path: \x00garbage {{{")
-    resumed = assert_ok(run_tpurun("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
+    resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
     assert f"Resuming from {tmp_path / 'ckpt-200'} " in resumed.stderr
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
     assert latest(tmp_path).name == "ckpt-300"
 
 
-def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
-    assert_ok(run_tpurun("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
+def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path):
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
     for index in tmp_path.glob("ckpt-*.index"):
         index.write_bytes(b"junk")
     assert_fails(
-        run_tpurun("train", *IRIS, "--train_steps=30", f"--model_dir={tmp_path}"),
+        tpurun_cli("train", *IRIS, "--train_steps=30", f"--model_dir={tmp_path}"),
         1,
         "no checkpoint in",
         "can be restored",
@@ -240,7 +247,9 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
     )
 
 
-def test_a_dropout_and_batchnorm_model_reading_tfrecords_resumes_bit_identically(tmp_path):
+def test_a_dropout_and_batchnorm_model_reading_tfrecords_resumes_bit_identically(
+    tpurun_cli, tmp_path
+):
     """fashion_mnist: Dropout's random state is checkpointed, and its TFRecord input (which
     does not seek) is skipped forward to the step."""
     from synthetic_images import write_digit_records
@@ -255,10 +264,10 @@ def test_a_dropout_and_batchnorm_model_reading_tfrecords_resumes_bit_identically
         "--batch_size=16",
         "--iterations=5",
     )
-    assert_ok(run_tpurun("train", *common, "--train_steps=30", f"--model_dir={tmp_path / 'a'}"))
-    assert_ok(run_tpurun("train", *common, "--train_steps=15", f"--model_dir={tmp_path / 'b'}"))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=30", f"--model_dir={tmp_path / 'a'}"))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=15", f"--model_dir={tmp_path / 'b'}"))
     resumed = assert_ok(
-        run_tpurun("train", *common, "--train_steps=30", f"--model_dir={tmp_path / 'b'}")
+        tpurun_cli("train", *common, "--train_steps=30", f"--model_dir={tmp_path / 'b'}")
     )
     assert "Skipping 15 batches" in resumed.stderr
     # Every model variable, the dropout layers' seed_generator_state among them.

@@ -2,7 +2,9 @@
 
 The two files are taken from README.md's code blocks (those starting with
 `# my_project/<file>.py`), so the documented example cannot rot: it is written
-into a directory of its own, and tpurun runs from there as an installed command.
+into a directory of its own, and tpurun runs from there: the training as the
+installed command (a process of its own, which does not put the working directory
+on sys.path), the rest in-process (nor does the test process).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, run_tpurun
+from conftest import REPO, assert_ok, run_tpurun, tpurun_in_process
 
 CONFIG = "--config=my_project/my_config.py"
 
@@ -36,6 +38,11 @@ def readme_project(directory: Path) -> Path:
 
 
 def tpurun(*args: str, cwd: Path):
+    return assert_ok(tpurun_in_process(*args, cwd=cwd))
+
+
+def installed_tpurun(*args: str, cwd: Path):
+    """The `tpurun` console script, in a process of its own."""
     return assert_ok(run_tpurun(*args, cwd=cwd, console_script=True))
 
 
@@ -54,7 +61,7 @@ def test_list_shows_the_users_config(tmp_path):
 def test_readme_example_trains_evaluates_predicts_and_exports(tmp_path):
     project = readme_project(tmp_path)
     assert REPO not in project.parents
-    tpurun("train", CONFIG, "--use_tpu=false", cwd=project)
+    installed_tpurun("train", CONFIG, "--use_tpu=false", cwd=project)
     model_dir = project / "my_config"  # the default: ./<config name>
     assert (model_dir / "ckpt-300.index").is_file()
 
