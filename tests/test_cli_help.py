@@ -1,19 +1,23 @@
-"""What the CLI offers: help, `list`, --flagfile, config files and overrides, TF-free answers."""
+"""What the CLI offers: help, `list`, --flagfile, config files and overrides, TF-free answers.
+
+In-process (`tpurun_cli`), except what a fresh interpreter must show: that help and
+usage errors answer without importing TensorFlow (which the test process has).
+`--help` stays fast because of that; timing it belongs in `make bench`, not here.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, run_tpurun
+from conftest import REPO, assert_ok
 
-from tpurun import config_files
+from tpurun import cli, config_files
 
-COMMANDS = ("train", "eval", "predict", "export", "list")
+COMMANDS = ("train", "eval", "predict", "export", "list", "check")
 COMMON = (
     "--config",
     "--model_dir",
@@ -38,24 +42,26 @@ def run_python(code: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h", "help"])
-def test_top_level_help_lists_every_command(flag):
-    result = assert_ok(run_tpurun(flag))
+def test_top_level_help_lists_every_command(tpurun_cli, flag):
+    result = assert_ok(tpurun_cli(flag))
     assert result.stdout.startswith("usage: tpurun <command> [--flags]")
-    listed = [line.split()[0] for line in result.stdout.split("commands:\n")[1].splitlines()[:5]]
-    assert listed == list(COMMANDS)
+    commands = result.stdout.split("commands:\n")[1].split("\n\n")[0].splitlines()
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in commands}
+    assert listed == cli.COMMAND_HELP  # every command, each with its one line
+    assert set(listed) == set(COMMANDS)
     assert "`tpurun <command> --help` lists the flags of a command" in result.stdout
 
 
-def test_no_command_prints_usage_and_exits_2():
-    result = run_tpurun()
+def test_no_command_prints_usage_and_exits_2(tpurun_cli):
+    result = tpurun_cli()
     assert result.returncode == 2
     assert result.stdout.startswith("usage: tpurun <command> [--flags]")
 
 
-def test_version():
+def test_version(tpurun_cli):
     from tpurun import __version__
 
-    assert assert_ok(run_tpurun("--version")).stdout.strip() == f"tpurun {__version__}"
+    assert assert_ok(tpurun_cli("--version")).stdout.strip() == f"tpurun {__version__}"
 
 
 @pytest.mark.parametrize(
@@ -66,11 +72,12 @@ def test_version():
         ("predict", (*COMMON, "--input", "--output", "--predict_batch_size"), ("--export_dir",)),
         ("export", (*COMMON, "--export_dir"), ("--input", "--output")),
         ("list", ("--flagfile", "--verbosity"), ("--config", "--model_dir")),
+        ("check", ("--config", "--num_shards", "--batch_size"), ("--input", "--export_dir")),
     ],
     ids=COMMANDS,
 )
-def test_command_help_lists_its_flags_only(command, present, absent):
-    result = assert_ok(run_tpurun(command, "--help"))
+def test_command_help_lists_its_flags_only(tpurun_cli, command, present, absent):
+    result = assert_ok(tpurun_cli(command, "--help"))
     assert result.stdout.startswith(f"usage: tpurun {command} [--flags]")
     flags = {
         line.split(":")[0].strip() for line in result.stdout.splitlines() if line.startswith("  --")
@@ -79,9 +86,9 @@ def test_command_help_lists_its_flags_only(command, present, absent):
     assert not set(absent) & flags
 
 
-def test_help_wins_over_other_flags():
+def test_help_wins_over_other_flags(tpurun_cli):
     """`--help` anywhere answers help, even next to flags that would be an error."""
-    result = assert_ok(run_tpurun("train", "--config=nope", "--batch_size=abc", "--help"))
+    result = assert_ok(tpurun_cli("train", "--config=nope", "--batch_size=abc", "--help"))
     assert result.stdout.startswith("usage: tpurun train [--flags]")
 
 
@@ -120,17 +127,18 @@ def test_answers_without_importing_tensorflow(argv, exit_code):
     assert result.stdout.strip().endswith(f"exit {exit_code}")
 
 
-def test_help_answers_in_under_a_second():
-    run_tpurun("--help")  # warm the file cache
-    start = time.monotonic()
-    assert_ok(run_tpurun("train", "--help"))
-    elapsed = time.monotonic() - start
-    assert elapsed < 1.0, f"`tpurun train --help` took {elapsed:.2f}s"
+@pytest.mark.parametrize("command", list(cli.COMMAND_HELP))
+def test_every_command_has_help_naming_what_it_does(tpurun_cli, command):
+    result = assert_ok(tpurun_cli(command, "--help"))
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [f"usage: tpurun {command} [--flags]", "", cli.COMMAND_HELP[command] + "."]
+    assert "  --flagfile: read flags from a file, one per line." in lines
+    assert result.stderr == ""
 
 
-def test_list_shows_every_config_with_its_one_liner(tmp_path):
+def test_list_shows_every_config_with_its_one_liner(tpurun_cli, tmp_path):
     # In an empty directory: no config files of the user's to list below them.
-    result = assert_ok(run_tpurun("list", cwd=tmp_path))
+    result = assert_ok(tpurun_cli("list", cwd=tmp_path))
     names = config_files.builtin_names()
     width = max(len(name) for name in names)
     expected = [
@@ -142,17 +150,14 @@ def test_list_shows_every_config_with_its_one_liner(tmp_path):
     assert iris.split(None, 1)[1].startswith("Iris classifier of the TPUEstimator tutorial")
 
 
-def test_parse_reads_overrides_from_its_argv_not_sys_argv():
+def test_parse_reads_overrides_from_its_argv_not_sys_argv(monkeypatch):
     """cli.parse(argv) used to look for `--config.<key>` overrides in sys.argv instead."""
-    code = (
-        "from tpurun import cli\n"
-        "run = cli.parse('train', ['tpurun', '--config.optimizer.learning_rate=0.05',\n"
-        "                          '--model_dir=/nonexistent/model'])\n"
-        "print(run.config.optimizer.learning_rate, run.model_dir)\n"
+    monkeypatch.setattr(sys, "argv", ["pytest", "--config.optimizer.learning_rate=0.9"])
+    run = cli.parse(
+        "train",
+        ["tpurun", "--config.optimizer.learning_rate=0.05", "--model_dir=/nonexistent/model"],
     )
-    result = run_python(code)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["0.05", "/nonexistent/model"]
+    assert [run.config.optimizer.learning_rate, run.model_dir] == [0.05, "/nonexistent/model"]
 
 
 def run_record(model_dir: Path) -> dict:
@@ -162,14 +167,14 @@ def run_record(model_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_flagfile_with_config_and_train_steps(tmp_path):
+def test_flagfile_with_config_and_train_steps(tpurun_cli, tmp_path):
     model_dir = tmp_path / "model"
     flagfile = tmp_path / "iris.flags"
     flagfile.write_text(
         "--config=iris\n--train_steps=20\n--iterations=10\n--use_tpu=false\n"
         f"--model_dir={model_dir}\n"
     )
-    assert_ok(run_tpurun("train", f"--flagfile={flagfile}", cwd=tmp_path))
+    assert_ok(tpurun_cli("train", f"--flagfile={flagfile}", cwd=tmp_path))
     assert sorted(p.name for p in model_dir.glob("ckpt-*.index")) == ["ckpt-20.index"]
     record = run_record(model_dir)["run_config"]
     assert record["config_name"] == "iris"
@@ -195,14 +200,14 @@ def get_config(arg=None):
 @pytest.mark.parametrize(
     "spec_suffix, hidden_units", [("", [16, 16]), (":8", [8])], ids=["path", "path_with_arg"]
 )
-def test_config_file_outside_the_repo(tmp_path, spec_suffix, hidden_units):
+def test_config_file_outside_the_repo(tpurun_cli, tmp_path, spec_suffix, hidden_units):
     config_file = tmp_path / "configs" / "my_iris.py"
     config_file.parent.mkdir()
     config_file.write_text(MY_CONFIG)
     workdir = tmp_path / "work"
     workdir.mkdir()
     result = assert_ok(
-        run_tpurun("train", f"--config={config_file}{spec_suffix}", "--use_tpu=false", cwd=workdir)
+        tpurun_cli("train", f"--config={config_file}{spec_suffix}", "--use_tpu=false", cwd=workdir)
     )
     # No --model_dir: it defaults to ./<config file name>.
     model_dir = workdir / "my_iris"
@@ -222,10 +227,10 @@ def test_config_file_outside_the_repo(tmp_path, spec_suffix, hidden_units):
     ],
     ids=["after_config", "before_config"],
 )
-def test_config_override_lands_in_the_run_record(tmp_path, args):
+def test_config_override_lands_in_the_run_record(tpurun_cli, tmp_path, args):
     model_dir = tmp_path / "model"
     assert_ok(
-        run_tpurun(
+        tpurun_cli(
             "train",
             *args,
             "--train_steps=1",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV, RUN_FAILURE, assert_ok, free_local_ports, run_tpurun
+from conftest import OFFLINE_ENV, RUN_FAILURE, assert_ok, free_local_ports
 
 from tpurun.errors import EXIT_PREEMPTED
 
@@ -102,7 +102,7 @@ def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> li
         pytest.fail(f"workers still running after {timeout}s:\n{tails}")
 
 
-def test_two_workers_train_to_identical_weights_and_eval_exactly(tmp_path):
+def test_two_workers_train_to_identical_weights_and_eval_exactly(tpurun_cli, tmp_path):
     model_dir = tmp_path / "model"
     outputs = run_workers(
         TRAIN_WORKER,
@@ -132,7 +132,7 @@ def test_two_workers_train_to_identical_weights_and_eval_exactly(tmp_path):
     # Each worker evaluates its half of the 30 rows (padded, masked); the metric
     # state is summed across workers, so both report what one process reports.
     reference = assert_ok(
-        run_tpurun("eval", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}")
+        tpurun_cli("eval", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}")
     )
     expected = next(line for line in reference.stdout.splitlines() if line.startswith("eval at"))
     assert expected.endswith("(30 examples)")

@@ -417,7 +417,11 @@ def tf_version() -> str:
 
 
 def tpurun_train(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    """Runs `tpurun train`; returns the finished process and its run time in seconds."""
+    """Runs `tpurun train` in a process of its own; returns it and its run time in seconds.
+
+    For the runs that try to connect to a TPU: a connect that cannot succeed stays
+    hung in a daemon thread, and a connected one changes TensorFlow's context.
+    """
     start = time.monotonic()
     result = run_tpurun(
         "train", f"--model_dir={tmp_path / 'model'}", *args, cwd=tmp_path, timeout=120
@@ -450,10 +454,16 @@ def tpurun_train_until_exit(tmp_path, *args: str) -> tuple[int, str, float]:
 
 
 @pytest.mark.slow
-def test_cli_creating_node_is_one_error_line_and_exit_1(fake_api, tmp_path):
+def test_cli_creating_node_is_one_error_line_and_exit_1(fake_api, tpurun_cli, tmp_path):
+    """In-process: the lookup fails before any connect (and only_localhost watches it)."""
     fake_api.add_node("new-tpu", state="CREATING")
-    result, _ = tpurun_train(
-        tmp_path, "--tpu=new-tpu", f"--tpu_zone={ZONE}", f"--gcp_project={PROJECT}"
+    result = tpurun_cli(
+        "train",
+        f"--model_dir={tmp_path / 'model'}",
+        "--tpu=new-tpu",
+        f"--tpu_zone={ZONE}",
+        f"--gcp_project={PROJECT}",
+        cwd=tmp_path,
     )
     assert result.returncode == 1, result.stderr
     assert error_lines(result) == [
@@ -520,19 +530,28 @@ def test_cli_ready_node_with_other_tensorflow_times_out_naming_the_mismatch(fake
 
 
 @pytest.mark.slow
-def test_cli_use_tpu_without_a_tpu_fails_fast(tmp_path, monkeypatch):
+def test_cli_use_tpu_without_a_tpu_fails_fast(tpurun_cli, tmp_path, monkeypatch):
     monkeypatch.delenv("TPU_NAME", raising=False)
-    result, elapsed = tpurun_train(tmp_path, "--use_tpu=true")
+    start = time.monotonic()
+    result = tpurun_cli(
+        "train", f"--model_dir={tmp_path / 'model'}", "--use_tpu=true", cwd=tmp_path
+    )
+    elapsed = time.monotonic() - start
     assert result.returncode == 1, result.stderr
     lines = error_lines(result)
     assert len(lines) == 1 and "no TPU is configured or detected" in lines[0], result.stderr
     assert elapsed < 45, f"took {elapsed:.1f}s"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "-5", "nan"])
-def test_cli_tpu_init_timeout_must_be_positive(tmp_path, value):
-    result, _ = tpurun_train(tmp_path, "--tpu=grpc://127.0.0.1:1", f"--tpu_init_timeout={value}")
+def test_cli_tpu_init_timeout_must_be_positive(tpurun_cli, tmp_path, value):
+    result = tpurun_cli(
+        "train",
+        f"--model_dir={tmp_path / 'model'}",
+        "--tpu=grpc://127.0.0.1:1",
+        f"--tpu_init_timeout={value}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr
     assert error_lines(result) == [
         f"tpurun train: error: --tpu_init_timeout={value} must be a number of seconds > 0"
