@@ -139,19 +139,6 @@ def test_read_skips_a_best_whose_checkpoint_is_not_whole(tmp_path):
     assert best.read(str(tmp_path)) is None
 
 
-def test_a_copy_left_by_a_killed_update_is_cleared_by_the_next(tmp_path):
-    run = best_run(tmp_path)
-    (tmp_path / ".best.tmp").mkdir()
-    (tmp_path / ".best.tmp" / "ckpt-5.index").write_text("half a copy")
-    assert best.update(run, fake_checkpoint(tmp_path, 10), results(10, accuracy=0.5, loss=1.0))
-    assert {p.name for p in (tmp_path / "best").iterdir()} == {
-        "best.json",
-        "ckpt-10.index",
-        "ckpt-10.data-00000-of-00001",
-    }
-    assert not list(tmp_path.glob(".best*"))
-
-
 def test_the_record_names_the_checkpoint_and_its_path(tmp_path):
     run = best_run(tmp_path, "loss", "min")
     best.update(run, fake_checkpoint(tmp_path, 30), results(30, accuracy=0.5, loss=0.25))

@@ -27,7 +27,7 @@ LOOP_SECONDS = 7.0  # fake seconds each host loop takes
 
 
 class FakeTrainer:
-    """What the Controller needs of a Trainer: a step, a checkpoint, `train(n) -> LoopStats`.
+    """What the Controller needs of a Trainer: a step, checkpoints, `train(n) -> LoopStats`.
 
     `bad_loss`/`bad_weights`: the loop ending at that step reports a non-finite loss
     or weights; `on_loop(step)` runs at the end of each loop (e.g. to send SIGTERM).
@@ -39,9 +39,12 @@ class FakeTrainer:
         self.log = log
         self.clock = clock
         self.steps = tf.Variable(0, dtype=tf.int64)
-        self.checkpoint = tf.train.Checkpoint(steps=self.steps)
+        self.checkpoint = self.fresh_checkpoint()
         self.model = self.keras_model = None  # used only by a warm start
         self.bad_loss, self.bad_weights, self.on_loop = bad_loss, bad_weights, on_loop
+
+    def fresh_checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(steps=self.steps)
 
     @property
     def step(self) -> int:
