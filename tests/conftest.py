@@ -80,14 +80,15 @@ def _captured_output() -> Iterator[dict[str, str]]:
         saved_streams = sys.stdout, sys.stderr
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
+        # Left open afterwards (they do not own the fds): a log handler made during the
+        # run keeps writing through its stream to fd 1 or 2, as in a process of its own.
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         try:
             yield captured
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-                stream.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
             sys.stdout, sys.stderr = saved_streams
             for fd, saved in zip((1, 2), saved_fds, strict=True):
                 os.dup2(saved, fd)

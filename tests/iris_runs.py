@@ -13,9 +13,19 @@ from tpurun.model import create
 from tpurun.run_config import RunConfig, merge_flags
 
 
-def iris_run(model_dir: Path | str, command: str = "train", *, fields=None, **flags) -> RunConfig:
-    """The RunConfig of `tpurun <command> --config=iris --<flag>=<value>...`."""
-    config = merge_flags(config_files.load(config_files.resolve("iris")), flags)
+def iris_run(
+    model_dir: Path | str, command: str = "train", *, fields=None, overrides=None, **flags
+) -> RunConfig:
+    """The RunConfig of `tpurun <command> --config=iris --<flag>=<value>...`.
+
+    `overrides`: {"train.warm_start_vars": ...} as `--config.<key>=<value>` sets them;
+    `fields`: the RunConfig's own (force_resume, export_dir, ...).
+    """
+    config = config_files.load(config_files.resolve("iris"))
+    for key, value in (overrides or {}).items():
+        section, _, leaf = key.rpartition(".")
+        (config if not section else config.get(section))[leaf] = value
+    config = merge_flags(config, flags)
     return RunConfig(command, "iris", config, model_dir=str(model_dir), **(fields or {}))
 
 

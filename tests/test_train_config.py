@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import ml_collections
 import pytest
+from iris_runs import iris_run as run_with_flags
 
 from tpurun import config_files, train_config
-from tpurun.errors import UsageError
+from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
 
 
@@ -78,3 +80,106 @@ def test_a_record_of_an_older_tpurun_resumes_with_the_new_keys_at_their_defaults
     train_config.check_resume(run)
     with pytest.raises(UsageError, match="train.ema_decay: 0.0 -> 0.5"):
         train_config.check_resume(iris_run(tmp_path, train__ema_decay=0.5))
+
+
+# --- the record, and a resume's changes given as flags ------------------------------
+
+
+def recorded(model_dir, **flags) -> None:
+    train_config.write(run_with_flags(model_dir, **flags))
+
+
+def test_write_records_the_config_name_and_the_config(tmp_path):
+    recorded(tmp_path, batch_size=16)
+    record = json.loads((tmp_path / "train_config.json").read_text())
+    assert record["config_name"] == "iris"
+    assert record["config"]["train"]["batch_size"] == 16
+    assert train_config.read(run_with_flags(tmp_path)) == ("iris", record["config"])
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"train_steps": 5000, "iterations": 7, "save_checkpoints_steps": 10},
+        {"keep_checkpoint_max": 1, "eval_every": 100, "eval_batch_size": 8, "eval_steps": 3},
+        {"predict_batch_size": 1, "save_checkpoints_secs": 5},
+    ],
+    ids=["how_long_and_how_often", "retention_and_eval", "predict_and_time"],
+)
+def test_what_a_resumed_run_may_change(tmp_path, flags):
+    recorded(tmp_path)
+    train_config.check_resume(run_with_flags(tmp_path, **flags))
+
+
+def test_a_changed_data_location_may_resume(tmp_path):
+    recorded(tmp_path)
+    run = run_with_flags(tmp_path)
+    config = run.config.to_dict()
+    config["data"]["train_path"] = "gs://moved/iris_training.csv"
+    train_config.check_resume(
+        dataclasses.replace(run, config=ml_collections.FrozenConfigDict(config))
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, difference",
+    [
+        ({"batch_size": 16}, "train.batch_size: 32 -> 16"),
+        ({"seed": 3}, "seed: 0 -> 3"),
+    ],
+    ids=["batch", "seed"],
+)
+def test_a_changed_model_batch_or_seed_is_refused_with_the_difference(tmp_path, flags, difference):
+    recorded(tmp_path)
+    with pytest.raises(UsageError) as raised:
+        train_config.check_resume(run_with_flags(tmp_path, **flags))
+    message = str(raised.value)
+    assert message == (
+        f"the checkpoints in {tmp_path} were trained with a different config: {difference}. "
+        "Use a new --model_dir (or --warm_start_from to start from these weights), or pass "
+        "--force_resume to continue anyway"
+    )
+
+
+def test_force_resume_goes_on_with_a_warning(tmp_path, caplog):
+    recorded(tmp_path)
+    train_config.check_resume(
+        run_with_flags(tmp_path, batch_size=16, fields={"force_resume": True})
+    )
+    assert caplog.messages == [
+        "Resuming with a changed config (--force_resume): train.batch_size: 32 -> 16."
+    ]
+
+
+def test_no_record_nothing_to_compare(tmp_path):
+    assert train_config.read(run_with_flags(tmp_path)) is None
+    train_config.check_resume(run_with_flags(tmp_path, batch_size=16))
+
+
+def test_a_record_of_tpurun_0_2_is_the_config_alone(tmp_path):
+    run = run_with_flags(tmp_path)
+    (tmp_path / "train_config.json").write_text(json.dumps(run.config.to_dict(), default=str))
+    name, config = train_config.read(run)
+    assert name is None and config["model"] == "iris"
+    with pytest.raises(UsageError, match="train.batch_size: 32 -> 16"):
+        train_config.check_resume(run_with_flags(tmp_path, batch_size=16))
+
+
+def test_a_model_dir_of_another_model_is_named(tmp_path):
+    record = {"config_name": "mnist", "config": {"model": "mnist"}}
+    (tmp_path / "train_config.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError) as raised:
+        train_config.check_same_model(run_with_flags(tmp_path))
+    assert str(raised.value) == (
+        f"{tmp_path} was trained with --config=mnist (model mnist), but this is --config=iris "
+        "(model iris): pass --config=mnist, or the --model_dir of a iris run"
+    )
+
+
+@pytest.mark.parametrize("text", ['{"config": ', "[1, 2]"], ids=["truncated", "not_an_object"])
+def test_a_damaged_record_is_one_error_unless_force_resume(tmp_path, caplog, text):
+    (tmp_path / "train_config.json").write_text(text)
+    with pytest.raises(RunError, match=r"train_config.json .*--force_resume to go on"):
+        train_config.read(run_with_flags(tmp_path))
+    assert train_config.read(run_with_flags(tmp_path, fields={"force_resume": True})) is None
+    assert "going on without comparing configs" in caplog.messages[-1]
