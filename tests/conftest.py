@@ -190,6 +190,12 @@ def no_process_left_behind():
     pytest.fail(f"the test left processes running (now killed): {commands}")
 
 
+def capture_info_logs(caplog) -> None:
+    """caplog gets INFO records, absl's too: absl's flag parsing can leave its logger at WARNING."""
+    caplog.set_level(std_logging.INFO)
+    caplog.set_level(std_logging.INFO, logger="absl")
+
+
 def run_tpurun(
     *args: str,
     cwd: str | os.PathLike | None = None,

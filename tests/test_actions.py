@@ -17,6 +17,7 @@ import threading
 import ml_collections
 import pytest
 import tensorflow as tf
+from conftest import capture_info_logs
 from fakes import FakeClock, fake_checkpoint
 
 from tpurun import actions, config_defaults, config_files, watchdog
@@ -74,7 +75,7 @@ def test_loop_stats_input_wait_share_stays_in_0_1(seconds, input_seconds, share)
 
 
 def test_log_lines_one_line_per_loop_with_the_last_step(caplog):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     lines = progress.LogLines()
     lines.start(0, 300)
     lines.after_loop(loop(100, seconds=2.0, input_seconds=0.5))
@@ -153,7 +154,7 @@ def test_profile_steps_captures_whole_loops_and_says_which(
     monkeypatch, caplog, tmp_path, wanted, resumed_at, captured
 ):
     profiler = FakeProfiler(monkeypatch)
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     run_loops(ProfileSteps(str(tmp_path), *wanted), resumed_at, 300, iterations=50)
     assert profiler.calls == [str(tmp_path), "stop"]
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Profiled")]
@@ -352,7 +353,7 @@ def test_for_training_picks_the_monitors(tmp_path, is_chief, terminal, fields, e
 
 
 def test_resume_cost_is_logged_once_after_the_first_loop_of_a_resumed_run(caplog):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     cost = progress.ResumeCost()
     cost.start(150, 300)
     cost.after_loop(loop(250, seconds=0.25))
@@ -364,7 +365,7 @@ def test_resume_cost_is_logged_once_after_the_first_loop_of_a_resumed_run(caplog
 
 
 def test_resume_cost_says_nothing_for_a_fresh_start(caplog):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     cost = progress.ResumeCost()
     cost.start(0, 300)
     cost.after_loop(loop(100))

@@ -14,6 +14,7 @@ import signal
 
 import pytest
 import tensorflow as tf
+from conftest import capture_info_logs
 from fakes import FakeClock
 
 from tpurun import config_files, controller
@@ -159,7 +160,7 @@ def checkpoints_in(model_dir) -> list[int]:
 def test_saves_every_n_steps_rounded_up_to_loops_and_at_the_last_step(
     tmp_path, clock, caplog, steps, iterations, save_every, saved
 ):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     log, trainer = train(
         tmp_path,
         clock,
@@ -209,7 +210,7 @@ def test_steps_and_secs_cadences_whichever_comes_first(tmp_path, clock):
 
 
 def test_evaluates_after_the_save_at_eval_steps_and_the_last(tmp_path, clock, caplog):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     log, _ = train(tmp_path, clock, train_steps=110, iterations=25, eval_every=40)
     assert "eval_every=40 rounded up to 50, a multiple of --iterations=25." in caplog.messages
     assert evaluations(log) == ["ckpt-50", "ckpt-100", "ckpt-110"]
@@ -230,7 +231,7 @@ def test_eval_every_without_an_evaluator_neither_evaluates_nor_saves(tmp_path, c
 
 def test_a_resumed_run_saves_in_the_loops_that_pass_a_multiple(tmp_path, clock, caplog):
     """Resumed at 73, loops end at 83, 93, ...: each passes a multiple of 10."""
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     first, _ = train(
         tmp_path, clock, train_steps=73, iterations=10, save_checkpoints_steps=10,
         keep_checkpoint_max=100,
@@ -249,7 +250,7 @@ def test_a_resumed_run_saves_in_the_loops_that_pass_a_multiple(tmp_path, clock, 
 
 
 def test_already_at_the_last_step_does_nothing(tmp_path, clock, caplog):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     train(tmp_path, clock, train_steps=20, iterations=10)
     (tmp_path / "train_config.json").unlink()
     log, _ = train(tmp_path, clock, train_steps=20, iterations=10)

@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import capture_info_logs
 from fakes import FakeClock, delete_checkpoint, fake_checkpoint, step_of
 
 from tpurun import config_files, sidecar
@@ -166,7 +167,7 @@ def test_waiting_for_a_first_checkpoint_that_never_comes_is_an_error(tmp_path, c
 def test_waiting_sidecar_returns_once_a_checkpoint_appears(tmp_path, monkeypatch, caplog):
     from tpurun.sidecar import wait_for_checkpoint
 
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     clock = FakeClock()
 
     def sleep(seconds: float) -> None:  # the trainer saves its first checkpoint meanwhile

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import tensorflow as tf
-from conftest import IN_PROCESS_REPLICAS
+from conftest import IN_PROCESS_REPLICAS, capture_info_logs
 
 from tpurun import config_files, packed_reduction, strategy, tpu
 from tpurun.errors import RunError, UsageError
@@ -116,7 +116,7 @@ def no_tpu_connect(monkeypatch):
 def test_build_picks_the_tpu_or_local(
     monkeypatch, caplog, no_tpu_connect, use_tpu, tpu_name, vm, wants_tpu
 ):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     monkeypatch.setattr(strategy, "tpu_vm_detected", lambda: vm)
     run = iris_run(use_tpu=use_tpu, tpu=tpu_name)
     built = strategy.build(run)

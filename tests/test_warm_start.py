@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import capture_info_logs
 from iris_runs import iris_checkpoint, iris_run
 
 from tpurun.errors import RunError, UsageError
@@ -35,19 +36,23 @@ def target(warm_start_from: str, **overrides):
 
 
 def same(a: keras.Model, b: keras.Model) -> list[bool]:
-    return [np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a.variables, b.variables, strict=True)]
+    return [
+        np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a.variables, b.variables, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("by", ["model_dir", "checkpoint"])
 def test_every_weight_is_taken_from_the_newest_checkpoint_or_the_one_named(source, caplog, by):
-    caplog.set_level("INFO")
+    capture_info_logs(caplog)
     model_dir, path, _ = source
     model, keras_model, run = target(str(model_dir) if by == "model_dir" else path)
     warm_start(model, keras_model, run)
     restored = create(run.config).build()
     tf.train.Checkpoint(model=restored).read(path).expect_partial()
     assert same(keras_model, restored) == [True] * 6
-    assert f"Warm-started 6 of 6 variables from {path}; training starts at step 0." in caplog.messages
+    assert (
+        f"Warm-started 6 of 6 variables from {path}; training starts at step 0." in caplog.messages
+    )
 
 
 def test_only_the_variables_matching_warm_start_vars(source):
