@@ -75,8 +75,10 @@ def merge(problems: list[Problem]) -> list[Finding]:
     return findings
 
 
-def report(findings: list[Finding], out: TextIO = sys.stdout) -> int:
-    """Prints the findings, errors first; returns the exit code (1 if any is an error)."""
+def report(findings: list[Finding], out: TextIO | None = None) -> int:
+    """Prints the findings, errors first (to sys.stdout as it is now by default); returns the
+    exit code (1 if any is an error)."""
+    out = out or sys.stdout
     errors = [f for f in findings if f.severity == ERROR]
     for finding in errors + [f for f in findings if f.severity != ERROR]:
         print(finding, file=out)
