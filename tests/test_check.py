@@ -9,6 +9,8 @@ The graph rules are also unit-tested on small tf.functions, in-process and fast.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 from pathlib import Path
 
@@ -136,6 +138,18 @@ def test_num_shards_sets_the_replicas_and_tpu_flags_are_ignored(tpurun_cli, tmp_
     assert "with 4 replicas, with no errors" in result.stdout
     assert findings(result) == [], result.stdout  # 8 per replica everywhere: nothing to say
     assert not model_dir.exists()
+
+
+def test_the_report_goes_to_sys_stdout_as_it_is_when_check_runs():
+    """Not the sys.stdout of when tpurun.check was imported: a caller may redirect it."""
+    from tpurun.check import findings
+
+    warning = findings.Finding("batch-padding", findings.WARNING, "the train step", "small", "grow")
+    errors = findings.Finding("dtype", findings.ERROR, "the eval step", "float64", "cast")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert findings.report([warning, errors]) == 1
+    assert buffer.getvalue().splitlines() == [str(errors), str(warning)]  # errors first
 
 
 # --- The graph rules on small functions (in-process, fast) ---------------------------
