@@ -2,10 +2,10 @@
 
 Two ways to run `tpurun ...`, with the same result type (a CompletedProcess):
 
-* the `tpurun_cli` fixture calls `tpurun.cli.main` in this process: the same code
-  path as the console script, without the 3 seconds a subprocess spends importing
-  TensorFlow. Use it for every CLI scenario that does not need a process of its
-  own;
+* the `tpurun_cli` fixture (`tpurun_in_process` in fixtures of a wider scope)
+  calls `tpurun.cli.main` in this process: the same code path as the console
+  script, without the 3 seconds a subprocess spends importing TensorFlow. Use it
+  for every CLI scenario that does not need a process of its own;
 * `run_tpurun` starts `python -m tpurun`: for what needs one (signals, kills, the
   watchdog's os._exit, multi-worker clusters, what a fresh process imports or prints
   at start-up).
@@ -13,6 +13,9 @@ Two ways to run `tpurun ...`, with the same result type (a CompletedProcess):
 The CPU of this test process is split into IN_PROCESS_REPLICAS logical devices
 before TensorFlow initialises, so in-process runs with `--num_shards` up to that
 many work as in a fresh process.
+
+Unit tests never wait on the wall clock (tests/fakes.py has a FakeClock), and no
+test may leave a process it started running (`no_process_left_behind`).
 """
 
 from __future__ import annotations

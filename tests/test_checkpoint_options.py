@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import USAGE, assert_fails, assert_ok
+from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 from test_resume import weights
 
 pytestmark = pytest.mark.slow
@@ -120,9 +121,15 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
     assert recorded["train"]["batch_size"] == 16  # the new run's config is the record now
 
 
-def test_warm_start_takes_the_weights_and_trains_from_step_zero(tpurun_cli, tmp_path):
-    source = tmp_path / "source"
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={source}"))
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """Iris trained to step 200: the run the warm starts start from (none writes to it)."""
+    model_dir = tmp_path_factory.mktemp("source")
+    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=200", f"--model_dir={model_dir}"))
+    return model_dir
+
+
+def test_warm_start_takes_the_weights_and_trains_from_step_zero(tpurun_cli, tmp_path, source):
     target = tmp_path / "target"
     # 0 steps: the checkpoint written is exactly what the warm start loaded.
     result = assert_ok(
@@ -144,30 +151,28 @@ def test_warm_start_takes_the_weights_and_trains_from_step_zero(tpurun_cli, tmp_
     assert_ok(tpurun_cli("eval", "--config=iris", "--use_tpu=false", f"--model_dir={target}"))
 
 
-def test_warm_start_of_matching_variables_only(tpurun_cli, tmp_path):
-    source = tmp_path / "source"
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={source}"))
+def test_warm_start_of_matching_variables_only(tpurun_cli, tmp_path, source):
     target = tmp_path / "target"
     result = assert_ok(
         tpurun_cli(
             "train",
             *IRIS,
             "--train_steps=10",
-            f"--warm_start_from={source / 'ckpt-100'}",
+            f"--warm_start_from={source / 'ckpt-200'}",
             "--config.train.warm_start_vars=logits",
             "--config.optimizer.learning_rate=0",
             f"--model_dir={target}",
         )
     )
     assert "Warm-started 2 of 6 variables" in result.stderr
-    before, after = weights(source / "ckpt-100"), weights(target / "ckpt-10")
+    before, after = weights(source / "ckpt-200"), weights(target / "ckpt-10")
     same = {
         n for n in before if n.startswith(MODEL_VARIABLES) and np.array_equal(before[n], after[n])
     }
     assert len(same) == 2, same
 
 
-def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path):
+def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path, source):
     assert_fails(
         tpurun_cli(
             "train",
@@ -179,8 +184,6 @@ def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path):
         "--warm_start_from=",
         "neither a model_dir nor a checkpoint",
     )
-    source = tmp_path / "source"
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={source}"))
     assert_fails(
         tpurun_cli(
             "train",

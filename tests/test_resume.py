@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,11 +213,19 @@ def damage_index(path: Path) -> None:
     Path(str(path) + ".index").write_bytes(b"not an index")
 
 
+@pytest.fixture(scope="module")
+def trained_to_200(tmp_path_factory) -> Path:
+    """Iris trained to step 200 (checkpoints 160..200), for tests to copy and then damage."""
+    model_dir = tmp_path_factory.mktemp("trained-to-200")
+    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=200", f"--model_dir={model_dir}"))
+    return model_dir
+
+
 @pytest.mark.parametrize("damage", [damage_truncate, damage_flip_bytes, damage_index])
 def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_one_before_used(
-    tpurun_cli, tmp_path, reference, damage
+    tpurun_cli, tmp_path, reference, trained_to_200, damage
 ):
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={tmp_path}"))
+    shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
     damage(tmp_path / "ckpt-200")
     resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
     assert f"Checkpoint {tmp_path / 'ckpt-200'} is damaged" in resumed.stderr
@@ -225,8 +234,10 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_one_before_used(
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
 
 
-def test_a_garbled_state_file_does_not_lose_the_checkpoints(tpurun_cli, tmp_path, reference):
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={tmp_path}"))
+def test_a_garbled_state_file_does_not_lose_the_checkpoints(
+    tpurun_cli, tmp_path, reference, trained_to_200
+):
+    shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
     (tmp_path / "checkpoint").write_text("model_checkpoint_path: \x00garbage {{{")
     resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
     assert f"Resuming from {tmp_path / 'ckpt-200'} " in resumed.stderr
@@ -234,12 +245,12 @@ def test_a_garbled_state_file_does_not_lose_the_checkpoints(tpurun_cli, tmp_path
     assert latest(tmp_path).name == "ckpt-300"
 
 
-def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path):
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
+def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path, trained_to_200):
+    shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
     for index in tmp_path.glob("ckpt-*.index"):
         index.write_bytes(b"junk")
     assert_fails(
-        tpurun_cli("train", *IRIS, "--train_steps=30", f"--model_dir={tmp_path}"),
+        tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"),
         1,
         "no checkpoint in",
         "can be restored",
