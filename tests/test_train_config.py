@@ -91,10 +91,11 @@ def recorded(model_dir, **flags) -> None:
 
 def test_write_records_the_config_name_and_the_config(tmp_path):
     recorded(tmp_path, batch_size=16)
-    record = json.loads((tmp_path / "train_config.json").read_text())
-    assert record["config_name"] == "iris"
-    assert record["config"]["train"]["batch_size"] == 16
-    assert train_config.read(run_with_flags(tmp_path)) == ("iris", record["config"])
+    name, config = train_config.read(run_with_flags(tmp_path))
+    assert name == "iris"
+    written = run_with_flags(tmp_path, batch_size=16).config.to_dict()
+    assert config == json.loads(json.dumps(written))  # as JSON has it: tuples become lists
+    assert config["train"]["batch_size"] == 16
 
 
 @pytest.mark.parametrize(
@@ -166,8 +167,10 @@ def test_a_record_of_tpurun_0_2_is_the_config_alone(tmp_path):
 
 
 def test_a_model_dir_of_another_model_is_named(tmp_path):
-    record = {"config_name": "mnist", "config": {"model": "mnist"}}
-    (tmp_path / "train_config.json").write_text(json.dumps(record))
+    mnist = config_files.load(config_files.resolve("mnist"))
+    train_config.write(
+        RunConfig("train", "mnist", ml_collections.FrozenConfigDict(mnist), str(tmp_path))
+    )
     with pytest.raises(UsageError) as raised:
         train_config.check_same_model(run_with_flags(tmp_path))
     assert str(raised.value) == (
