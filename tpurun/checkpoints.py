@@ -127,7 +127,7 @@ def latest(model_dir: str) -> str | None:
 
 def require_latest(run: RunConfig) -> str:
     """The newest checkpoint, or a RunError saying how to make one."""
-    path = latest(run.model_dir) if tf.io.gfile.isdir(run.model_dir) else None
+    path = latest(run.model_dir) if storage.isdir(run.model_dir) else None
     if path is None:
         raise RunError(
             f"no checkpoint in {run.model_dir}; train first "
@@ -144,10 +144,7 @@ def candidates(model_dir: str) -> list[str]:
     merge but before the state file was rewritten left a complete newer one, and
     the state file itself may be what is damaged.
     """
-    try:
-        names = tf.io.gfile.listdir(model_dir)
-    except tf.errors.NotFoundError:
-        return []
+    names = storage.listdir(model_dir)
     paths = [
         storage.join(model_dir, name[: -len(".index")])
         for name in names
@@ -164,7 +161,7 @@ def remove_partial_saves(model_dir: str) -> None:
     Neither can ever be restored. Only names a save makes, matched in full: a
     user's `ckpt-notes_template/` is not one.
     """
-    names = {name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)}
+    names = {name.rstrip("/") for name in storage.listdir(model_dir)}
     for name in sorted(names):
         path = storage.join(model_dir, name)
         if storage.CHECKPOINT_TEMP.fullmatch(name):
@@ -179,12 +176,20 @@ def remove_partial_saves(model_dir: str) -> None:
         storage.remove(model_dir, path, pattern)
 
 
+def remove_partial_saves_quietly(model_dir: str) -> None:
+    """remove_partial_saves after a failed save; a storage that still fails is only logged."""
+    try:
+        remove_partial_saves(model_dir)
+    except (tf.errors.OpError, OSError) as e:
+        logging.warning("Could not remove what the failed save left (the next run will): %s", e)
+
+
 def files_of(path: str) -> list[str]:
     """The files of checkpoint `path`: its .index and .data-NNNNN-of-NNNNN, by exact name."""
     directory, name = path.rsplit("/", 1)
     return [
         storage.join(directory, file)
-        for file in tf.io.gfile.listdir(directory)
+        for file in storage.listdir(directory)
         if file.startswith(name + ".")
         and (storage.CHECKPOINT_INDEX.fullmatch(file) or storage.CHECKPOINT_DATA.fullmatch(file))
     ]
@@ -216,10 +221,7 @@ def restore_newest_intact(
         except NOT_DAMAGE as e:
             # The storage failed, not the file: moving a good checkpoint aside and
             # resuming from an older one would silently throw away steps.
-            raise RunError(
-                f"cannot read {path} ({type(e).__name__}: {one_line(e, 200)}); "
-                "check access to the model_dir's storage and rerun"
-            ) from None
+            raise RunError(f"cannot read {path}: {storage.failure(e)}") from None
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (IndexError, ...)
             damaged.append(path)
             reason = f"{type(e).__name__}: {one_line(e)}"

@@ -216,6 +216,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         export_dir=cli_flags.EXPORT_DIR.value,
         export_best=cli_flags.BEST.value,
         force_resume=cli_flags.FORCE_RESUME.value,
+        force_takeover=cli_flags.FORCE_TAKEOVER.value,
         hang_timeout=cli_flags.HANG_TIMEOUT.value,
         profile_steps=_step_range(cli_flags.PROFILE_STEPS.value),
         continuous=cli_flags.CONTINUOUS.value,

@@ -125,6 +125,12 @@ FORCE_RESUME = flags.DEFINE_bool(
     "Resume from model_dir's checkpoint even though this config changes the model or "
     "the batch size (tpurun refuses and lists the differences otherwise).",
 )
+FORCE_TAKEOVER = flags.DEFINE_bool(
+    "force_takeover",
+    False,
+    "Take model_dir's trainer lease even though another tpurun train holds it: only for a "
+    "trainer known to be gone on another machine before its lease went stale.",
+)
 HANG_TIMEOUT = flags.DEFINE_float(
     "hang_timeout",
     3600,
@@ -224,6 +230,7 @@ COMMAND_FLAGS = {
         "keep_checkpoint_max",
         "warm_start_from",
         "force_resume",
+        "force_takeover",
         "hang_timeout",
         "profile_steps",
         "eval_every",

@@ -20,13 +20,16 @@ from tpurun import (
     check,
     checkpoints,
     cluster,
+    lease,
     sidecar,
     storage,
+    storage_errors,
     strategy,
     train_config,
 )
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
+from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller
@@ -47,8 +50,11 @@ def run(run: RunConfig) -> None:
         check.main(run)
         return
     created_dir = False
+    held: lease.Lease | None = None
     if run.command == "train":
         created_dir = prepare_model_dir(run)
+        if cluster.is_chief_process():  # the cluster's lease: its chief's
+            held = lease.acquire(run.model_dir, run.hang_timeout, run.force_takeover)
     elif run.command == "eval" and run.continuous:
         # A sidecar may start before the trainer: it waits for the first checkpoint
         # instead, writing nothing (not even model_dir) until there is one.
@@ -68,15 +74,20 @@ def run(run: RunConfig) -> None:
         if where is None or where.is_chief:  # one record per run, not per worker
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
-        run_command(run, where, model)
+        run_command(run, where, model, held)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
         # Ctrl-C) removes the model_dir it created, or else its run record: no
         # model_dir records a run that made nothing.
+        if held is not None:
+            held.release()
+            held = None
         if _outputs(run) == outputs_before and cluster.is_chief_process():
             _undo(run.model_dir if created_dir else None, record)
         raise
+    if held is not None:
+        held.release()
 
 
 def require_checkpoint(run: RunConfig) -> None:
@@ -106,14 +117,19 @@ def _outputs(run: RunConfig) -> object:
 DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
 
 
-def run_command(run: RunConfig, where: Cluster | None, model: Model) -> None:
+def run_command(
+    run: RunConfig, where: Cluster | None, model: Model, held: lease.Lease | None = None
+) -> None:
     """Runs the command; a data error becomes the model's diagnosis when it has one."""
     try:
         if run.command == "export":
             export_command(run, model)  # serving has no replicas: no strategy
+        elif run.command == "train":
+            assert where is not None
+            train(run, where, model, held)
         else:
             assert where is not None
-            {"train": train, "eval": evaluate, "predict": predict}[run.command](run, where, model)
+            {"eval": evaluate, "predict": predict}[run.command](run, where, model)
     except tf.errors.UnavailableError as error:
         reason = lost_worker_reason(error) if where is not None and where.num_workers > 1 else None
         if reason is None:
@@ -179,7 +195,7 @@ def _undo(created_dir: str | None, record: str | None) -> None:
 # --- The commands -------------------------------------------------------------------
 
 
-def train(run: RunConfig, where: Cluster, model: Model) -> None:
+def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None = None) -> None:
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
         run.train_batch_size,
@@ -204,7 +220,8 @@ def train(run: RunConfig, where: Cluster, model: Model) -> None:
         run,
         where,
         trainer,
-        actions=[*watching, ResumeCost()],  # ResumeCost: made just before the restore it times
+        # ResumeCost: made just before the restore it times.
+        actions=[*watching, *([RenewLease(held)] if held else []), ResumeCost()],
         evaluate=evaluate_checkpoint,
     ).train()
 
@@ -233,12 +250,12 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
             "tpurun predict runs on one machine: unset TF_CONFIG (it describes "
             f"{where.num_workers} workers) and run it once"
         )
-    rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
     if output:
-        storage.write_atomically(
-            output, "".join(model_lib.json_line(row) + "\n" for row in rows)
-        )
+        storage.require_bucket(output, "--output")  # before predicting, not after
+    rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
+    if output:
+        storage.write_atomically(output, "".join(model_lib.json_line(row) + "\n" for row in rows))
         print(f"wrote {len(rows)} predictions to {output}")
         return
     for line in model.format_predictions(rows):
@@ -271,7 +288,7 @@ def prepare_model_dir(run: RunConfig) -> bool:
     The chief also removes what tpurun processes that died left there.
     """
     try:
-        created = not tf.io.gfile.isdir(run.model_dir)
+        created = not storage.isdir(run.model_dir)
         storage.make_dir(run.model_dir, run.model_dir)
         # A name of its own: every worker of a cluster probes the same model_dir at
         # once, and one removing another's probe made that one fail.
@@ -279,8 +296,13 @@ def prepare_model_dir(run: RunConfig) -> bool:
         if not created and cluster.is_chief_process():
             storage.remove_leftovers(run.model_dir)
     except (tf.errors.OpError, OSError) as e:
+        # On gs:// what failed and its fix (a bucket, credentials, a role), else the message.
+        message = str(getattr(e, "message", None) or e)
+        explained = storage_errors.explain(message, type(e).__name__)
         raise RunError(
-            f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
+            f"cannot write to --model_dir={run.model_dir}: {explained}"
+            if explained
+            else f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
             "choose a directory you can write"
         ) from None
     return created

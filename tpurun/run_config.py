@@ -39,6 +39,7 @@ class RunConfig:
     export_dir: str | None = None
     export_best: bool = False  # export: the best checkpoint instead of the latest
     force_resume: bool = False  # train: resume even though the config changed the model
+    force_takeover: bool = False  # train: take model_dir's lease from another trainer
     hang_timeout: float = 3600  # train: seconds without progress before failing; 0 = never
     profile_steps: tuple[int, int] | None = None  # train: first and last step to profile
     continuous: bool = False  # eval: evaluate every new checkpoint until the final step

@@ -28,7 +28,7 @@ def saved_checkpoints(model_dir: str) -> list[str]:
     only after every file of the new checkpoint is written, so what it lists was
     complete, though keep_checkpoint_max may have deleted it since.
     """
-    if not tf.io.gfile.isdir(model_dir):
+    if not storage.isdir(model_dir):
         return []
     try:
         return checkpoints.state(model_dir) or []

@@ -25,7 +25,14 @@ class SaveCheckpoint:
         self._manager = checkpoints.manager(run, checkpoint, self._scratch)
 
     def __call__(self, step: int) -> str:
-        path = self._manager.save(checkpoint_number=step)
+        try:
+            path = self._manager.save(checkpoint_number=step)
+        except tf.errors.OpError:
+            # A storage failure mid-save leaves ckpt-<step>_temp/ (or a .data without
+            # its .index): removed now if the storage lets us, else by the next run.
+            if self._scratch is None:
+                checkpoints.remove_partial_saves_quietly(self._model_dir)
+            raise
         if self._scratch is None:
             logging.info("Saved checkpoint %s.", path)
             return path
