@@ -155,3 +155,33 @@ def test_storage_gone_past_hang_timeout_ends_the_run_with_exit_3(bucket, gcs):
     stderr = "".join(lines) + rest
     assert process.returncode == EXIT_HUNG, stderr
     assert re.search(r"no progress for --hang_timeout=4s at step \d+", stderr), stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--model_dir={tmp}/iris"], "--model_dir={tmp}/iris"),
+        (
+            ["--model_dir=gs://b/iris", "--config.data.train_path={tmp}/train.csv"],
+            "--config.data.train_path={tmp}/train.csv",
+        ),
+        (["--model_dir=gs://b/iris", "--warm_start_from={tmp}/old"], "--warm_start_from="),
+    ],
+    ids=["model_dir", "data_path", "warm_start_from"],
+)
+def test_a_tpu_node_refuses_local_paths_before_connecting(tpurun_cli, tmp_path, flags, named):
+    # A --tpu=NAME is checked the same way once the Cloud TPU API gave its address.
+    args = [flag.format(tmp=tmp_path) for flag in flags]
+    result = tpurun_cli("train", "--config=iris", "--tpu=grpc://10.0.0.2:8470", *args, cwd=tmp_path)
+    assert_fails(
+        result, 2, named.format(tmp=tmp_path), "gs://BUCKET", "File system scheme '[local]'"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tpu_node_refuses_a_local_predict_output_and_export_dir(tpurun_cli, tmp_path):
+    tpu = "--tpu=grpc://10.0.0.2:8470"
+    result = tpurun_cli("predict", tpu, "--model_dir=gs://b/iris", f"--output={tmp_path}/p.jsonl")
+    assert_fails(result, 2, f"--output={tmp_path}/p.jsonl")
+    result = tpurun_cli("export", tpu, "--model_dir=gs://b/iris", f"--export_dir={tmp_path}/e")
+    assert_fails(result, 2, f"--export_dir={tmp_path}/e")

@@ -39,7 +39,7 @@ from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model
 from tpurun.predict import Predictor
-from tpurun.run_config import RunConfig
+from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import one_line, op_error_line
 from tpurun.train import Trainer
 
@@ -49,6 +49,7 @@ def run(run: RunConfig) -> None:
         # Traces the steps on the CPU only: no model_dir, checkpoint or run record.
         check.main(run)
         return
+    refuse_local_paths_on_a_tpu_node(run)
     created_dir = False
     held: lease.Lease | None = None
     if run.command == "train":

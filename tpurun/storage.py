@@ -107,10 +107,6 @@ def basename(path: str) -> str:
 # --- Directories ---------------------------------------------------------------------
 
 
-# Directories this process made or found (by make_dir): on gs:// each makedirs is a
-# request even when the directory exists, and eval/results, runs/, export/ are made
-# again at every evaluation, record and export.
-_made: set[str] = set()
 _buckets: set[str] = set()  # buckets require_bucket found
 
 
@@ -120,17 +116,16 @@ def make_dir(model_dir: str, path: str, flag: str = "--model_dir") -> str:
     On a local disk, a directory between model_dir and `path` that is a symbolic
     link is refused: tpurun writes only inside the model_dir it was given.
     `flag` names where the path came from, for the error of a missing bucket.
+    On gs:// a directory is only a prefix of the objects in it, so none is made
+    (TensorFlow's makedirs would ask 3 to 6 requests for a placeholder object).
     """
     if path != model_dir and not inside(model_dir, path):
         raise RunError(f"{path} is outside --model_dir={model_dir}; tpurun writes only inside it")
     if is_local(path):
         _refuse_links_between(model_dir, path)
-    if path in _made:
-        return path
     require_bucket(path, flag)
-    tf.io.gfile.makedirs(path)
-    if path.startswith("gs://"):
-        _made.add(path)
+    if not path.startswith("gs://"):
+        tf.io.gfile.makedirs(path)
     return path
 
 
@@ -347,7 +342,6 @@ def remove_tree(path: str) -> None:
     """
     if not is_local(path):
         tf.io.gfile.rmtree(path)  # gs:// and ram:// have no links
-        _made.difference_update({made for made in _made if made == path or inside(path, made)})
         return
     if os.path.islink(path) or not os.path.isdir(path):
         os.unlink(path)
@@ -362,9 +356,13 @@ def remove_leftovers(model_dir: str) -> list[str]:
     machine when it is older than FOREIGN_TEMPORARY_AGE. Returns what was removed.
     """
     removed = []
+    top = listdir(model_dir)
+    present = {name.rstrip("/") for name in top}
     for home in TEMPORARY_HOMES:
+        if home and home not in present:
+            continue  # one listing fewer (a request each on gs://)
         directory = join(model_dir, home) if home else model_dir
-        for name in listdir(directory):
+        for name in top if not home else listdir(directory):
             match = TEMPORARY.fullmatch(name.rstrip("/"))
             path = join(directory, name.rstrip("/"))
             if match and _died(match, path) and remove(model_dir, path, TEMPORARY):

@@ -15,7 +15,7 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
 
 FILE = "train_config.json"
 
@@ -34,8 +34,8 @@ RESUMABLE_CHANGES = (
     "eval.",
     "predict.",
 )
-# ...and where the data live (moved files, a new bucket): data.* keys named so.
-DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
+# ...and where the data live (moved files, a new bucket): data.* keys named so
+# (run_config.DATA_LOCATION_SUFFIXES).
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -95,7 +95,10 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
 
 def check_same_model(run: RunConfig) -> None:
     """Fails, before any restore, when model_dir was trained with a config of another model."""
-    recorded = read(run)
+    _check_model(run, read(run))
+
+
+def _check_model(run: RunConfig, recorded: tuple[str | None, dict[str, Any]] | None) -> None:
     if recorded is None:
         return
     name, config = recorded
@@ -115,7 +118,7 @@ def check_resume(run: RunConfig) -> None:
     recorded = read(run)
     if recorded is None:
         return  # written by a tpurun that kept no record: nothing to compare with
-    check_same_model(run)
+    _check_model(run, recorded)  # the record read once: a request fewer on gs://
     before = _trained_config(recorded[1])
     now = _trained_config(run.config.to_dict())
     differences = [
