@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/gcs_save_restore_times.py [--repeats 5]
 
-The default mnist config's model and Adam state (a checkpoint of ~5 MB), saved with
-TensorFlow's CheckpointManager as `tpurun train` saves, and read back whole as a
-resume does. gs:// is the test GCS server (tests/fake_gcs: fake-gcs-server behind a
+The default mnist config's model and Adam state (a checkpoint of ~5 MB), saved as
+`tpurun train` saves (tpurun.checkpoints.Saver), and read back whole as a resume
+does. gs:// is the test GCS server (tests/fake_gcs: fake-gcs-server behind a
 loopback proxy): its times are the cost of the requests and of the proxy on this
 machine, without a real network's latency, so read them as a lower bound and
 compare them with the requests each operation makes (also printed).
@@ -37,7 +37,7 @@ def main() -> None:
         import keras
         import tensorflow as tf
 
-        from tpurun import config_files
+        from tpurun import checkpoints, config_files
         from tpurun import model as model_lib
         from tpurun.run_config import merge_flags
 
@@ -51,12 +51,12 @@ def main() -> None:
             f"{'where':<8}{'save (s)':>10}{'restore (s)':>13}{'requests/save':>15}{'/restore':>10}"
         )
         for where, directory in (("local", f"{tmp}/mnist"), ("gs://", f"{bucket}/mnist")):
-            manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)
+            saver = checkpoints.Saver(checkpoint, directory, keep_checkpoint_max=3)
             saves, restores = [], []
             for step in range(1, args.repeats + 1):
                 with gcs.counting() as save_log:
                     started = time.perf_counter()
-                    path = manager.save(checkpoint_number=step)
+                    path = saver.save(step)
                     saves.append(time.perf_counter() - started)
                 with gcs.counting() as restore_log:
                     started = time.perf_counter()

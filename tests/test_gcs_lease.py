@@ -139,3 +139,11 @@ def test_renewal_makes_a_request_at_most_once_a_minute(bucket, gcs):
         held.renew()
     assert log.kinds() == {"upload": 1}
     held.release()
+
+
+def test_a_lease_the_storage_refuses_is_one_line_with_the_fix(bucket, gcs, tpurun_cli):
+    gcs.fail(403, kind="upload", path="uploadType=multipart", times=None)  # the lease's writes
+    result = tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={bucket}/iris")
+    assert_fails(
+        result, RUN_FAILURE, "cannot take the lease", "permission denied", "storage.objectAdmin"
+    )

@@ -45,6 +45,18 @@ from tpurun.train import Trainer
 
 
 def run(run: RunConfig) -> None:
+    try:
+        _run(run)
+    except tf.errors.OpError as e:
+        # A failed gs:// request, wherever TensorFlow made it (a save, a read in the
+        # input pipeline): the cause and its fix on one line, instead of TensorFlow's.
+        explained = storage_errors.explain(e.message, type(e).__name__)
+        if explained is None:
+            raise
+        raise RunError(explained) from None
+
+
+def _run(run: RunConfig) -> None:
     if run.command == "check":
         # Traces the steps on the CPU only: no model_dir, checkpoint or run record.
         check.main(run)

@@ -277,10 +277,9 @@ class _GcsClient:
         except (FileNotFoundError, FileExistsError):
             raise
         except Exception as e:  # noqa: BLE001 - gcsfs raises OSError, HttpError, aiohttp's errors
+            # gcsfs's HttpError has the status; a 403 is an OSError("Forbidden: ...").
             status = getattr(e, "code", None) or (403 if "Forbidden" in str(e) else None)
-            said = f"HTTP response code {status}" if status else "libcurl code 0"
-            explained = storage_errors.explain(f"{said} for {path}: {e}")
-            raise OSError(explained or f"{type(e).__name__}: {e}") from None
+            raise OSError(storage_errors.for_request(path, status, str(e))) from None
 
 
 def _acquire_gcs(model_dir: str, holder: Holder, force: bool) -> Lease:

@@ -316,9 +316,11 @@ def remove(model_dir: str, path: str, names: re.Pattern[str]) -> bool:
     return True
 
 
-def remove_file_quietly(model_dir: str, path: str, names: re.Pattern[str]) -> None:
-    """Removes a file tpurun made in model_dir whose name matches `names` (else leaves it);
-    one that is already gone, or storage that fails, is only logged: for clean-ups."""
+def remove_file(model_dir: str, path: str, names: re.Pattern[str]) -> None:
+    """Removes a file tpurun made in model_dir whose name matches `names` (else leaves it).
+
+    One request on gs:// (no existence check first); a file already gone is fine.
+    """
     _require_inside(model_dir, path)
     if not names.fullmatch(basename(path)):
         logging.warning("Left %s alone: not a name tpurun makes (%s).", path, names.pattern)
@@ -328,8 +330,14 @@ def remove_file_quietly(model_dir: str, path: str, names: re.Pattern[str]) -> No
             os.unlink(path)
         else:
             tf.io.gfile.remove(path)
-    except tf.errors.NotFoundError:
+    except (tf.errors.NotFoundError, FileNotFoundError):
         pass
+
+
+def remove_file_quietly(model_dir: str, path: str, names: re.Pattern[str]) -> None:
+    """remove_file for clean-ups: storage that fails is only logged."""
+    try:
+        remove_file(model_dir, path, names)
     except (OSError, tf.errors.OpError) as e:
         logging.warning("Could not remove %s (the next update will): %s", path, e)
 

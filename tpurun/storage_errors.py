@@ -11,8 +11,8 @@ into "<what failed> at <path> (<HTTP status>): <fix>", keyed on the status:
   5xx, 429, resets    storage unreachable or failing after TensorFlow's retries
   any other status    the request, its path and status, and to rerun
 
-No TensorFlow import here: `tf_errors.describe` (which the CLI uses for any error
-no tpurun code caught) and `storage` both use it.
+No TensorFlow import here (it works on the message): `commands.run` words every
+TensorFlow error of a run with it, and `storage` the ones it reports itself.
 """
 
 from __future__ import annotations
@@ -58,9 +58,13 @@ def explain(message: str, type_name: str = "") -> str | None:
     status_match = _STATUS.search(text)
     if path_match is None or (status_match is None and not _unreachable(text, type_name)):
         return None
-    path = path_match.group(0).rstrip(".,;:")
-    bucket = bucket_of(path)
     status = int(status_match.group(1)) if status_match else None
+    return for_request(path_match.group(0).rstrip(".,;:"), status, text)
+
+
+def for_request(path: str, status: int | None, text: str = "") -> str:
+    """The line for a request on `path` that got HTTP `status` (None: no answer at all)."""
+    bucket = bucket_of(path)
     got = f"HTTP {status}" if status else "no answer"
     if status == 401 or "Anonymous caller" in text:
         return (

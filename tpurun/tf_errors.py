@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 
-from tpurun import storage_errors, user_code
+from tpurun import user_code
 from tpurun.errors import EXIT_RUN_FAILURE
 
 # What TensorFlow puts around the message of an error raised inside a tf.function
@@ -28,9 +28,6 @@ def describe(error: BaseException) -> tuple[str, int]:
         import tensorflow as tf
 
         if isinstance(error, tf.errors.OpError):
-            storage = storage_errors.explain(error.message, type(error).__name__)
-            if storage is not None:
-                return storage, EXIT_RUN_FAILURE
             return f"{type(error).__name__}: {op_error_line(error.message)}", EXIT_RUN_FAILURE
     where = user_code.raised_at(error)
     if where is not None:
