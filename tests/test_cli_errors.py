@@ -35,7 +35,7 @@ USAGE_ERRORS = {
     ),
     "unknown_nested_override_key": (
         ["eval", "--config.optimizer.lr=0.05"],
-        ["no key 'lr' at optimizer", "known keys there: learning_rate, name"],
+        ["no key 'lr' at optimizer", "known keys there: alpha,", "learning_rate, momentum"],
     ),
     "override_below_a_value": (
         ["train", "--config.seed.x=1"],

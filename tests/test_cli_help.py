@@ -235,7 +235,8 @@ def test_config_override_lands_in_the_run_record(tmp_path, args):
         )
     )
     record = run_record(model_dir)
-    assert record["run_config"]["config"]["optimizer"] == {"name": "adagrad", "learning_rate": 0.05}
+    optimizer = record["run_config"]["config"]["optimizer"]
+    assert (optimizer["name"], optimizer["learning_rate"]) == ("adagrad", 0.05)
     assert record["run_config"]["config"]["train"]["steps"] == 1
     versions = record["versions"]
     assert set(versions) == {"tensorflow", "tpurun", "python"}

@@ -19,10 +19,53 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.model = model
     config.model_module = ""
     config.seed = 0
+    # The Keras precision policy (--precision): float32, mixed_bfloat16 (a TPU's native
+    # matmul type) or mixed_float16 (GPUs; dynamic loss scaling). Variables, and so
+    # checkpoints, stay float32 under every one; loss, metrics and predictions are
+    # computed in float32.
+    config.precision = "float32"
 
+    # The training recipe, built into a Keras optimizer by tpurun/optimization.py and
+    # checked by tpurun/optimization_config.py. Every default below leaves it off.
     config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "adam"
+    config.optimizer.name = "adam"  # a keras.optimizers class: adam, adamw, sgd, rmsprop, ...
     config.optimizer.learning_rate = 0.001
+    # Linear scaling with the global batch, 0 = off: the rate is learning_rate x
+    # train.batch_size / base_batch_size, computed when the optimizer is built, from
+    # the final batch size, so --batch_size keeps it right.
+    config.optimizer.base_batch_size = 0
+    # The rate over the steps, a function of the optimizer's step (so a resumed run
+    # continues on the curve): constant | exponential | piecewise | cosine | linear.
+    config.optimizer.schedule = "constant"
+    # Linear from 0 to the schedule's rate at step warmup_steps, then the schedule;
+    # 0 = none. The decay keeps counting from step 0 (it is not shifted by the warmup).
+    config.optimizer.warmup_steps = 0
+    # exponential: rate x decay_rate^(step / decay_steps), as TF1's
+    # tf.train.exponential_decay; staircase: the exponent in whole numbers.
+    config.optimizer.decay_steps = 0
+    config.optimizer.decay_rate = 0.0
+    config.optimizer.staircase = False
+    # piecewise: rate x multipliers[i] while boundaries[i-1] < steps done <= boundaries[i],
+    # as TF1's piecewise_constant; one more multiplier than boundaries. (Not `values`,
+    # TF1's name: `config.optimizer.values` would be the ConfigDict.values method.)
+    config.optimizer.boundaries = ()
+    config.optimizer.multipliers = ()
+    config.optimizer.alpha = 0.0  # cosine: to alpha x rate at train.steps (0 = to zero)
+    config.optimizer.end_learning_rate = 0.0  # linear: the rate (not a factor) at train.steps
+    config.optimizer.momentum = 0.0  # sgd and rmsprop only; 0 = none
+    config.optimizer.nesterov = False  # sgd only, with momentum > 0
+    # Decoupled weight decay (Keras' weight_decay): every step each decayed variable is
+    # multiplied by (1 - rate x weight_decay), apart from the gradient. 0 = none.
+    config.optimizer.weight_decay = 0.0
+    # Variables NOT decayed: a regex searched in each Keras variable path
+    # ("dense/bias", "batch_normalization/gamma"); default: biases and the scales and
+    # offsets of normalization layers, matched as the last part of the path.
+    config.optimizer.weight_decay_exclude = r"(^|/)(bias|beta|gamma|scale|offset)(:0)?$"
+    # Clip the gradients to this global norm, 0 = off. The norm is that of the gradients
+    # summed over the replicas (the whole batch's), so 1 and 8 replicas clip alike.
+    config.optimizer.clip_norm = 0.0
+    # Any other key added here is passed to the Keras optimizer (e.g. beta_1 for adam);
+    # one its constructor does not take is an error.
 
     config.train = ml_collections.ConfigDict()
     config.train.batch_size = 128  # global: split evenly across replicas
@@ -38,6 +81,16 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # from step 0; only variables whose checkpoint key matches the regex are taken.
     config.train.warm_start_from = ""
     config.train.warm_start_vars = ".*"
+    # An exponential moving average of the trainable weights, 0 = off: after each step
+    # average = ema_decay x average + (1 - ema_decay) x weights (the first step copies
+    # them). Kept by the optimizer beside the weights and saved in every checkpoint;
+    # training itself always continues from the raw weights.
+    config.train.ema_decay = 0.0
+    # Gradient accumulation: one step sums the gradients of this many micro-batches of
+    # train.batch_size each (in-graph), then applies them once, so the effective global
+    # batch is accumulate_steps x train.batch_size. Steps, cadences and the step
+    # counter count optimizer steps.
+    config.train.accumulate_steps = 1
 
     config.eval = ml_collections.ConfigDict()
     config.eval.batch_size = 128  # global

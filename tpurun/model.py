@@ -98,6 +98,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from tpurun import optimization
 from tpurun.errors import RunError, UsageError
 
 
@@ -154,20 +155,8 @@ class Model(abc.ABC):
         return {"outputs": outputs}
 
     def optimizer(self) -> keras.optimizers.Optimizer:
-        """The optimizer, from `config.optimizer` (name and learning_rate) by default."""
-        name = self.config.optimizer.name
-        try:
-            return keras.optimizers.get(
-                {
-                    "class_name": name,
-                    "config": {"learning_rate": self.config.optimizer.learning_rate},
-                }
-            )
-        except ValueError:
-            raise UsageError(
-                f"config.optimizer.name={name!r} is not a Keras optimizer; use one of adam, "
-                "adamw, sgd, adagrad, rmsprop (any name keras.optimizers.get accepts)"
-            ) from None
+        """The optimizer config.optimizer and train.ema_decay describe (tpurun.optimization)."""
+        return optimization.build_optimizer(self.config, self.config.train.batch_size)
 
     def serving_input_spec(self, predict_spec: Any) -> Any:
         """The exported signature's inputs; by default what input_fn(PREDICT) yields,

@@ -266,9 +266,11 @@ def rename_dir(source: str, target: str) -> None:
         tf.io.gfile.makedirs(moved_to)
         for name in files:
             tf.io.gfile.rename(join(directory, name), join(moved_to, name))
-    # Left behind: empty subdirectories, through which alone the source still exists.
+    # Left behind: empty subdirectories, through which alone the source still exists
+    # (without any, as for the flat model_dir/best, it is already gone).
     if tf.io.gfile.exists(source):
-        tf.io.gfile.rmtree(source)
+        for child in tf.io.gfile.listdir(source):
+            tf.io.gfile.rmtree(join(source, child))
 
 
 def move_into(model_dir: str, paths: Iterable[str], directory: str) -> str:

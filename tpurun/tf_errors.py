@@ -31,10 +31,9 @@ def describe(error: BaseException) -> tuple[str, int]:
             return f"{type(error).__name__}: {op_error_line(error.message)}", EXIT_RUN_FAILURE
     where = user_code.raised_at(error)
     if where is not None:
-        return (
-            f"{type(error).__name__} in your code at {where}: {user_code_line(error)}",
-            EXIT_RUN_FAILURE,
-        )
+        kind = type(error).__name__
+        message = user_code_line(error).removeprefix(f"{kind}: ")
+        return f"{kind} in your code at {where}: {message}", EXIT_RUN_FAILURE
     first = (str(error).strip().splitlines() or [""])[0]
     return f"unexpected {type(error).__name__}: {first}", EXIT_RUN_FAILURE
 
@@ -68,8 +67,14 @@ def user_code_line(error: BaseException) -> str:
         raised = [i for i, line in enumerate(lines) if re.match(r"\w+(Error|Exception): ", line)]
         if raised:
             lines = lines[raised[-1] :]
-            if "Exception encountered when calling" in lines[0] and len(lines) > 1:
-                return f"{lines[0]} {lines[1]}"
+    # Keras puts a layer's own message on the line after "Exception encountered when
+    # calling <layer>.call().", and the arguments it received after that.
+    if "Exception encountered when calling" in lines[0] and len(lines) > 1:
+        message = lines[1]
+        # While building a functional model it adds its own sentence first.
+        if message.endswith("Error encountered:") and len(lines) > 2:
+            message = lines[2]
+        return f"{lines[0]} {message}"
     return lines[0]
 
 

@@ -13,14 +13,18 @@ from typing import Any
 
 from absl import logging
 
-from tpurun import storage
+from tpurun import optimization_config, storage
+from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
 
 FILE = "train_config.json"
+# The config's name, beside its keys in the record: a key no config has.
+NAME_KEY = "__config_name__"
 
 # Config keys a resumed run may change: how long, how often and from where, not the
-# model, its optimizer, the seed or the batch size.
+# model, its optimizer, the seed or the batch size. The learning rate and train.steps
+# depend on the schedule: `resumable_changes`.
 RESUMABLE_CHANGES = (
     "train.steps",
     "train.iterations",
@@ -30,12 +34,31 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",
-    "optimizer.learning_rate",
+    # Variables are float32 under every policy: a checkpoint reads the same.
+    "precision",
     "eval.",
     "predict.",
 )
 # ...and where the data live (moved files, a new bucket): data.* keys named so
 # (run_config.DATA_LOCATION_SUFFIXES).
+
+
+def resumable_changes(trained: dict) -> tuple[str, ...]:
+    """RESUMABLE_CHANGES for checkpoints trained with the config `trained`.
+
+    A schedule is not in the checkpoint (only the optimizer's step is): it is rebuilt
+    from the config and evaluated at the restored step, so a changed schedule or
+    parameter would make the rate jump. With the constant schedule the rate may change
+    (a constant rate is a variable the resumed run sets from its config, train.py; with
+    a warmup, the new rate is the warmup's target). Cosine and linear end at
+    train.steps, so with them train.steps may not change either.
+    """
+    schedule = trained.get("optimizer", {}).get("schedule", "constant")
+    if schedule == "constant":
+        return (*RESUMABLE_CHANGES, "optimizer.learning_rate")
+    if schedule in optimization_config.SCHEDULES_ENDING_AT_TRAIN_STEPS:
+        return tuple(key for key in RESUMABLE_CHANGES if key != "train.steps")
+    return RESUMABLE_CHANGES
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -48,19 +71,37 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def _trained_config(config: dict) -> dict[str, object]:
+def _trained_config(config: dict, resumable: tuple[str, ...]) -> dict[str, object]:
     """The keys that decide what a checkpoint holds: the model, its data order, the batch."""
     return {
         key: value
         for key, value in _flatten(json.loads(json.dumps(config, default=str))).items()
-        if not any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE_CHANGES)
+        if not any(key == r or (r.endswith(".") and key.startswith(r)) for r in resumable)
         and not (key.startswith("data.") and key.endswith(DATA_LOCATION_SUFFIXES))
     }
 
 
+def _with_new_defaults(recorded: dict) -> dict:
+    """A recorded config with the keys base_config gained since, at their defaults.
+
+    A new key's default does what tpurun did before it existed (no schedule, no
+    weight decay, ...), so a model_dir of an older tpurun resumes.
+    """
+    merged = _flatten(json.loads(json.dumps(base_config(model="").to_dict(), default=str)))
+    merged.update(_flatten(recorded))
+    nested: dict = {}
+    for key, value in merged.items():
+        *sections, leaf = key.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
+    return nested
+
+
 def write(run: RunConfig) -> None:
     """Records the config the checkpoints in model_dir are trained with (atomically)."""
-    record = {"config_name": run.config_name, "config": run.config.to_dict()}
+    record = {**run.config.to_dict(), NAME_KEY: run.config_name}
     storage.write_atomically(
         storage.join(run.model_dir, FILE),
         json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
@@ -88,9 +129,8 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
             f"{e}: it records the config the checkpoints were trained with; restore it from "
             "a backup, or pass --force_resume to go on without the check (train rewrites it)"
         ) from None
-    if isinstance(record.get("config"), dict) and "config_name" in record:
-        return record["config_name"], record["config"]
-    return None, record  # written by tpurun 0.2: the config alone
+    name = record.pop(NAME_KEY, None)  # tpurun 0.2 recorded the config alone
+    return (name if isinstance(name, str) else None), record
 
 
 def check_same_model(run: RunConfig) -> None:
@@ -119,8 +159,11 @@ def check_resume(run: RunConfig) -> None:
     if recorded is None:
         return  # written by a tpurun that kept no record: nothing to compare with
     _check_model(run, recorded)  # the record read once: a request fewer on gs://
-    before = _trained_config(recorded[1])
-    now = _trained_config(run.config.to_dict())
+    trained = _with_new_defaults(recorded[1])
+    # The trained config decides what may change: a changed schedule is a difference.
+    resumable = resumable_changes(trained)
+    before = _trained_config(trained, resumable)
+    now = _trained_config(run.config.to_dict(), resumable)
     differences = [
         f"{key}: {before.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
         for key in sorted(set(before) | set(now))

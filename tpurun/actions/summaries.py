@@ -9,6 +9,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun.actions.base import Action, LoopStats
+from tpurun.tf_errors import user_code_line
 
 
 class TrainSummaries(Action):
@@ -31,7 +32,9 @@ class TrainSummaries(Action):
         try:
             graph = self._graph()
         except Exception as e:  # a view of the model is never a reason to stop training
-            logging.warning("No model graph for TensorBoard: tracing the model failed: %s", e)
+            logging.warning(
+                "No model graph for TensorBoard: tracing the model failed: %s", user_code_line(e)
+            )
             return
         with self._writer.as_default():
             tf.summary.graph(graph)

@@ -39,7 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import model as model_lib
-from tpurun import strategy
+from tpurun import precision, strategy
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.steps import StepChecker
 from tpurun.cluster import Cluster
@@ -64,7 +64,7 @@ def run_checks(run: RunConfig) -> list[Finding]:
     cluster = cpu_cluster(replicas)
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(run.seed)
-    with _quiet_tensorflow_info():
+    with _quiet_tensorflow_info(), precision.policy(run.config.precision):
         checker = StepChecker(run, cluster, model)
         problems = checker.batch_split()
         for mode in Mode:

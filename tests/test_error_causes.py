@@ -1,0 +1,174 @@
+"""Every failure names its cause on its one line: the user's code, nonsense values, rows.
+
+"unexpected" is kept for tpurun's own bugs: an error a user or a crash can cause
+says what and where. Runs are in-process (the tpurun_cli fixture).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok
+
+# A model whose layer raises while the train step is traced: autograph wraps the
+# error as "in user code:"; the user must see their message and their line.
+TRACED_BUG = """
+import keras
+import tensorflow as tf
+
+from tpurun.model import Classifier, register
+
+
+class Culprit(keras.layers.Layer):
+    def call(self, x, training=None):
+        if training:  # not while the model is built: while the train step is traced
+            raise ValueError("the shapes of my layer are wrong")
+        return x
+
+
+@register("traced_bug")
+class TracedBug(Classifier):
+    def input_fn(self, mode, params):
+        x = tf.zeros([16, 4])
+        y = tf.zeros([16], tf.int32)
+        data = tf.data.Dataset.from_tensor_slices((x, y) if mode != "predict" else x)
+        if mode == "train":
+            return data.repeat().batch(params.batch_size, drop_remainder=True)
+        return data.batch(params.batch_size)
+
+    def build(self):
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, Culprit()(keras.layers.Dense(3)(inputs)))
+"""
+CONFIG = """
+from tpurun import config_defaults
+
+
+def get_config():
+    config = config_defaults.base_config(model="traced_bug")
+    config.model_module = "traced_bug_model"
+    config.train.batch_size = 8
+    return config
+"""
+
+
+def test_an_error_in_traced_user_code_shows_the_users_message_and_line(tpurun_cli, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "traced_bug_model.py").write_text(TRACED_BUG)
+    (project / "traced_bug.py").write_text(CONFIG)
+    result = tpurun_cli(
+        "train", f"--config={project / 'traced_bug.py'}", "--train_steps=1", cwd=tmp_path
+    )
+    line = assert_fails(
+        result,
+        RUN_FAILURE,
+        "ValueError in your code at project/traced_bug_model.py:11: Exception encountered",
+        "the shapes of my layer are wrong",
+    )
+    assert "unexpected" not in line and "in user code" not in line
+
+
+def test_a_bug_of_tpurun_itself_is_still_called_unexpected(tpurun_cli, tmp_path, monkeypatch):
+    import functools
+
+    from tpurun import commands
+
+    # Raised from tpurun's own call, with no user code on the way: a lookup that fails.
+    monkeypatch.setattr(commands, "write_record", functools.partial(dict.__getitem__, {}))
+    result = tpurun_cli("train", "--train_steps=1", f"--model_dir={tmp_path / 'm'}")
+    assert_fails(result, RUN_FAILURE, "unexpected KeyError: RunConfig(")
+
+
+# --- nonsense values: one line with the allowed range --------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, keywords",
+    [
+        ("--hang_timeout=nan", ["--hang_timeout=nan", "seconds >= 0 (0 = never), at most"]),
+        ("--hang_timeout=inf", ["--hang_timeout=inf", "at most 2592000"]),
+        ("--eval_timeout=-3", ["--eval_timeout=-3", "seconds >= 0"]),
+        ("--tpu_init_timeout=nan", ["--tpu_init_timeout=nan", "seconds > 0"]),
+        (
+            "--predict_batch_size=10000000",
+            ["=10000000 must be a positive integer (at most 1048576)"],
+        ),
+        ("--iterations=100000000", ["--iterations", "(at most 1000000)"]),
+        ("--seed=-1", ["--seed (config.seed)=-1", ">= 0 and at most 4294967295"]),
+        ("--num_shards=100000", ["--num_shards=100000", "(at most 65536)"]),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_a_nonsense_value_is_refused_with_its_range(tpurun_cli, tmp_path, flag, keywords):
+    command = "predict" if "predict" in flag else "eval" if "eval_timeout" in flag else "train"
+    result = tpurun_cli(command, flag, f"--model_dir={tmp_path / 'm'}", cwd=tmp_path)
+    assert_fails(result, USAGE, *keywords)
+    assert not (tmp_path / "m").exists()
+
+
+# --- predict input: one output per data row -------------------------------------------
+
+ROWS = ["5.1,3.3,1.7,0.5", "5.9,3.0,4.2,1.5", "6.9,3.1,5.4,2.1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    import keras
+
+    from tpurun import cli
+
+    model_dir = tmp_path_factory.mktemp("causes") / "model"
+    keras.backend.clear_session()
+    assert cli.main(["tpurun", "train", "--train_steps=10", f"--model_dir={model_dir}"]) == 0
+    return model_dir
+
+
+@pytest.mark.parametrize(
+    "first_line",
+    ["", "SepalLength,SepalWidth,PetalLength,PetalWidth", "3,4,setosa,versicolor,virginica"],
+    ids=["no_header", "names", "tutorial_count_line"],
+)
+def test_predict_gives_one_output_per_data_row(tpurun_cli, trained, tmp_path, first_line):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("".join(line + "\n" for line in ([first_line] if first_line else []) + ROWS))
+    output = tmp_path / "out.jsonl"
+    args = ("predict", f"--model_dir={trained}", f"--input={rows}", f"--output={output}")
+    assert_ok(tpurun_cli(*args))
+    lines = output.read_text().splitlines()
+    assert len(lines) == 3
+    assert [len(json.loads(line)["probabilities"]) for line in lines] == [3, 3, 3]
+
+
+def test_predict_refuses_a_first_line_that_is_neither_header_nor_data(
+    tpurun_cli, trained, tmp_path
+):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("length,width,x,y\n" + "\n".join(ROWS) + "\n")
+    result = tpurun_cli("predict", f"--model_dir={trained}", f"--input={rows}")
+    assert_fails(
+        result,
+        RUN_FAILURE,
+        f"data file {rows}, line 1",
+        "neither a header",
+        "nor a row of 4 numbers",
+    )
+
+
+def test_predict_refuses_a_non_finite_input_with_its_row_and_column(tpurun_cli, trained, tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("\n".join([ROWS[0], "5.9,inf,4.2,1.5", ROWS[2]]) + "\n")
+    result = tpurun_cli("predict", f"--model_dir={trained}", f"--input={rows}")
+    assert_fails(result, RUN_FAILURE, "line 2: column SepalWidth is 'inf'", "not a finite number")
+
+
+def test_predictions_are_strict_json_even_when_not_finite():
+    import numpy as np
+
+    from tpurun.model import json_line
+
+    line = json_line({"logits": np.array([1.0, np.nan, -np.inf], np.float32), "id": np.int32(2)})
+    assert json.loads(line) == {"logits": [1.0, None, None], "id": 2}
+    assert "NaN" not in line and "Infinity" not in line

@@ -1,0 +1,495 @@
+"""optimization and optimization_config: schedules, batch scaling, weight decay, clipping, EMA, checks."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+from tpurun.models.iris import Iris
+
+from tpurun import config_defaults, optimization, optimization_config, schedules
+from tpurun.errors import RunError, UsageError
+from tpurun.run_config import RunConfig, merge_flags
+
+STEPS = 1000
+
+
+def recipe_config(**keys) -> ml_collections.ConfigDict:
+    """base_config with train.steps=1000 and the given optimizer keys (ema_decay: train's)."""
+    config = config_defaults.base_config(model="iris")
+    config.train.steps = STEPS
+    for key, value in keys.items():
+        if key == "ema_decay":
+            config.train.ema_decay = value
+        else:
+            config.optimizer[key] = value
+    return config
+
+
+def recipe(**keys) -> ml_collections.FrozenConfigDict:
+    config = ml_collections.FrozenConfigDict(recipe_config(**keys))
+    optimization_config.validate(config, train_steps=config.train.steps)
+    return config
+
+
+def built(config, variables, global_batch_size: int = 128) -> keras.optimizers.Optimizer:
+    optimizer = optimization.build_optimizer(config, global_batch_size)
+    optimizer.build(variables)
+    return optimizer
+
+
+# Schedules: lr 0.1; `step` is the number of steps done (what Keras evaluates at).
+COSINE_AT_100 = 0.1 * (0.9 * 0.5 * (1 + math.cos(math.pi * 0.1)) + 0.1)
+
+
+@pytest.mark.parametrize(
+    "keys, step, expected",
+    [
+        ({}, 0, 0.1),
+        ({}, 999, 0.1),
+        ({"warmup_steps": 100}, 0, 0.0),
+        ({"warmup_steps": 100}, 25, 0.025),
+        ({"warmup_steps": 100}, 100, 0.1),
+        ({"warmup_steps": 100}, 700, 0.1),
+        ({"schedule": "exponential", "decay_steps": 100, "decay_rate": 0.5}, 50, 0.1 * 0.5**0.5),
+        ({"schedule": "exponential", "decay_steps": 100, "decay_rate": 0.5}, 200, 0.025),
+        (
+            {"schedule": "exponential", "decay_steps": 100, "decay_rate": 0.5, "staircase": True},
+            150,
+            0.05,
+        ),
+        (
+            {"schedule": "piecewise", "boundaries": (100, 200), "multipliers": (1, 0.1, 0.01)},
+            100,
+            0.1,
+        ),
+        (
+            {"schedule": "piecewise", "boundaries": (100, 200), "multipliers": (1, 0.1, 0.01)},
+            101,
+            0.01,
+        ),
+        (
+            {"schedule": "piecewise", "boundaries": (100, 200), "multipliers": (1, 0.1, 0.01)},
+            201,
+            0.001,
+        ),
+        # Past 2**24 steps, where float32 no longer tells neighbouring steps apart.
+        (
+            {"schedule": "piecewise", "boundaries": (2**25 + 1,), "multipliers": (1, 0.1)},
+            2**25 + 1,
+            0.1,
+        ),
+        (
+            {"schedule": "piecewise", "boundaries": (2**25 + 1,), "multipliers": (1, 0.1)},
+            2**25 + 2,
+            0.01,
+        ),
+        ({"schedule": "cosine", "alpha": 0.1}, 0, 0.1),
+        ({"schedule": "cosine", "alpha": 0.1}, 500, 0.055),
+        ({"schedule": "cosine", "alpha": 0.1}, 1000, 0.01),
+        ({"schedule": "cosine", "alpha": 0.1}, 5000, 0.01),
+        ({"schedule": "cosine", "alpha": 0.1, "warmup_steps": 100}, 50, COSINE_AT_100 / 2),
+        ({"schedule": "cosine", "alpha": 0.1, "warmup_steps": 100}, 100, COSINE_AT_100),
+        ({"schedule": "linear", "end_learning_rate": 0.01}, 500, 0.055),
+        ({"schedule": "linear", "end_learning_rate": 0.01}, 1000, 0.01),
+        ({"schedule": "linear", "warmup_steps": 200}, 100, 0.04),
+    ],
+    ids=lambda v: (
+        repr(v) if not isinstance(v, dict) else ",".join(f"{k}={v[k]}" for k in v) or "constant"
+    ),
+)
+def test_schedule_value_at_a_step(keys, step, expected):
+    config = recipe(learning_rate=0.1, **keys)
+    optimizer = built(config, [keras.Variable([1.0])])
+    assert optimization.learning_rate_at(optimizer, step) == pytest.approx(
+        expected, rel=1e-6, abs=1e-9
+    )
+
+
+def test_the_optimizer_evaluates_its_schedule_at_its_step():
+    """A resumed run (iterations restored) continues on the curve."""
+    config = recipe(learning_rate=0.1, schedule="cosine")
+    optimizer = built(config, [keras.Variable([1.0])])
+    optimizer.iterations.assign(500)
+    assert float(optimizer.learning_rate) == pytest.approx(0.05, rel=1e-6)
+
+
+@pytest.mark.parametrize("staircase", [False, True])
+def test_exponential_matches_tf1_exponential_decay(staircase):
+    config = recipe(
+        learning_rate=0.1,
+        schedule="exponential",
+        decay_steps=350,
+        decay_rate=0.94,
+        staircase=staircase,
+    )
+    schedule = schedules.learning_rate(config, global_batch_size=128)
+    steps = list(range(0, 20_000, 173))
+    ours = [float(schedule(step)) for step in steps]
+    tf1 = []
+    for step in steps:
+        value = tf.compat.v1.train.exponential_decay(0.1, step, 350, 0.94, staircase=staircase)
+        tf1.append(float(value() if callable(value) else value))
+    np.testing.assert_allclose(ours, tf1, rtol=0, atol=1e-7)
+
+
+def test_the_schedule_serializes_and_comes_back_equal():
+    config = recipe(schedule="piecewise", boundaries=(10, 20), multipliers=(1.0, 0.5, 0.25))
+    schedule = schedules.learning_rate(config, global_batch_size=128)
+    again = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
+    assert isinstance(again, schedules.Schedule)
+    assert [float(again(s)) for s in (5, 15, 25)] == [float(schedule(s)) for s in (5, 15, 25)]
+
+
+# Batch scaling: derived when the optimizer is built, from the final batch size.
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_batch_scaling_follows_the_batch_size_flag(schedule):
+    config = recipe_config(learning_rate=0.1, base_batch_size=256, schedule=schedule)
+    config.train.batch_size = 128
+    merged = merge_flags(config, {"batch_size": 1024})  # --batch_size=1024
+    optimizer = Iris(merged).optimizer()  # the Model hook: config.train.batch_size
+    optimizer.build([keras.Variable([1.0])])
+    assert optimization.learning_rate_at(optimizer, 0) == pytest.approx(0.4)
+
+
+def test_no_batch_scaling_by_default():
+    merged = merge_flags(recipe_config(learning_rate=0.1), {"batch_size": 1024})
+    assert schedules.peak_learning_rate(merged.optimizer, 1024) == 0.1
+
+
+# Weight decay: zero gradients, so only the decay moves a weight.
+
+
+def decay_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((2,)),
+            keras.layers.Dense(3, name="dense", bias_initializer="ones"),
+            keras.layers.BatchNormalization(name="norm", beta_initializer="ones"),
+            keras.layers.Dense(1, name="head", bias_initializer="ones"),
+        ],
+        name="net",
+    )
+
+
+def decayed_paths(**keys) -> set[str]:
+    model = decay_model()
+    before = {v.path: v.numpy() for v in model.trainable_variables}
+    optimizer = built(
+        recipe(name="sgd", learning_rate=0.1, weight_decay=0.5, **keys), model.trainable_variables
+    )
+    for _ in range(2):
+        optimizer.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])
+    decayed = set()
+    for variable in model.trainable_variables:
+        old = before[variable.path]
+        if np.allclose(variable.numpy(), old * (1 - 0.1 * 0.5) ** 2, rtol=1e-6):
+            decayed.add(variable.path)
+        else:
+            np.testing.assert_array_equal(variable.numpy(), old, err_msg=variable.path)
+    return decayed
+
+
+def test_weight_decay_shrinks_the_kernels_but_not_biases_and_norm_parameters():
+    assert decayed_paths() == {"net/dense/kernel", "net/head/kernel"}
+
+
+def test_weight_decay_exclude_is_a_regex_over_variable_paths():
+    decayed = decayed_paths(weight_decay_exclude=r"^net/head/")
+    assert decayed == {"net/dense/kernel", "net/dense/bias", "net/norm/gamma", "net/norm/beta"}
+
+
+@pytest.mark.parametrize(
+    "path, excluded",
+    [
+        ("dense/bias", True),
+        ("model/batch_normalization/gamma", True),
+        ("layer_normalization/beta", True),
+        ("rms_normalization/scale", True),
+        ("bias", True),
+        ("dense/kernel", False),
+        ("bias_net/kernel", False),
+        ("embedding/embeddings", False),
+        ("dense/unbias", False),
+    ],
+)
+def test_default_weight_decay_exclusion(path, excluded):
+    pattern = config_defaults.base_config(model="x").optimizer.weight_decay_exclude
+    assert bool(__import__("re").search(pattern, path)) is excluded
+
+
+# Clipping: by the global norm of the (summed) gradients.
+
+
+@pytest.mark.parametrize(
+    "gradient_norm, update_norm", [(10.0, 0.5), (0.2, 0.2)], ids=["clipped", "below"]
+)
+def test_clip_norm_bounds_the_update(gradient_norm, update_norm):
+    variables = [
+        keras.Variable(np.zeros((3, 2), "float32")),
+        keras.Variable(np.zeros(2, "float32")),
+    ]
+    optimizer = built(recipe(name="sgd", learning_rate=1.0, clip_norm=0.5), variables)
+    raw = [np.full((3, 2), 1.0, "float32"), np.full(2, 2.0, "float32")]
+    scale = gradient_norm / math.sqrt(sum(float(np.sum(g**2)) for g in raw))
+    optimizer.apply_gradients(
+        [(tf.constant(g * scale), v) for g, v in zip(raw, variables, strict=True)]
+    )
+    moved = math.sqrt(sum(float(np.sum(v.numpy() ** 2)) for v in variables))
+    assert moved == pytest.approx(update_norm, rel=1e-5)
+    # The direction is kept: every gradient is scaled by the same factor.
+    np.testing.assert_allclose(
+        variables[1].numpy() / variables[0].numpy()[0, 0], [2.0, 2.0], rtol=1e-5
+    )
+
+
+def test_clipping_takes_the_norm_of_sparse_gradients_with_repeated_rows_summed():
+    # Two rows for index 0 (as an embedding looked up twice): the dense row is [4, 0].
+    sparse = tf.IndexedSlices(
+        tf.constant([[3.0, 0.0], [1.0, 0.0]]), tf.constant([0, 0]), tf.constant([2, 2])
+    )
+    (clipped,) = optimization.clip_by_global_norm([sparse], clip_norm=2.0)
+    assert isinstance(clipped, tf.IndexedSlices)
+    np.testing.assert_allclose(tf.convert_to_tensor(clipped).numpy(), [[2.0, 0.0], [0.0, 0.0]])
+
+
+@pytest.fixture(scope="module")
+def replicas() -> dict[str, dict]:
+    """tests/optimization_replicas.py: 3 steps on the default strategy, 1 and 4 replicas."""
+    from tests import optimization_replicas
+
+    return optimization_replicas.results()
+
+
+def flat(result: dict, *parts: str) -> np.ndarray:
+    return np.concatenate(
+        [np.ravel(np.asarray(v, "float32")) for part in parts for v in result[part]]
+    )
+
+
+def test_keras_global_clipnorm_clips_each_replica_before_the_sum(replicas):
+    """Evidence for tpurun's own clipping: Keras' differs between 1 and 4 replicas."""
+    one, four = (
+        flat(replicas["keras_clip/default"], "weights"),
+        flat(replicas["keras_clip/mirrored_4"], "weights"),
+    )
+    assert np.abs(one - four).max() > 1e-2, (
+        "Keras now clips after the all-reduce: see optimization.py"
+    )
+
+
+@pytest.mark.parametrize("one", ["default", "mirrored_1"])
+def test_clip_norm_is_the_same_on_one_and_four_replicas(replicas, one):
+    clipped = flat(replicas[f"clip_norm/{one}"], "weights")
+    np.testing.assert_allclose(
+        clipped, flat(replicas["clip_norm/mirrored_4"], "weights"), atol=1e-6
+    )
+    # ...and clipping was on: the same steps as Keras' clipping on one replica.
+    np.testing.assert_allclose(clipped, flat(replicas[f"keras_clip/{one}"], "weights"), atol=1e-6)
+
+
+def test_the_whole_recipe_is_the_same_on_one_and_four_replicas(replicas):
+    """SGD + nesterov, cosine with warmup, weight decay, clipping and EMA."""
+    one, four = replicas["recipe/default"], replicas["recipe/mirrored_4"]
+    np.testing.assert_allclose(
+        flat(one, "weights", "averages"), flat(four, "weights", "averages"), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored_4"])
+def test_weight_decay_exclusion_holds_on_replicas(replicas, strategy):
+    result = replicas[f"decay/{strategy}"]
+    for path, before, after in zip(
+        result["paths"], result["initial"], result["weights"], strict=True
+    ):
+        factor = 1.0 if path.endswith("bias") else (1 - 0.1 * 0.5) ** 3
+        np.testing.assert_allclose(after, np.asarray(before) * factor, rtol=1e-6, err_msg=path)
+
+
+# EMA: Keras' averages, kept by the optimizer.
+
+
+def ema_training(steps: int, ema_decay: float = 0.5):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = built(
+        recipe(name="sgd", learning_rate=0.1, ema_decay=ema_decay), model.trainable_variables
+    )
+    x = tf.constant(np.random.RandomState(0).normal(size=(4, 3)), tf.float32)
+    history = []
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - 1.0))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        history.append([v.numpy() for v in model.trainable_variables])
+    return model, optimizer, history
+
+
+def test_ema_follows_the_recurrence_and_differs_from_the_weights():
+    model, optimizer, history = ema_training(steps=5, ema_decay=0.5)
+    expected = history[0]  # the first step copies the weights
+    for weights in history[1:]:
+        expected = [0.5 * a + 0.5 * w for a, w in zip(expected, weights, strict=True)]
+    pairs = optimization.ema_pairs(optimizer)
+    for (variable, average), value in zip(pairs, expected, strict=True):
+        np.testing.assert_allclose(average.numpy(), value, rtol=1e-6)
+        assert not np.allclose(average.numpy(), variable.numpy())
+
+
+def test_swap_in_ema_puts_the_weights_back():
+    model, optimizer, history = ema_training(steps=3)
+    averages = [a.numpy() for _, a in optimization.ema_pairs(optimizer)]
+    with optimization.swap_in_ema(optimizer):
+        for variable, average in zip(model.trainable_variables, averages, strict=True):
+            np.testing.assert_array_equal(variable.numpy(), average)
+    for variable, raw in zip(model.trainable_variables, history[-1], strict=True):
+        np.testing.assert_array_equal(variable.numpy(), raw)
+
+
+def test_averages_are_saved_with_the_optimizer_and_an_evaluator_restores_them(tmp_path):
+    model, optimizer, history = ema_training(steps=3)
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(tmp_path / "ckpt-3"))
+    averages = [a.numpy() for _, a in optimization.ema_pairs(optimizer)]
+    keras.utils.set_random_seed(2)
+    evaluator_model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimization.restore_ema_weights(
+        evaluator_model, recipe(name="sgd", learning_rate=0.1, ema_decay=0.5), path
+    )
+    for variable, average in zip(evaluator_model.trainable_variables, averages, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), average)
+
+
+def test_restoring_averages_from_a_checkpoint_without_them_fails(tmp_path):
+    model, optimizer, _ = ema_training(steps=2, ema_decay=0.0)
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(tmp_path / "ckpt-2"))
+    with pytest.raises(RunError, match="has no moving averages for this config"):
+        optimization.restore_ema_weights(
+            model, recipe(name="sgd", learning_rate=0.1, ema_decay=0.5), path
+        )
+
+
+# Keys passed to the Keras optimizer, and the builder's errors.
+
+
+def test_other_optimizer_keys_reach_the_keras_constructor():
+    config = recipe_config()
+    config.optimizer.beta_1 = 0.8
+    optimizer = optimization.build_optimizer(ml_collections.FrozenConfigDict(config), 128)
+    assert optimizer.beta_1 == 0.8
+
+
+def test_sgd_gets_momentum_and_nesterov():
+    optimizer = optimization.build_optimizer(recipe(name="sgd", momentum=0.9, nesterov=True), 128)
+    assert (optimizer.momentum, optimizer.nesterov) == (0.9, True)
+
+
+@pytest.mark.parametrize(
+    "name, key, value, words",
+    [
+        ("adam", "rho", 0.9, ["config.optimizer.rho=0.9", "not an argument of", "Adam", "beta_1"]),
+        ("no_such", None, None, ["config.optimizer.name='no_such'", "adam, adamax, adamw", "sgd"]),
+    ],
+    ids=["key_the_optimizer_does_not_take", "unknown_optimizer"],
+)
+def test_build_errors_name_the_key(name, key, value, words):
+    config = recipe_config(name=name)
+    if key:
+        config.optimizer[key] = value
+    with pytest.raises(UsageError) as raised:
+        optimization.build_optimizer(ml_collections.FrozenConfigDict(config), 128)
+    message = str(raised.value)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+# Bad values: one line naming the key, the value and what is allowed, before TensorFlow.
+
+
+@pytest.mark.parametrize(
+    "keys, words",
+    [
+        (
+            {"schedule": "cosin"},
+            [
+                "config.optimizer.schedule='cosin'",
+                "constant, exponential, piecewise, cosine, linear",
+            ],
+        ),
+        (
+            {"warmup_steps": STEPS},
+            [f"config.optimizer.warmup_steps={STEPS}", f"train.steps={STEPS}"],
+        ),
+        ({"warmup_steps": -1}, ["config.optimizer.warmup_steps=-1", ">= 0"]),
+        ({"clip_norm": -1.0}, ["config.optimizer.clip_norm=-1.0", ">= 0"]),
+        (
+            {"schedule": "exponential", "decay_steps": 100, "decay_rate": 0.0},
+            ["config.optimizer.decay_rate=0.0", "> 0"],
+        ),
+        (
+            {"schedule": "exponential", "decay_steps": 100, "decay_rate": -0.5},
+            ["config.optimizer.decay_rate=-0.5", "> 0"],
+        ),
+        (
+            {"schedule": "exponential", "decay_rate": 0.9},
+            ["config.optimizer.decay_steps=0", ">= 1"],
+        ),
+        (
+            {"schedule": "piecewise", "boundaries": (200, 100), "multipliers": (1, 0.1, 0.01)},
+            ["config.optimizer.boundaries=(200, 100)", "increasing"],
+        ),
+        (
+            {"schedule": "piecewise", "boundaries": (100,), "multipliers": (1.0,)},
+            ["config.optimizer.multipliers=(1.0,)", "2 numbers", "1 boundaries"],
+        ),
+        ({"schedule": "cosine", "alpha": 1.5}, ["config.optimizer.alpha=1.5", "[0, 1]"]),
+        (
+            {"schedule": "linear", "end_learning_rate": -0.1},
+            ["config.optimizer.end_learning_rate=-0.1", ">= 0"],
+        ),
+        (
+            {"schedule": "cosine", "decay_rate": 0.9},
+            ["config.optimizer.decay_rate=0.9", "schedule='exponential'", "not of 'cosine'"],
+        ),
+        ({"ema_decay": 1.0}, ["config.train.ema_decay=1.0", "[0, 1)"]),
+        ({"ema_decay": -0.1}, ["config.train.ema_decay=-0.1", "[0, 1)"]),
+        ({"momentum": 0.9}, ["config.optimizer.momentum=0.9", "does not apply to adam", "sgd"]),
+        ({"name": "sgd", "momentum": 1.0}, ["config.optimizer.momentum=1.0", "[0, 1)"]),
+        ({"name": "sgd", "nesterov": True}, ["config.optimizer.nesterov=True", "momentum > 0"]),
+        (
+            {"name": "rmsprop", "momentum": 0.9, "nesterov": True},
+            ["config.optimizer.nesterov=True", "does not apply to rmsprop"],
+        ),
+        ({"weight_decay": -0.1}, ["config.optimizer.weight_decay=-0.1", ">= 0"]),
+        ({"name": "adamw"}, ["config.optimizer.weight_decay=0.0", "adamw", "0.004"]),
+        (
+            {"weight_decay_exclude": "(bias"},
+            ["config.optimizer.weight_decay_exclude='(bias'", "not a regex"],
+        ),
+        ({"base_batch_size": -256}, ["config.optimizer.base_batch_size=-256", ">= 0"]),
+        ({"learning_rate": -0.1}, ["config.optimizer.learning_rate=-0.1", ">= 0"]),
+        ({"clipnorm": 1.0}, ["config.optimizer.clipnorm=1.0", "config.optimizer.clip_norm"]),
+        ({"use_ema": True}, ["config.optimizer.use_ema=True", "config.train.ema_decay"]),
+    ],
+    ids=lambda v: ",".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else None,
+)
+def test_a_bad_value_is_one_line_naming_key_value_and_range(keys, words):
+    config = ml_collections.FrozenConfigDict(recipe_config(**keys))
+    with pytest.raises(UsageError) as raised:
+        RunConfig(command="train", config_name="iris", config=config, model_dir="/tmp/m")
+    message = str(raised.value)
+    assert "\n" not in message, message
+    missing = [w for w in words if w not in message]
+    assert not missing, f"{missing} not in {message!r}"
+
+
+def test_every_recipe_key_has_a_default():
+    optimizer = config_defaults.base_config(model="x").optimizer
+    assert set(optimizer.keys()) == set(optimization_config.RECIPE_KEYS)
+    assert "ema_decay" in config_defaults.base_config(model="x").train
