@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -78,15 +79,25 @@ def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(
     assert not lease_exists(f"{model_dir}/{lease.FILE}"), "the lease was not released"
 
 
-def test_a_killed_trainers_lease_is_taken_over(model_dir, tpurun_cli, request):
-    first, _ = start_trainer(model_dir, gcs_env(model_dir, request))
-    first.kill()
-    first.wait()
-    assert lease_exists(f"{model_dir}/{lease.FILE}")
+def test_a_killed_trainers_lease_is_taken_over(model_dir, tpurun_cli):
+    """The lease a SIGKILLed trainer of this machine left (its pid gone) is taken at once.
+
+    Written here as that trainer wrote it, rather than by killing one: the SIGKILL
+    tests (test_resume.py locally, test_gcs_life.py on gs://) resume after real kills,
+    each taking over the killed trainer's lease.
+    """
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = f"{model_dir}/{lease.FILE}"
+    tf.io.gfile.makedirs(model_dir)
+    holder = lease.Holder(
+        socket.gethostname(), dead.pid, "2026-01-01T00:00:00+00:00", time.time(), 3900.0
+    )
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(holder.text())
     result = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={model_dir}"))
-    if model_dir.startswith("gs://"):
-        assert f"pid {first.pid} of this machine is gone" in result.stderr
-    assert not lease_exists(f"{model_dir}/{lease.FILE}")
+    assert f"pid {dead.pid}" in result.stderr and "gone" in result.stderr
+    assert not lease_exists(path)
 
 
 def lease_exists(path: str) -> bool:
