@@ -3,8 +3,9 @@
     .venv/bin/python scripts/gcs_save_restore_times.py [--repeats 5]
 
 The default mnist config's model and Adam state (a checkpoint of ~5 MB), saved as
-`tpurun train` saves (tpurun.checkpoints.Saver), and read back whole as a resume
-does. gs:// is the test GCS server (tests/fake_gcs: fake-gcs-server behind a
+`tpurun train` saves (tpurun.checkpoints.Saver; on gs:// also with TensorFlow's
+CheckpointManager, which tpurun used before, for comparison), and read back whole
+as a resume does. gs:// is the test GCS server (tests/fake_gcs: fake-gcs-server behind a
 loopback proxy): its times are the cost of the requests and of the proxy on this
 machine, without a real network's latency, so read them as a lower bound and
 compare them with the requests each operation makes (also printed).
@@ -48,10 +49,15 @@ def main() -> None:
         checkpoint = tf.train.Checkpoint(model=keras_model, optimizer=optimizer)
         bucket = gcs.make_bucket("times")
         print(
-            f"{'where':<8}{'save (s)':>10}{'restore (s)':>13}{'requests/save':>15}{'/restore':>10}"
+            f"{'where':<40}{'save (s)':>10}{'restore (s)':>13}{'requests/save':>15}{'/restore':>10}"
         )
-        for where, directory in (("local", f"{tmp}/mnist"), ("gs://", f"{bucket}/mnist")):
-            saver = checkpoints.Saver(checkpoint, directory, keep_checkpoint_max=3)
+        runs = (
+            ("local", f"{tmp}/mnist", checkpoints.Saver),
+            ("gs://", f"{bucket}/mnist", checkpoints.Saver),
+            ("gs:// (TensorFlow's CheckpointManager)", f"{bucket}/manager", _ManagerSaver),
+        )
+        for where, directory, make_saver in runs:
+            saver = make_saver(checkpoint, directory, keep_checkpoint_max=3)
             saves, restores = [], []
             for step in range(1, args.repeats + 1):
                 with gcs.counting() as save_log:
@@ -64,10 +70,24 @@ def main() -> None:
                     restores.append(time.perf_counter() - started)
             size = sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(path + ".*"))
             print(
-                f"{where:<8}{statistics.median(saves):>10.3f}{statistics.median(restores):>13.3f}"
+                f"{where:<40}{statistics.median(saves):>10.3f}{statistics.median(restores):>13.3f}"
                 f"{len(save_log):>15}{len(restore_log):>10}   ({size / 1e6:.1f} MB, "
                 f"median of {args.repeats})"
             )
+
+
+class _ManagerSaver:
+    """TensorFlow's CheckpointManager behind the Saver's interface."""
+
+    def __init__(self, checkpoint, directory: str, keep_checkpoint_max: int):
+        import tensorflow as tf
+
+        self._manager = tf.train.CheckpointManager(
+            checkpoint, directory, max_to_keep=keep_checkpoint_max
+        )
+
+    def save(self, step: int) -> str:
+        return self._manager.save(checkpoint_number=step)
 
 
 if __name__ == "__main__":
