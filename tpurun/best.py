@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, storage
+from tpurun import checkpoints, records, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.eval_results import NOT_METRICS
 from tpurun.run_config import RunConfig
@@ -84,8 +84,8 @@ def read(model_dir: str) -> Best | None:
         directory = storage.join(model_dir, name)
         record_path = storage.join(directory, RECORD)
         try:
-            best = _parse(directory, storage.read_json(record_path, _KEYS))
-        except storage.DamagedRecord as e:
+            best = _parse(directory, records.read_json(record_path, _KEYS))
+        except records.DamagedRecord as e:
             moved_to = storage.move_into(model_dir, [record_path], storage.DAMAGED_DIR)
             logging.warning(
                 "%s; moved it to %s: the next evaluation keeps a new best.", e, moved_to
@@ -106,7 +106,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
     name = record["checkpoint"]
     if not isinstance(name, str) or not re.fullmatch(r"ckpt-\d+", name):
         # Never a path: the best is a copy inside `directory`, whatever the record says.
-        raise storage.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
+        raise records.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
     try:
         return Best(
             step=int(record["step"]),
@@ -117,7 +117,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
             path=storage.join(directory, name),
         )
     except (TypeError, ValueError) as e:
-        raise storage.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
+        raise records.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
 
 
 def require(run: RunConfig) -> Best:

@@ -25,7 +25,7 @@ from absl import logging
 from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
-from tpurun import optimization, storage, tf_internals, train_config
+from tpurun import optimization, records, storage, tf_internals, train_config
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
@@ -127,14 +127,14 @@ def state(model_dir: str) -> list[str] | None:
     ckpt-<step>).
     """
     path = storage.join(model_dir, STATE_FILE)
-    text = storage.read_text(path)
+    text = records.read_text(path)
     if text is None:
         return None
     proto = tf_internals.checkpoint_state_proto()
     try:
         text_format.Parse(text, proto)
     except (text_format.ParseError, protobuf_message.DecodeError) as e:
-        raise storage.DamagedRecord(path, f"not a checkpoint state: {one_line(e, 100)}") from None
+        raise records.DamagedRecord(path, f"not a checkpoint state: {one_line(e, 100)}") from None
     listed = [*proto.all_model_checkpoint_paths]
     if proto.model_checkpoint_path and proto.model_checkpoint_path not in listed:
         listed.append(proto.model_checkpoint_path)
@@ -144,7 +144,7 @@ def state(model_dir: str) -> list[str] | None:
         if not (
             storage.inside(model_dir, full) and re.fullmatch(r"ckpt-\d+", storage.basename(full))
         ):
-            raise storage.DamagedRecord(path, f"it names {name}, not a ckpt-<step> of {model_dir}")
+            raise records.DamagedRecord(path, f"it names {name}, not a ckpt-<step> of {model_dir}")
         paths.append(full)
     return sorted(set(paths), key=step_of)
 
@@ -153,7 +153,7 @@ def latest(model_dir: str) -> str | None:
     """The newest checkpoint: as the state file says, else (none, or damaged) by the files."""
     try:
         listed = state(model_dir)
-    except storage.DamagedRecord as e:
+    except records.DamagedRecord as e:
         logging.warning("%s; going by the checkpoint files instead.", e)
         listed = None
     if listed:
@@ -314,7 +314,7 @@ def _keep_state_true(model_dir: str, newest: str | None) -> None:
     """
     try:
         listed = state(model_dir)
-    except storage.DamagedRecord as e:
+    except records.DamagedRecord as e:
         logging.warning("%s; rebuilding it from the checkpoint files.", e)
         listed = []
     if newest is None:

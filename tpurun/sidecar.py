@@ -11,7 +11,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, storage
+from tpurun import checkpoints, records, storage
 from tpurun.errors import RunError
 from tpurun.eval_results import results_path
 from tpurun.run_config import RunConfig
@@ -31,7 +31,7 @@ def saved_checkpoints(model_dir: str) -> list[str]:
     """
     try:
         return checkpoints.state(model_dir) or []
-    except storage.DamagedRecord as e:
+    except records.DamagedRecord as e:
         logging.warning("%s; going by the checkpoint files instead.", e)
         return sorted(checkpoints.candidates(model_dir), key=checkpoints.step_of)
 

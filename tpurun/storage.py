@@ -15,8 +15,8 @@ gs:// and ram:// alike:
 * Temporary names are unique per process (`temporary_path`: host, pid, random)
   and created exclusively, so two processes never share one; a temporary left by
   a process that died is removed by the next run (`remove_leftovers`).
-* Records (`read_json`, `read_text`) either read back or raise `DamagedRecord`
-  naming the file and what is wrong; each caller recovers or fails with one line.
+* Records are read through `tpurun.records`: as written, or `DamagedRecord` naming
+  the file and what is wrong; each caller recovers or fails with one line.
 * A failed storage request is never taken for an answer: TensorFlow's `isdir` and
   `listdir` say "no such directory" when a gs:// request failed (a 503, a reset),
   which would make a run start from step 0 beside its checkpoints, or remove a
@@ -28,7 +28,6 @@ gs:// and ram:// alike:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -36,7 +35,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
 
 import tensorflow as tf
 from absl import logging
@@ -60,15 +58,6 @@ FOREIGN_TEMPORARY_AGE = 24 * 3600
 DAMAGED_DIR = "damaged"
 # Where tpurun puts temporaries in a model_dir: leftovers are looked for there.
 TEMPORARY_HOMES = ("", "eval", "runs", "export", "best")
-
-
-class DamagedRecord(Exception):
-    """A record that does not read back as what tpurun wrote: `path`, `reason`."""
-
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path} is damaged ({reason})")
-        self.path = path
-        self.reason = reason
 
 
 def is_local(path: str) -> bool:
@@ -403,39 +392,3 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
-
-
-# --- Reading records ------------------------------------------------------------------
-
-
-def read_text(path: str) -> str | None:
-    """The text of a record tpurun wrote; None if there is none; DamagedRecord if not text."""
-    try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read()
-    except tf.errors.NotFoundError:
-        return None
-    except tf.errors.FailedPreconditionError as e:  # a directory where a file should be
-        raise DamagedRecord(path, f"not a file: {' '.join(e.message.split())[:100]}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DamagedRecord(
-            path, f"not UTF-8 text: byte {e.start} is 0x{data[e.start]:02x}"
-        ) from None
-
-
-def read_json(path: str, keys: Iterable[str] = ()) -> Any:
-    """The JSON record at `path` (None if there is none), with `keys` when it is an object."""
-    text = read_text(path)
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        reason = "empty" if not text.strip() else f"not JSON: {e.msg} at line {e.lineno}"
-        raise DamagedRecord(path, reason) from None
-    missing = [key for key in keys if not isinstance(value, dict) or key not in value]
-    if missing:
-        raise DamagedRecord(path, f"no {', '.join(missing)} in it")
-    return value

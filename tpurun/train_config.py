@@ -13,7 +13,7 @@ from typing import Any
 
 from absl import logging
 
-from tpurun import optimization_config, storage
+from tpurun import optimization_config, records, storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
@@ -116,12 +116,12 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
     """
     path = storage.join(run.model_dir, FILE)
     try:
-        record = storage.read_json(path)
+        record = records.read_json(path)
         if record is None:
             return None
         if not isinstance(record, dict):
-            raise storage.DamagedRecord(path, "not a JSON object")
-    except storage.DamagedRecord as e:
+            raise records.DamagedRecord(path, "not a JSON object")
+    except records.DamagedRecord as e:
         if run.force_resume:
             logging.warning("%s; --force_resume: going on without comparing configs.", e)
             return None
