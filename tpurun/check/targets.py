@@ -15,7 +15,7 @@ TensorCore on v2/v3, one chip on v4/v5p (their two TensorCores act as one
 replicas, a `v4-8` has 4, a `v5litepod-8` has 8.
 
 All these generations lay arrays out in HBM with the same tiles (XLA's default
-before TPU7x): `tpurun.memory_estimate.TILE_ROWS` applies to every row here.
+before TPU7x): `tpurun.check.memory.TILE_ROWS` applies to every row here.
 """
 
 from __future__ import annotations

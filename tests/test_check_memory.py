@@ -1,4 +1,4 @@
-"""tpurun.memory_estimate: a training step's buffers by category, TPU padding, the batch search.
+"""tpurun.check.memory: a training step's buffers by category, TPU padding, the batch search.
 
 The steps are written as the Trainer's `_replica_step`: a GradientTape, the
 optimizer built beforehand, `apply_gradients` inside a tf.function.
@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 from tpurun.models.flops import MatmulChain
 
-from tpurun import memory_estimate as me
+from tpurun.check import buffers
+from tpurun.check import memory as me
 
 F32 = 4
 
@@ -270,13 +271,13 @@ def test_a_step_xla_cannot_compile_is_an_estimate_error():
 
 
 def test_parameters_out_of_order_fail_loudly(monkeypatch, adam_mlp):
-    expected_parameters = me._expected_parameters
+    expected_parameters = buffers.expected_parameters
 
     def reversed_captures(*args):
         expected = expected_parameters(*args)
         return expected[:2] + expected[2:][::-1]
 
-    monkeypatch.setattr(me, "_expected_parameters", reversed_captures)
+    monkeypatch.setattr(buffers, "expected_parameters", reversed_captures)
     with pytest.raises(me.EstimateError, match="no longer orders parameters"):
         mlp_estimate(*adam_mlp, batch=32)
 

@@ -1,10 +1,10 @@
-"""tpurun.tpu_targets: each generation's replicas and HBM per replica, aliases, bad types."""
+"""tpurun.check.targets: each generation's replicas and HBM per replica, aliases, bad types."""
 
 from __future__ import annotations
 
 import pytest
 
-from tpurun import tpu_targets
+from tpurun.check import targets
 from tpurun.errors import UsageError
 
 GIB = 1 << 30
@@ -43,7 +43,7 @@ GB = 10**9
 def test_replicas_hosts_and_hbm_per_replica(
     name, generation, chips, replicas, hosts, hbm_per_replica
 ):
-    target = tpu_targets.parse(name)
+    target = targets.parse(name)
     assert (target.name, target.generation) == (name, generation)
     assert (target.chips, target.replicas, target.hosts) == (chips, replicas, hosts)
     assert target.hbm_bytes_per_replica == hbm_per_replica
@@ -51,24 +51,24 @@ def test_replicas_hosts_and_hbm_per_replica(
 
 @pytest.mark.parametrize("alias, name", [("v5e-8", "v5litepod-8"), ("v5e-256", "v5litepod-256")])
 def test_v5e_is_an_alias_of_v5litepod(alias, name):
-    assert tpu_targets.parse(alias) == tpu_targets.parse(name)
-    assert tpu_targets.parse(alias).name == name
+    assert targets.parse(alias) == targets.parse(name)
+    assert targets.parse(alias).name == name
 
 
 def test_case_and_spaces_are_ignored():
-    assert tpu_targets.parse(" V3-8 ") == tpu_targets.parse("v3-8")
+    assert targets.parse(" V3-8 ") == targets.parse("v3-8")
 
 
 @pytest.mark.parametrize("name", ["v4-24", "v4-128", "v5p-48", "v5p-1024"])
 def test_any_whole_host_cube_slice_exists(name):
     # AxBxC with every side <= 4 or every side a multiple of 4: 2x2x3, 4x4x4, 2x3x4, 8x8x8.
-    assert tpu_targets.parse(name).chips == int(name.split("-")[1]) // 2
+    assert targets.parse(name).chips == int(name.split("-")[1]) // 2
 
 
 @pytest.mark.parametrize("name", ["v7-8", "tpu-v3-8", "v3", "v3-", "v3-eight", "", "gpu-8"])
 def test_unknown_type_lists_the_known_ones_on_one_line(name):
     with pytest.raises(UsageError) as raised:
-        tpu_targets.parse(name)
+        targets.parse(name)
     message = str(raised.value)
     assert message.startswith(f"unknown TPU type {name!r}; known: ")
     assert "\n" not in message
@@ -92,17 +92,17 @@ def test_unknown_type_lists_the_known_ones_on_one_line(name):
 )
 def test_a_size_that_does_not_exist_says_what_the_number_counts(name, counts, fix):
     with pytest.raises(UsageError, match=f"the number counts {counts}") as raised:
-        tpu_targets.parse(name)
+        targets.parse(name)
     assert fix in str(raised.value)
 
 
 def test_known_types_name_every_generation_with_example_sizes():
-    known = tpu_targets.known_types()
-    assert len(known) == len(tpu_targets.GENERATIONS)
+    known = targets.known_types()
+    assert len(known) == len(targets.GENERATIONS)
     assert known[1] == "v3-N for N in {8, 32, 64, ..., 2048}"
     assert known[3] == "v5litepod-N for N in {1, 4, 8, 16, ..., 256} (or v5e-N)"
 
 
 def test_every_generation_names_its_source():
-    for generation in tpu_targets.GENERATIONS:
+    for generation in targets.GENERATIONS:
         assert generation.source.startswith("https://cloud.google.com/tpu/docs/")
