@@ -21,7 +21,6 @@ from tpurun.check import introspection
 from tpurun.errors import RunError
 from tpurun.tf_errors import user_code_line
 
-
 # What each buffer of a step holds.
 WEIGHTS = "weights"  # the model's variables
 OPTIMIZER = "optimizer"  # the optimizer's variables: slots, iteration counter, learning rate
