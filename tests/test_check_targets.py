@@ -106,3 +106,25 @@ def test_known_types_name_every_generation_with_example_sizes():
 def test_every_generation_names_its_source():
     for generation in targets.GENERATIONS:
         assert generation.source.startswith("https://cloud.google.com/tpu/docs/")
+
+
+@pytest.mark.parametrize(
+    "name, global_batch, max_per_replica, larger",
+    [
+        ("v5e-8", 16384, 1528, "v5litepod-16"),  # 1024 per replica on 16
+        ("v5e-8", 32768, 1000, "v5litepod-64"),  # 32 would give 1024
+        ("v3-8", 1024, 100, "v3-32"),  # no v3-16: 32 cores, 32 per replica
+        ("v4-8", 4096, 600, "v4-16"),  # 8 megacore replicas of 512
+        ("v5p-8", 96, 8, "v5p-24"),  # 12 replicas (2x2x3 chips) of 8
+        ("v6e-256", 4096, 8, None),  # no v6e slice beyond 256 chips
+        ("v5e-8", 1000, 10, None),  # 100 replicas would do, but 1000 has no slice-sized divisor
+    ],
+)
+def test_the_next_slice_that_splits_the_batch_small_enough(
+    name, global_batch, max_per_replica, larger
+):
+    found = targets.larger_slice(targets.parse(name), global_batch, max_per_replica)
+    assert (found.name if found else None) == larger
+    if found:
+        assert global_batch % found.replicas == 0
+        assert global_batch // found.replicas <= max_per_replica

@@ -69,6 +69,8 @@ def run(run: RunConfig) -> None:
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
         run_command(run, where, model)
+        if record is not None and where is not None:
+            check.record_memory(record, run, where, model)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
@@ -125,6 +127,12 @@ def run_command(run: RunConfig, where: Cluster | None, model: Model) -> None:
             "was preempted (its own log says why): restart every worker with the same "
             "command, which resumes from the last checkpoint"
         ) from error
+    except tf.errors.ResourceExhaustedError as error:
+        # The TPU's page of allocations becomes what `tpurun check --target` would say.
+        advice = check.out_of_memory(run, where, model, error) if where is not None else None
+        if advice is None:
+            raise
+        raise RunError(advice) from error
     except DATA_ERRORS as error:
         diagnosis = diagnose_data(run, model, error)
         if diagnosis is None:

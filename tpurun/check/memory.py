@@ -309,11 +309,11 @@ def tpu_padded_bytes(
     return math.prod(major) * _round_up(second, rows) * _round_up(minor, LANES) * itemsize
 
 
-def format_bytes(n: int) -> str:
-    """Decimal units, as the Cloud TPU docs give HBM: 22.5 MB, 16 GB."""
+def format_bytes(n: int, digits: int = 3) -> str:
+    """Decimal units, as the Cloud TPU docs give HBM: 22.5 MB, 16 GB (`digits` significant)."""
     for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            return f"{n / size:.{digits}g} {unit}"
     return f"{n} B"
 
 

@@ -21,6 +21,7 @@ before TPU7x): `tpurun.check.memory.TILE_ROWS` applies to every row here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 
@@ -45,6 +46,10 @@ class Generation:
     sizes: Callable[[int], bool]  # whether `<prefix>-<n>` exists
     size_examples: str  # for messages: "8, 32, ..., 512"
     source: str  # the Cloud TPU page the row comes from
+
+    @property
+    def hbm_bytes_per_replica(self) -> int:
+        return self.hbm_bytes_per_chip // self.tensorcores_per_chip * self.tensorcores_per_replica
 
 
 def _one_of(*sizes: int) -> Callable[[int], bool]:
@@ -158,6 +163,7 @@ GENERATIONS: tuple[Generation, ...] = (
 )
 
 _BY_PREFIX = {p: g for g in GENERATIONS for p in (g.prefix, *g.aliases)}
+_BY_NAME = {g.name: g for g in GENERATIONS}
 _TYPE = re.compile(r"([a-z0-9]+?)-(\d+)")
 
 
@@ -193,7 +199,6 @@ def parse(type_name: str) -> Target:
     else:
         tensorcores, chips = number, number // generation.tensorcores_per_chip
     replicas = tensorcores // generation.tensorcores_per_replica
-    hbm_per_tensorcore = generation.hbm_bytes_per_chip // generation.tensorcores_per_chip
     return Target(
         name=f"{generation.prefix}-{number}",
         generation=generation.name,
@@ -202,8 +207,28 @@ def parse(type_name: str) -> Target:
         replicas=replicas,
         hosts=max(1, chips // generation.chips_per_host),
         hbm_bytes_per_chip=generation.hbm_bytes_per_chip,
-        hbm_bytes_per_replica=hbm_per_tensorcore * generation.tensorcores_per_replica,
+        hbm_bytes_per_replica=generation.hbm_bytes_per_replica,
     )
+
+
+def larger_slice(target: Target, global_batch: int, max_per_replica: int) -> Target | None:
+    """The smallest slice of the target's generation with more replicas, over which
+    `global_batch` splits evenly into per-replica batches of at most `max_per_replica`;
+    None if there is none."""
+    generation = _BY_NAME[target.generation]
+    divisors = [d for d in range(1, math.isqrt(global_batch) + 1) if global_batch % d == 0]
+    for replicas in sorted({*divisors, *(global_batch // d for d in divisors)}):
+        if replicas <= target.replicas or global_batch // replicas > max_per_replica:
+            continue
+        tensorcores = replicas * generation.tensorcores_per_replica
+        number = (
+            tensorcores
+            if generation.counts == "TensorCores"
+            else tensorcores // generation.tensorcores_per_chip
+        )
+        if generation.sizes(number):
+            return parse(f"{generation.prefix}-{number}")
+    return None
 
 
 def known_types() -> list[str]:
