@@ -16,6 +16,7 @@ import tensorflow as tf
 from conftest import RUN_FAILURE, assert_fails, assert_ok
 
 from tpurun.check import device_memory
+from tpurun.cluster import Cluster
 from tpurun.train import Trainer
 
 GIB = 1 << 30
@@ -170,7 +171,7 @@ def test_on_a_cpu_the_record_says_no_peak_is_reported(tpurun_cli, tmp_path):
     assert_ok(tpurun_cli(*IRIS, f"--model_dir={model_dir}", "--train_steps=10", "--iterations=10"))
     memory = run_record(model_dir)["memory"]
     assert memory["peak_bytes_per_replica"] is None
-    assert "get_memory_info gives none on a CPU" in memory["why"]
+    assert "no TPU or GPU reported its peak memory" in memory["why"]
     assert "estimate" not in memory  # no compile spent on a run with nothing to compare
 
 
@@ -178,8 +179,7 @@ def test_on_a_cpu_the_record_says_no_peak_is_reported(tpurun_cli, tmp_path):
 def test_where_a_device_reports_its_peak_the_estimate_is_beside_it(
     tpurun_cli, tmp_path, monkeypatch
 ):
-    measured = {"current": 0, "peak": 123_456_789}
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info", lambda device: measured)
+    monkeypatch.setattr(device_memory, "peak_bytes", lambda where: 123_456_789)
     model_dir = tmp_path / "model"
     assert_ok(tpurun_cli(*IRIS, f"--model_dir={model_dir}", "--train_steps=10", "--iterations=10"))
     memory = run_record(model_dir)["memory"]
@@ -188,5 +188,45 @@ def test_where_a_device_reports_its_peak_the_estimate_is_beside_it(
     assert (estimate["step"], estimate["batch_per_replica"]) == ("train", 32)
     parts = ("weights_bytes", "optimizer_bytes", "input_bytes", "other_bytes")
     assert estimate["total_bytes"] == sum(estimate[k] for k in parts)
-    # Iris's Adam: two slots per weight, both padded to the same tiles.
-    assert estimate["optimizer_bytes"] >= 2 * estimate["weights_bytes"]
+    # Iris trains with Adagrad: one accumulator per weight, padded alike, plus the
+    # iteration counter (int64) and the learning rate (float32).
+    assert estimate["optimizer_bytes"] == estimate["weights_bytes"] + 12
+
+
+class _Devices:
+    def __init__(self, *devices: str):
+        self.worker_devices = devices
+
+
+class _Strategy:
+    def __init__(self, *devices: str):
+        self.extended = _Devices(*devices)
+
+
+@pytest.mark.parametrize(
+    "devices, peaks, expected",
+    [
+        (
+            (
+                "/job:worker/replica:0/task:0/device:TPU:0",
+                "/job:worker/replica:0/task:0/device:TPU:1",
+            ),
+            {"TPU:0": 5, "TPU:1": 9},
+            9,
+        ),
+        (("/device:GPU:0",), {"GPU:0": 7}, 7),
+        (("/device:CPU:0", "/device:CPU:1"), {"CPU:0": 32 << 20, "CPU:1": 1}, None),
+        (("/device:TPU:0",), {"TPU:0": 0}, None),
+    ],
+    ids=["tpus", "gpu", "cpus-ignored", "zero"],
+)
+def test_the_peak_is_the_largest_of_the_replicas_accelerators(
+    monkeypatch, devices, peaks, expected
+):
+    def memory_info(device: str) -> dict:
+        spec = tf.DeviceSpec.from_string(device)
+        return {"current": 0, "peak": peaks[f"{spec.device_type}:{spec.device_index}"]}
+
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
+    where = Cluster(_Strategy(*devices), "fake")
+    assert device_memory.peak_bytes(where) == expected

@@ -120,11 +120,14 @@ def _quiet_tensorflow_info() -> Iterator[None]:
         tf_logger.setLevel(level)
 
 
-def main(run: RunConfig, out: TextIO = sys.stdout) -> None:
+def main(run: RunConfig, out: TextIO | None = None) -> None:
     """`tpurun check`: prints the findings and a verdict; raises RunError (exit 1) on errors.
 
     With --target also the memory table, before the findings, and the --report file.
+    `out` defaults to the sys.stdout of the call (not of the import: an in-process
+    run's captured stream).
     """
+    out = out or sys.stdout
     target = _target(run)
     replicas = target.replicas if target else run.num_shards or DEFAULT_REPLICAS
     layout = f"{replicas} replica{'s' if replicas > 1 else ''}"

@@ -21,7 +21,7 @@ from absl import logging
 from tpurun import storage
 from tpurun.check import fit_report
 from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, MemoryEstimate
+from tpurun.check.memory import MemoryEstimate
 from tpurun.check.preflight import Preflight
 from tpurun.check.steps import StepChecker, global_batch
 from tpurun.cluster import Cluster
@@ -176,16 +176,16 @@ def record_memory(record: str, run: RunConfig, where: Cluster, model: Model) -> 
 def memory_entry(run: RunConfig, where: Cluster, model: Model) -> dict[str, Any]:
     """The peak memory a replica's device measured and the estimate of the run's step.
 
-    Only where the devices report a peak: a CPU's allocator keeps no statistics
-    (tf.config.experimental.get_memory_info gives 0 there), and then neither is
-    recorded, so a CPU run pays no compile for it.
+    Only where the devices report a peak (TPUs, GPUs; `peak_bytes`): elsewhere
+    neither is recorded, so a CPU run pays no compile for it.
     """
     peak = peak_bytes(where)
     if not peak:
         return {
             "peak_bytes_per_replica": None,
-            "why": "the devices report no memory statistics (tf.config.experimental."
-            "get_memory_info gives none on a CPU); see `tpurun check --target` for an estimate",
+            "why": "no TPU or GPU reported its peak memory (tf.config.experimental."
+            "get_memory_info; a CPU keeps no statistics of its own); `tpurun check "
+            "--target=<TPU type>` estimates it",
         }
     entry: dict[str, Any] = {"peak_bytes_per_replica": peak}
     mode = Mode(run.command)
@@ -198,27 +198,25 @@ def memory_entry(run: RunConfig, where: Cluster, model: Model) -> dict[str, Any]
         entry["estimate"] = None
         entry["why"] = f"the step could not be estimated: {user_code_line(e)}"
         return entry
-    entry["estimate"] = {
-        "step": run.command,
-        "batch_per_replica": batch,
-        "weights_bytes": estimate.padded_bytes(WEIGHTS),
-        "optimizer_bytes": estimate.padded_bytes(OPTIMIZER),
-        "input_bytes": estimate.padded_bytes(INPUT),
-        "other_bytes": estimate.padded_bytes(OTHER),
-        "total_bytes": estimate.padded_total_bytes,
-        "unpadded_total_bytes": estimate.total_bytes,
-    }
+    entry["estimate"] = {"step": run.command, **fit_report.step_bytes(batch, estimate)}
     return entry
 
 
 def peak_bytes(where: Cluster) -> int | None:
-    """The largest peak of the replicas' devices (get_memory_info); None if none reports one."""
+    """The largest peak of the replicas' TPUs or GPUs (get_memory_info); None if none has one.
+
+    CPU devices are left out: TensorFlow's CPU allocator keeps no statistics (0), or,
+    for a CPU split into logical devices, those of an allocator shared by the whole
+    process since it started, which are not the run's.
+    """
     try:
         devices = where.strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy (one local device) lists none
-        devices = ("/job:localhost/replica:0/task:0/device:CPU:0",)
+    except RuntimeError:  # the default strategy: one local device, the CPU
+        return None
     peaks = []
     for device in devices:
+        if tf.DeviceSpec.from_string(device).device_type not in ("TPU", "GPU"):
+            continue
         try:
             peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
         except (ValueError, KeyError, tf.errors.OpError):

@@ -11,7 +11,7 @@ from typing import Any
 from tpurun import storage
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, format_bytes
+from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, MemoryEstimate, format_bytes
 from tpurun.check.preflight import PREFETCHED_BATCHES, StepMemory, TargetMemory
 from tpurun.check.targets import GENERATIONS, Target, larger_slice
 from tpurun.errors import RunError
@@ -87,6 +87,8 @@ def _largest(step: StepMemory) -> str:
 
 
 def _notes(found: TargetMemory, iterations: int) -> list[str]:
+    if not found.steps:
+        return []
     computes = frozenset().union(*(s.estimate.computes for s in found.steps))
     notes = []
     if found.step(Mode.TRAIN) is not None:
@@ -226,15 +228,8 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
     target = found.target
     steps = {}
     for step in found.steps:
-        estimate = step.estimate
         steps[STEP_NAMES[step.mode]] = {
-            "batch_per_replica": step.batch,
-            "weights_bytes": estimate.padded_bytes(WEIGHTS),
-            "optimizer_bytes": estimate.padded_bytes(OPTIMIZER),
-            "input_bytes": estimate.padded_bytes(INPUT),
-            "other_bytes": estimate.padded_bytes(OTHER),
-            "total_bytes": estimate.padded_total_bytes,
-            "padding_bytes": estimate.padding_bytes,
+            **step_bytes(step.batch, step.estimate),
             "fits": step.fits,
             "max_batch_per_replica": step.max_batch,
         }
@@ -249,6 +244,19 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
     if not_estimated:
         data["not_estimated"] = {STEP_NAMES[m]: why for m, why in not_estimated.items()}
     return data
+
+
+def step_bytes(batch: int, estimate: MemoryEstimate) -> dict[str, int]:
+    """One step's estimate in the report's (and the run record's) keys."""
+    return {
+        "batch_per_replica": batch,
+        "weights_bytes": estimate.padded_bytes(WEIGHTS),
+        "optimizer_bytes": estimate.padded_bytes(OPTIMIZER),
+        "input_bytes": estimate.padded_bytes(INPUT),
+        "other_bytes": estimate.padded_bytes(OTHER),
+        "total_bytes": estimate.padded_total_bytes,
+        "padding_bytes": estimate.padding_bytes,
+    }
 
 
 def write_report(path: str, data: dict[str, Any]) -> None:
