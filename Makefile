@@ -37,6 +37,7 @@ test-fast: install
 
 bench: install
 	$(BIN)/python scripts/bench_train_loop.py
+	$(BIN)/python scripts/bench_mnist.py
 
 bench-resume: install
 	$(BIN)/python scripts/bench_resume.py

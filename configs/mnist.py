@@ -10,6 +10,14 @@ Run (laptop CPU, 8 replicas like a v3-8):
   tpurun predict --config=mnist --data_dir=/tmp/mnist/data --input='/tmp/my-*.tfrecord'
   tpurun export  --config=mnist --data_dir=/tmp/mnist/data
 
+A whole large-batch recipe, `--config=mnist:recipe` (tpurun's config of every
+recipe key; see the README's "Training recipes"): SGD with Nesterov momentum 0.9,
+the learning rate 0.1 per 256 examples scaled to the global batch, 100 warmup
+steps, cosine decay to zero, decoupled weight decay 5e-4 (not on biases), gradient
+clipping at global norm 1.0, an EMA of the weights (0.999) that eval, predict and
+export use, and mixed bfloat16:
+  tpurun train --config=mnist:recipe --data_dir=/tmp/mnist/data --use_tpu=false
+
 (predict and export read --data_dir too: predict's default input is the test
 files, and export takes the feature spec from predict's input. The exported
 signature takes serialized tf.Example strings of the TFRecord schema, `examples`;
@@ -17,7 +25,8 @@ signature takes serialized tf.Example strings of the TFRecord schema, `examples`
 
 Cost: 1000 steps of global batch 1024 are ~68 TFLOP: measured 3.8 steps/s on a
 2-core x86 CPU with AVX-512 (1 replica), so ~5 minutes (slower CPUs proportionally
-longer); TPU v3-8: about a minute, mostly start-up. The doc reports ~0.99 test
+longer); TPU v3-8: about a minute, mostly start-up. The recipe trains in bfloat16,
+about 1.8x faster on a CPU with AVX512_BF16 (`make bench`), and natively on a TPU. The doc reports ~0.99 test
 accuracy with these settings (not re-measured here: the tests use synthetic digits).
 """
 
@@ -26,7 +35,7 @@ import ml_collections
 from tpurun import config_defaults
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="mnist")
     config.data = ml_collections.ConfigDict()
     # A directory with train-*.tfrecord and test-*.tfrecord (what convert_mnist.py
@@ -56,4 +65,23 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.iterations = 50
     config.eval.batch_size = 1024
     config.predict.batch_size = 256
+    if variant == "recipe":
+        _recipe(config)
+    elif variant:
+        raise ValueError(f"unknown variant {variant!r} of the mnist config; use mnist:recipe")
     return config
+
+
+def _recipe(config: ml_collections.ConfigDict) -> None:
+    """Every recipe key at once: what a large-batch TPU run of this model would use."""
+    config.precision = "mixed_bfloat16"
+    config.optimizer.name = "sgd"
+    config.optimizer.momentum = 0.9
+    config.optimizer.nesterov = True
+    config.optimizer.learning_rate = 0.1  # per base_batch_size examples...
+    config.optimizer.base_batch_size = 256  # ...scaled to the global batch when built
+    config.optimizer.warmup_steps = 100
+    config.optimizer.schedule = "cosine"  # to zero at train.steps
+    config.optimizer.weight_decay = 5e-4  # decoupled; biases excluded by default
+    config.optimizer.clip_norm = 1.0
+    config.train.ema_decay = 0.999

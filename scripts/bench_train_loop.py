@@ -40,12 +40,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from offline_env import OFFLINE_ENV  # scripts/offline_env.py
+from offline_env import run_json_worker  # scripts/offline_env.py
 
 ITERATIONS = (1, 100)
 # Steps timed per repeat, by iterations. At iterations=1 each step is one host call
@@ -96,14 +95,7 @@ def run_worker(name: str, args: argparse.Namespace) -> Results:
         f"--scale={args.scale}",
         f"--repeats={args.repeats}",
     ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}
-    )
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr)
-        raise SystemExit(f"worker {name} failed (exit {result.returncode})")
-    # The worker's last stdout line is its JSON result; anything above is noise.
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_json_worker(command)  # type: ignore[return-value]
 
 
 def print_report(results: dict[str, Results]) -> None:

@@ -6,7 +6,11 @@ Servers the scripts and tests start (worker clusters, fakes) take ports from
 `free_local_ports`.
 """
 
+import json
+import os
 import socket
+import subprocess
+import sys
 
 OFFLINE_ENV = {
     "NO_GCE_CHECK": "true",
@@ -27,3 +31,18 @@ def free_local_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def run_json_worker(command: list[str]) -> object:
+    """Runs a benchmark worker (a Python command) offline; its last stdout line, as JSON.
+
+    Anything above that line is noise (TensorFlow's own prints); a failed worker
+    shows its stderr and ends the benchmark.
+    """
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}
+    )
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        raise SystemExit(f"{' '.join(command[1:3])} failed (exit {result.returncode})")
+    return json.loads(result.stdout.strip().splitlines()[-1])

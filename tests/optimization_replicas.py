@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from tpurun import config_defaults, optimization, strategy
+from tpurun import optimization, strategy
 
 GLOBAL_BATCH = 8
 FEATURES = np.random.RandomState(0).normal(size=(GLOBAL_BATCH, 3)).astype("float32")
@@ -19,14 +19,11 @@ LABELS = 10 * np.random.RandomState(1).normal(size=(GLOBAL_BATCH, 1)).astype("fl
 
 
 def config(**optimizer_keys) -> ml_collections.FrozenConfigDict:
-    base = config_defaults.base_config(model="replicas")
+    from tests.test_optimization import recipe_config
+
+    base = recipe_config(**optimizer_keys)
     base.train.steps = 10
     base.train.batch_size = GLOBAL_BATCH
-    for key, value in optimizer_keys.items():
-        if key == "ema_decay":
-            base.train.ema_decay = value
-        else:
-            base.optimizer[key] = value
     return ml_collections.FrozenConfigDict(base)
 
 

@@ -237,7 +237,7 @@ def test_a_damaged_train_config_names_the_file_and_the_way_on(tpurun_cli, model_
     result = train_to_30(tpurun_cli, model_dir)
     assert_fails(result, RUN_FAILURE, "train_config.json is damaged", "--force_resume")
     assert_ok(train_to_30(tpurun_cli, model_dir, "--force_resume"))
-    assert json.loads((model_dir / "train_config.json").read_text())["config_name"] == "iris"
+    assert json.loads((model_dir / "train_config.json").read_text())["__config_name__"] == "iris"
 
 
 def test_a_model_dir_of_another_config_is_named_before_any_restore(tpurun_cli, model_dir):

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import config_defaults, optimization, optimization_config
+from tpurun import config_defaults, optimization, optimization_config, schedules
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig, merge_flags
 
@@ -127,7 +127,7 @@ def test_exponential_matches_tf1_exponential_decay(staircase):
         decay_rate=0.94,
         staircase=staircase,
     )
-    schedule = optimization.learning_rate(config, global_batch_size=128)
+    schedule = schedules.learning_rate(config, global_batch_size=128)
     steps = list(range(0, 20_000, 173))
     ours = [float(schedule(step)) for step in steps]
     tf1 = []
@@ -139,9 +139,9 @@ def test_exponential_matches_tf1_exponential_decay(staircase):
 
 def test_the_schedule_serializes_and_comes_back_equal():
     config = recipe(schedule="piecewise", boundaries=(10, 20), multipliers=(1.0, 0.5, 0.25))
-    schedule = optimization.learning_rate(config, global_batch_size=128)
+    schedule = schedules.learning_rate(config, global_batch_size=128)
     again = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
-    assert isinstance(again, optimization.Schedule)
+    assert isinstance(again, schedules.Schedule)
     assert [float(again(s)) for s in (5, 15, 25)] == [float(schedule(s)) for s in (5, 15, 25)]
 
 
@@ -160,7 +160,7 @@ def test_batch_scaling_follows_the_batch_size_flag(schedule):
 
 def test_no_batch_scaling_by_default():
     merged = merge_flags(recipe_config(learning_rate=0.1), {"batch_size": 1024})
-    assert optimization.peak_learning_rate(merged.optimizer, 1024) == 0.1
+    assert schedules.peak_learning_rate(merged.optimizer, 1024) == 0.1
 
 
 # Weight decay: zero gradients, so only the decay moves a weight.

@@ -1,7 +1,7 @@
 """The private TensorFlow and Keras API tpurun uses is still where it expects it.
 
 Each adapter (tpurun.tf_internals for the launcher, tpurun.check.introspection for
-`tpurun check`) falls back to a weaker behaviour when its private API moves; these
+`tpurun check`, tpurun.optimization for the recipes' Keras internals) falls back to a weaker behaviour when its private API moves; these
 tests fail instead, so a TensorFlow or Keras upgrade that moves one shows up in CI
 rather than as a slower all-reduce, a multi-worker start without a deadline, or
 findings without layer names.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tpurun import packed_reduction, tf_internals
+from tpurun import optimization, packed_reduction, tf_internals
 from tpurun.check import introspection
 
 
@@ -21,6 +21,10 @@ def test_no_launcher_adapter_falls_back():
 
 def test_no_check_adapter_falls_back():
     assert introspection.missing() == []
+
+
+def test_the_keras_optimizer_internals_the_recipes_extend_are_there():
+    assert optimization.missing() == []
 
 
 def test_packed_reduction_is_used_when_its_private_api_is_there():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -25,7 +26,7 @@ from absl import logging
 from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
-from tpurun import storage, tf_internals, train_config
+from tpurun import optimization, storage, tf_internals, train_config
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
@@ -302,6 +303,30 @@ def _keep_state_true(model_dir: str, newest: str | None) -> None:
 
 class CheckpointGone(RunError):
     """The checkpoint's files disappeared before it was read (deleted by keep_checkpoint_max)."""
+
+
+def averages_of(keras_model: keras.Model, config: Any) -> optimization.MovingAverages | None:
+    """What eval, predict and export read besides the weights: the moving averages when the
+    config keeps them (config.train.ema_decay), said in the command's first line; else None.
+    Call it in the strategy scope the model was built in."""
+    if not config.train.ema_decay:
+        return None
+    logging.info(
+        "Using the moving averages of the weights (config.train.ema_decay=%g), not the raw "
+        "weights.",
+        config.train.ema_decay,
+    )
+    return optimization.MovingAverages(keras_model, config)
+
+
+def restore_weights(
+    keras_model: keras.Model, path: str, averages: optimization.MovingAverages | None
+) -> None:
+    """The weights eval, predict and export use (`averages_of`): the moving averages or the
+    trained weights."""
+    restore_model(keras_model, path)
+    if averages is not None:
+        averages.load(path)
 
 
 def restore_model(keras_model: keras.Model, path: str) -> None:

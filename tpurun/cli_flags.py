@@ -91,6 +91,13 @@ EVAL_STEPS = flags.DEFINE_integer(
     "Config key eval.steps.",
 )
 SEED = flags.DEFINE_integer("seed", None, "Random seed (weights, shuffling). Config key seed.")
+PRECISION = flags.DEFINE_enum(
+    "precision",
+    None,
+    ["float32", "mixed_bfloat16", "mixed_float16"],
+    "Keras precision policy: float32, mixed_bfloat16 (TPU native; 16-bit compute, float32 "
+    "variables) or mixed_float16 (GPUs, with dynamic loss scaling). Config key precision.",
+)
 
 # train: checkpoints, resume, guard rails, visibility
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
@@ -227,6 +234,7 @@ COMMON_FLAGS = (
     "train_steps",
     "eval_steps",
     "seed",
+    "precision",
     "data_dir",
 )
 # Flags that only make sense for one command: given to another, they are an error.

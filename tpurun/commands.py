@@ -20,6 +20,7 @@ from tpurun import (
     check,
     checkpoints,
     cluster,
+    precision,
     sidecar,
     storage,
     strategy,
@@ -36,7 +37,7 @@ from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model
 from tpurun.predict import Predictor
-from tpurun.run_config import RunConfig
+from tpurun.run_config import FLOAT16_ON_TPU, RunConfig
 from tpurun.tf_errors import one_line, op_error_line
 from tpurun.train import Trainer
 
@@ -64,13 +65,17 @@ def run(run: RunConfig) -> None:
         where = strategy.build(run) if run.command != "export" else None
         if where is not None:
             where.check_batch_sizes(run)
+            if where.is_tpu and run.config.precision == "mixed_float16":
+                raise UsageError(FLOAT16_ON_TPU)
         model = model_lib.create(run.config)
         if where is None or where.is_chief:  # one record per run, not per worker
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
-        run_command(run, where, model)
-        if record is not None and where is not None:
-            check.record_memory(record, run, where, model)
+        with precision.policy(run.config.precision):
+            run_command(run, where, model)
+            if record is not None and where is not None:
+                # Under the run's policy: the estimate builds the model as the run did.
+                check.record_memory(record, run, where, model)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,

@@ -19,6 +19,11 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.model = model
     config.model_module = ""
     config.seed = 0
+    # The Keras precision policy (--precision): float32, mixed_bfloat16 (a TPU's native
+    # matmul type) or mixed_float16 (GPUs; dynamic loss scaling). Variables, and so
+    # checkpoints, stay float32 under every one; loss, metrics and predictions are
+    # computed in float32.
+    config.precision = "float32"
 
     # The training recipe, built into a Keras optimizer by tpurun/optimization.py and
     # checked by tpurun/optimization_config.py. Every default below leaves it off.
@@ -81,6 +86,11 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # them). Kept by the optimizer beside the weights and saved in every checkpoint;
     # training itself always continues from the raw weights.
     config.train.ema_decay = 0.0
+    # Gradient accumulation: one step sums the gradients of this many micro-batches of
+    # train.batch_size each (in-graph), then applies them once, so the effective global
+    # batch is accumulate_steps x train.batch_size. Steps, cadences and the step
+    # counter count optimizer steps.
+    config.train.accumulate_steps = 1
 
     config.eval = ml_collections.ConfigDict()
     config.eval.batch_size = 128  # global

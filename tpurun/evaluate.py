@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, inputs
+from tpurun import checkpoints, inputs, precision
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import RunError
 from tpurun.eval_results import eval_metrics
@@ -30,6 +30,7 @@ class Evaluator:
         self.model = model
         with self.strategy.scope():
             self.keras_model = build_keras_model(model)
+            self._averages = checkpoints.averages_of(self.keras_model, run.config)
         self.metrics = eval_metrics(model)
         self.num_examples = keras.metrics.Sum()
         self._loop = tf.function(self._host_loop)
@@ -38,7 +39,7 @@ class Evaluator:
 
     def replica_step(self, features, labels, mask):
         """One replica's eval step: what the host-side metrics need of its padded batch."""
-        outputs = self.keras_model(features, training=False)
+        outputs = precision.float32(self.keras_model(features, training=False))
         return labels, outputs, mask, self.model.loss(labels, outputs)
 
     def _host_loop(self, iterator, max_steps: tf.Tensor) -> tf.Tensor:
@@ -88,7 +89,7 @@ class Evaluator:
             # Every worker reads the chief's files: in train --eval_every the others
             # may finish their part of the save before the chief has written its.
             self._barrier()
-        checkpoints.restore_model(self.keras_model, checkpoint_path)
+        checkpoints.restore_weights(self.keras_model, checkpoint_path, self._averages)
         for metric in (*self.metrics.values(), self.num_examples):
             metric.reset_state()
         limit = self.run.config.eval.steps

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, storage
+from tpurun import checkpoints, precision, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, build_keras_model
 from tpurun.run_config import RunConfig
@@ -66,15 +66,18 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     SavedModel (a killed one's temporary is removed by the next run).
     """
     keras_model = build_keras_model(model)  # default strategy: serving has no replicas
-    checkpoints.restore_model(keras_model, checkpoint_path)
+    averages = checkpoints.averages_of(keras_model, run.config)
+    checkpoints.restore_weights(keras_model, checkpoint_path, averages)
     # keras.export.ExportArchive, not tf.saved_model.save: only it saves Keras 3
     # variables so that TF1-style loaders (saved_model_cli, TF Serving) find them.
     archive = keras.export.ExportArchive()
     archive.track(keras_model)
     archive.add_endpoint(
         "serving_default",
+        # Predictions in float32 whatever the compute dtype: a bfloat16-trained model
+        # serves the same signature as a float32 one.
         lambda inputs: model.predictions(
-            keras_model(model.serving_features(inputs), training=False)
+            precision.float32(keras_model(model.serving_features(inputs), training=False))
         ),
         input_signature=[serving_input_spec(model)],
     )

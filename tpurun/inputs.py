@@ -18,8 +18,13 @@ from tpurun.model import InputParams, Mode, Model
 
 
 def input_params(
-    ctx: tf.distribute.InputContext, global_batch: int, seed: int, start_step: int = 0
+    ctx: tf.distribute.InputContext,
+    global_batch: int,
+    seed: int,
+    start_step: int = 0,
+    micro_batches: int = 1,
 ) -> InputParams:
+    """What `input_fn` is told; `micro_batches` per step with gradient accumulation."""
     return InputParams(
         batch_size=ctx.get_per_replica_batch_size(global_batch),
         global_batch_size=global_batch,
@@ -27,8 +32,11 @@ def input_params(
         input_pipeline_id=ctx.input_pipeline_id,
         num_input_pipelines=ctx.num_input_pipelines,
         seed=seed,
-        # Every step takes one batch per replica, dealt over the pipelines.
-        start_batch=start_step * ctx.num_replicas_in_sync // ctx.num_input_pipelines,
+        # Every step takes `micro_batches` batches per replica, dealt over the pipelines.
+        start_batch=start_step
+        * micro_batches
+        * ctx.num_replicas_in_sync
+        // ctx.num_input_pipelines,
     )
 
 
@@ -40,6 +48,7 @@ def distribute(
     seed: int,
     exact_pass: bool = True,
     start_step: int = 0,
+    micro_batches: int = 1,
 ) -> tf.distribute.DistributedDataset | HostDistributedDataset:
     """The model's dataset for `mode`, distributed over the strategy's replicas.
 
@@ -47,18 +56,23 @@ def distribute(
     PREDICT elements `(features, mask)`. Iterate it and call `next()` (in or out of
     a tf.function) for the step's per-replica values; TRAIN on logical CPU devices
     gives a HostDistributedDataset, which offers only that. TRAIN resumed at
-    `start_step` continues the stream exactly where that step left it.
+    `start_step` continues the stream exactly where that step left it. With
+    `micro_batches` > 1 (gradient accumulation) a TRAIN element stacks that many
+    consecutive batches, [micro_batches, batch, ...]: one optimizer step's worth.
     """
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        params = input_params(ctx, global_batch, seed, start_step if mode is Mode.TRAIN else 0)
+        train = mode is Mode.TRAIN
+        params = input_params(
+            ctx, global_batch, seed, start_step if train else 0, micro_batches if train else 1
+        )
         dataset = model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise RunError(
                 f"{type(model).__name__}.input_fn({mode.value}) returned "
                 f"{type(dataset).__name__}; return a tf.data.Dataset"
             )
-        if mode is Mode.TRAIN:
+        if train:
             check_static_batch(dataset, params.batch_size, type(model).__name__)
             if params.start_batch and not model.input_fn_seeks:
                 logging.info(
@@ -69,6 +83,8 @@ def distribute(
                     type(model).__name__,
                 )
                 dataset = dataset.skip(params.start_batch)
+            if micro_batches > 1:
+                dataset = dataset.batch(micro_batches, drop_remainder=True)
             return dataset
         if exact_pass and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
             raise RunError(

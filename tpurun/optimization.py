@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -55,6 +54,7 @@ import tensorflow as tf
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.optimization_config import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
+from tpurun.schedules import learning_rate
 from tpurun.tf_errors import one_line
 
 # Keras' private hook this module extends (see the module docstring); checked when an
@@ -62,130 +62,30 @@ from tpurun.tf_errors import one_line
 _ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 # Keras' list of averages, parallel to the variables the optimizer was built on.
 _AVERAGES = "_model_variables_moving_average"
+# Keras' schedule (or rate variable) and the variables the optimizer was built on.
+_SCHEDULE = "_learning_rate"
+_BUILT_ON = "_trainable_variables"
 
 
-@keras.saving.register_keras_serializable(package="tpurun")
-class Schedule(keras.optimizers.schedules.LearningRateSchedule):
-    """The learning rate at a step (the number of steps done), as config.optimizer describes it.
+def missing() -> list[str]:
+    """The private Keras attributes this module uses that this Keras lacks.
 
-    `learning_rate` is the peak rate (already scaled with the batch); `total_steps` is
-    train.steps, where cosine and linear end. Plain Python values only, so
-    `get_config` serializes it.
+    tests/test_tf_internals.py asserts none is: clipping without the all-reduce hook
+    refuses to build (rather than not clip), EMA without the averages' list fails to
+    read them, and without the schedule the learning_rate scalar shows the current rate.
     """
-
-    def __init__(
-        self,
-        learning_rate: float,
-        schedule: str = "constant",
-        total_steps: int = 0,
-        warmup_steps: int = 0,
-        decay_steps: int = 0,
-        decay_rate: float = 0.0,
-        staircase: bool = False,
-        boundaries: Sequence[int] = (),
-        multipliers: Sequence[float] = (),
-        alpha: float = 0.0,
-        end_learning_rate: float = 0.0,
-    ):
-        self.learning_rate = float(learning_rate)
-        self.schedule = schedule
-        self.total_steps = int(total_steps)
-        self.warmup_steps = int(warmup_steps)
-        self.decay_steps = int(decay_steps)
-        self.decay_rate = float(decay_rate)
-        self.staircase = bool(staircase)
-        self.boundaries = [int(b) for b in boundaries]
-        self.multipliers = [float(m) for m in multipliers]
-        self.alpha = float(alpha)
-        self.end_learning_rate = float(end_learning_rate)
-
-    def __call__(self, step: Any) -> tf.Tensor:
-        steps_done = tf.cast(step, tf.int64)  # exact, for the piecewise boundaries
-        step = tf.cast(step, tf.float32)  # as TF1's schedules compute
-        if not self.warmup_steps:
-            return self._decayed(step, steps_done)
-        warmup = tf.constant(float(self.warmup_steps))
-        # Linear to the schedule's rate at the end of the warmup (as tf-models'
-        # LinearWarmup), so the curve is continuous there.
-        end = self._decayed(warmup, tf.constant(self.warmup_steps, tf.int64))
-        return tf.where(step < warmup, end * step / warmup, self._decayed(step, steps_done))
-
-    def _decayed(self, step: tf.Tensor, steps_done: tf.Tensor) -> tf.Tensor:
-        rate = tf.constant(self.learning_rate)
-        if self.schedule == "exponential":
-            # The same float32 ops as tf.compat.v1.train.exponential_decay.
-            exponent = step / float(self.decay_steps)
-            if self.staircase:
-                exponent = tf.floor(exponent)
-            return rate * tf.pow(tf.constant(self.decay_rate), exponent)
-        if self.schedule == "piecewise":
-            # multipliers[i] while boundaries[i-1] < step <= boundaries[i] (TF1's piecewise_constant).
-            boundaries = tf.constant(self.boundaries, tf.int64, shape=[len(self.boundaries)])
-            index = tf.reduce_sum(tf.cast(steps_done > boundaries, tf.int32))
-            return rate * tf.gather(tf.constant(self.multipliers), index)
-        # cosine and linear end at total_steps and stay there (a run resumed further).
-        done = tf.minimum(step, float(self.total_steps)) / float(max(self.total_steps, 1))
-        if self.schedule == "cosine":
-            cosine = 0.5 * (1.0 + tf.cos(math.pi * done))
-            return rate * ((1.0 - self.alpha) * cosine + self.alpha)
-        if self.schedule == "linear":
-            return self.end_learning_rate + (rate - self.end_learning_rate) * (1.0 - done)
-        return rate  # constant, with a warmup (without, the rate needs no Schedule)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "learning_rate": self.learning_rate,
-            "schedule": self.schedule,
-            "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps,
-            "decay_steps": self.decay_steps,
-            "decay_rate": self.decay_rate,
-            "staircase": self.staircase,
-            "boundaries": list(self.boundaries),
-            "multipliers": list(self.multipliers),
-            "alpha": self.alpha,
-            "end_learning_rate": self.end_learning_rate,
-        }
-
-
-def peak_learning_rate(
-    optimizer_config: ml_collections.ConfigDict, global_batch_size: int
-) -> float:
-    """learning_rate, scaled by global_batch_size / base_batch_size when base_batch_size is set."""
-    rate = float(optimizer_config.learning_rate)
-    base = optimizer_config.base_batch_size
-    return rate * global_batch_size / base if base else rate
-
-
-def learning_rate(config: ml_collections.ConfigDict, global_batch_size: int) -> float | Schedule:
-    """The optimizer's learning_rate argument: a float for a constant rate, else a Schedule.
-
-    A constant rate without warmup stays a float, so Keras keeps it in a variable that
-    a resumed run sets from its own config (train.py), and the checkpoint layout of
-    such runs is what it was before schedules existed.
-    """
-    opt = config.optimizer
-    rate = peak_learning_rate(opt, global_batch_size)
-    if opt.schedule == "constant" and not opt.warmup_steps:
-        return rate
-    return Schedule(
-        rate,
-        schedule=opt.schedule,
-        total_steps=config.train.steps,
-        warmup_steps=opt.warmup_steps,
-        decay_steps=opt.decay_steps,
-        decay_rate=opt.decay_rate,
-        staircase=opt.staircase,
-        boundaries=opt.boundaries,
-        multipliers=opt.multipliers,
-        alpha=opt.alpha,
-        end_learning_rate=opt.end_learning_rate,
-    )
+    optimizer = keras.optimizers.SGD(use_ema=True)
+    optimizer.build([keras.Variable(1.0)])
+    return [
+        name
+        for name in (_ALL_REDUCE_HOOK, _AVERAGES, _SCHEDULE, _BUILT_ON)
+        if not hasattr(optimizer, name)
+    ]
 
 
 def learning_rate_at(optimizer: keras.optimizers.Optimizer, step: int) -> float:
     """The rate the optimizer uses for the update after `step` steps (for TensorBoard)."""
-    rate = getattr(optimizer, "_learning_rate", None)
+    rate = getattr(optimizer, _SCHEDULE, None)
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         return float(rate(step))
     return float(tf.convert_to_tensor(optimizer.learning_rate))
@@ -358,7 +258,7 @@ def ema_pairs(optimizer: keras.optimizers.Optimizer) -> list[tuple[Any, Any]]:
     if not optimizer.built:
         raise RunError("build the optimizer on the trainable variables before reading averages")
     averages = getattr(optimizer, _AVERAGES)
-    pairs = zip(optimizer._trainable_variables, averages, strict=True)
+    pairs = zip(getattr(optimizer, _BUILT_ON), averages, strict=True)
     return [(variable, average) for variable, average in pairs if average is not None]
 
 
@@ -380,29 +280,40 @@ def swap_in_ema(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
             variable.assign(value)
 
 
-def restore_ema_weights(
-    keras_model: keras.Model, config: ml_collections.ConfigDict, checkpoint_path: str
-) -> None:
-    """Sets the model's trainable weights to the moving averages saved in a training checkpoint.
+class MovingAverages:
+    """The moving averages a training checkpoint keeps, read into a model's trainable weights.
 
     For an evaluator, predictor or export that restores the model only: the averages
     are optimizer variables, found by their place in an optimizer built from the same
-    config on the same variables. Call it in the strategy scope the model was built in.
+    config on the same variables. Make it (once) in the strategy scope the model was
+    built in; `load(path)` after each restore of the model.
     """
-    optimizer = build_optimizer(config, config.train.batch_size)
-    optimizer.build(keras_model.trainable_variables)
-    # The optimizer tracks the model's variables too: this also restores the raw weights.
-    # Every variable of this optimizer must be in the checkpoint: one trained without
-    # EMA has fewer, and would otherwise fill the averages with Adam's moments (the
-    # variables are matched by their place in the optimizer's list).
-    try:
-        status = tf.train.Checkpoint(optimizer=optimizer).read(checkpoint_path)
-        status.expect_partial().assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:
-        raise RunError(
-            f"{checkpoint_path} has no moving averages for this config's optimizer "
-            f"({one_line(e, 200)}): it was not trained with this config.train.ema_decay and "
-            "optimizer; use the config it was trained with"
-        ) from None
-    for variable, average in ema_pairs(optimizer):
-        variable.assign(average)
+
+    def __init__(self, keras_model: keras.Model, config: ml_collections.ConfigDict):
+        self._optimizer = build_optimizer(config, config.train.batch_size)
+        self._optimizer.build(keras_model.trainable_variables)
+
+    def load(self, checkpoint_path: str) -> None:
+        # The optimizer tracks the model's variables too: this also restores the raw
+        # weights. Every variable of this optimizer must be in the checkpoint: one
+        # trained without EMA has fewer, and would otherwise fill the averages with
+        # Adam's moments (the variables are matched by their place in the list).
+        try:
+            status = tf.train.Checkpoint(optimizer=self._optimizer).read(checkpoint_path)
+            status.expect_partial().assert_existing_objects_matched()
+        except (AssertionError, ValueError) as e:
+            raise RunError(
+                f"{checkpoint_path} has no moving averages for this config's optimizer "
+                f"({one_line(e, 200)}): it was not trained with this config.train.ema_decay "
+                "and optimizer; use the config it was trained with"
+            ) from None
+        for variable, average in ema_pairs(self._optimizer):
+            variable.assign(average)
+
+
+def restore_ema_weights(
+    keras_model: keras.Model, config: ml_collections.ConfigDict, checkpoint_path: str
+) -> None:
+    """Sets the model's trainable weights to the moving averages of a training checkpoint
+    (`MovingAverages`, once)."""
+    MovingAverages(keras_model, config).load(checkpoint_path)

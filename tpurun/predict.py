@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpurun import checkpoints, inputs
+from tpurun import checkpoints, inputs, precision
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model, build_keras_model, has_generate
 from tpurun.run_config import RunConfig
@@ -25,11 +25,12 @@ class Predictor:
         self.model = model
         with self.strategy.scope():
             self.keras_model = build_keras_model(model)
+            self._averages = checkpoints.averages_of(self.keras_model, run.config)
         self._step = tf.function(self._host_step)
 
     def replica_step(self, features, mask):
         """One replica's predict step: named predictions of its padded batch, and the mask."""
-        outputs = self.keras_model(features, training=False)
+        outputs = precision.float32(self.keras_model(features, training=False))
         return self.model.predictions(outputs), mask
 
     def _host_step(self, batch):
@@ -41,7 +42,7 @@ class Predictor:
 
         For a model with its own `generate`: the rows it returns.
         """
-        checkpoints.restore_model(self.keras_model, checkpoint_path)
+        checkpoints.restore_weights(self.keras_model, checkpoint_path, self._averages)
         if has_generate(self.model):
             yield from self.model.generate(self.keras_model, self.strategy)
             return

@@ -105,6 +105,7 @@ FLAG_TO_CONFIG_KEY = {
     "eval_steps": "eval.steps",
     "predict_batch_size": "predict.batch_size",
     "seed": "seed",
+    "precision": "precision",
     "input": "predict.input",
     "output": "predict.output",
     "prompt": "predict.prompt",
@@ -181,6 +182,7 @@ _REQUIRED_KEYS = (
     *(key for flag, key in FLAG_TO_CONFIG_KEY.items() if flag not in MODEL_SPECIFIC_FLAGS),
     "train.warm_start_vars",
     "train.ema_decay",
+    "train.accumulate_steps",
     *(f"optimizer.{key}" for key in optimization_config.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",
@@ -201,6 +203,13 @@ def _validate(run: RunConfig) -> None:
 
     _check_sizes(config)
     optimization_config.validate(config, train_steps=config.train.steps)
+    if config.precision not in PRECISIONS:
+        raise UsageError(
+            f"--precision={config.precision} (config.precision) is not a precision; use one of "
+            f"{', '.join(PRECISIONS)}"
+        )
+    if config.precision == "mixed_float16" and (run.use_tpu or run.tpu):
+        raise UsageError(FLOAT16_ON_TPU)
     if config.eval.best_mode not in ("min", "max"):
         raise UsageError(
             f"config.eval.best_mode={config.eval.best_mode!r} must be 'min' or 'max' "
@@ -220,11 +229,11 @@ def _validate(run: RunConfig) -> None:
         check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
         check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
     timeout = run.tpu_init_timeout
-    if not (_is_number(timeout) and 0 < timeout <= MAX_SECONDS):
-        shown = f"{timeout:g}" if _is_number(timeout) else timeout
-        raise UsageError(
-            f"--tpu_init_timeout={shown} must be a number of seconds > 0, at most {MAX_SECONDS}"
-        )
+    shown = f"{timeout:g}" if _is_number(timeout) else timeout
+    if not (_is_number(timeout) and timeout > 0):  # nan too
+        raise UsageError(f"--tpu_init_timeout={shown} must be a number of seconds > 0")
+    if timeout > MAX_SECONDS:
+        raise UsageError(f"--tpu_init_timeout={shown} must be at most {MAX_SECONDS} seconds")
     if run.use_tpu is False and run.tpu:
         raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
     is_tpu_name = run.tpu and run.tpu != "local" and not run.tpu.startswith("grpc://")
@@ -255,6 +264,14 @@ MAX_ITERATIONS = 10**6
 MAX_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_REPLICAS = 2**16
 MAX_SEED = 2**32 - 1  # numpy's seeds
+MAX_ACCUMULATE_STEPS = 4096
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+FLOAT16_ON_TPU = (
+    "--precision=mixed_float16 does not run on a TPU: TPUs compute in bfloat16, and "
+    "float16's loss scaling has no TPU path; use --precision=mixed_bfloat16 (the same "
+    "speed-up, no loss scaling needed)"
+)
 
 
 def _is_number(value: object) -> bool:
@@ -310,3 +327,6 @@ def _check_sizes(config: Any) -> None:
         10**6,
     )
     _integer("--seed (config.seed)", config.seed, 0, MAX_SEED)
+    _integer(
+        "config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS
+    )

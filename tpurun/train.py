@@ -1,18 +1,25 @@
 """The training runner: a model, its optimizer and the compiled host loop of `--iterations` steps.
 
 The Trainer knows nothing of cadences, checkpoint files, signals or what is shown:
-`tpurun.controller` asks it for `train(num_steps)` and decides the rest.
+`tpurun.controller` asks it for `train(num_steps)` and decides the rest. The
+recipe lives in the step: the precision policy the model was built under (the
+loss in float32; float16 with dynamic loss scaling), the optimizer of
+`tpurun.optimization` (schedule, weight decay, clipping, EMA), and gradient
+accumulation: with `train.accumulate_steps` = N, one step sums the gradients of N
+micro-batches of `--batch_size` in-graph and applies them once.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
+import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs
+from tpurun import inputs, optimization, precision
 from tpurun.actions.base import LoopStats
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model, build_keras_model
@@ -27,28 +34,42 @@ class Trainer:
         self.strategy = cluster.strategy
         self.model = model
         self.global_batch = run.train_batch_size
+        self.micro_batches = run.config.train.accumulate_steps
         with self.strategy.scope():
             self.keras_model = build_keras_model(model)
+            # The optimizer whose state a checkpoint holds, whatever the precision.
             self.optimizer = model.optimizer()
+            self._applies = self.optimizer
+            if precision.needs_loss_scaling(run.config.precision):
+                self._applies = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Slot variables must exist before the first replicated step: created
             # lazily inside it, they break with 2+ replicas.
-            self.optimizer.build(self.keras_model.trainable_variables)
+            self._applies.build(self.keras_model.trainable_variables)
         # What a checkpoint holds; saves write this one.
         self.checkpoint = self.fresh_checkpoint()
         self._configured_learning_rate = self._constant_learning_rate()
         self._loop = tf.function(self._host_loop)
         self._iterator: Any = None  # the training input, from start_input()
 
-    def fresh_checkpoint(self) -> tf.train.Checkpoint:
-        """A new checkpoint object over the model and optimizer (a restore attempt takes one)."""
-        return tf.train.Checkpoint(
-            model=self.keras_model,
-            optimizer=self.optimizer,
-            # Every model variable by name too: Keras's random-number states (Dropout's
-            # seed_generator_state) are not reachable through `model`, and a resume
-            # that restarted them would draw the first steps' dropout masks again.
-            model_variables=list(self.keras_model.variables),
-        )
+    def fresh_checkpoint(self, present: Collection[str] | None = None) -> tf.train.Checkpoint:
+        """A new checkpoint object over the model and optimizer (a restore attempt takes one).
+
+        `present`: the parts a checkpoint file has, to read one that lacks an optional
+        part (`model_variables` before tpurun 0.2; `loss_scale` when not trained in
+        float16); None: every part, to save.
+        """
+        parts: dict[str, Any] = {"model": self.keras_model, "optimizer": self.optimizer}
+        # Every model variable by name too: Keras's random-number states (Dropout's
+        # seed_generator_state) are not reachable through `model`, and a resume that
+        # restarted them would draw the first steps' dropout masks again.
+        parts["model_variables"] = list(self.keras_model.variables)
+        if self._applies is not self.optimizer:
+            # float16's loss scale: apart from the optimizer, so a checkpoint reads the
+            # same under every precision.
+            parts["loss_scale"] = self._applies
+        if present is not None:
+            parts = {k: v for k, v in parts.items() if k in present or k in ("model", "optimizer")}
+        return tf.train.Checkpoint(**parts)
 
     @property
     def step(self) -> int:
@@ -57,7 +78,7 @@ class Trainer:
     @property
     def learning_rate(self) -> float:
         """The rate the next step uses (a schedule's value at the current step)."""
-        return float(tf.convert_to_tensor(self.optimizer.learning_rate))
+        return optimization.learning_rate_at(self.optimizer, self.step)
 
     def keep_configured_learning_rate(self) -> None:
         """After a restore: a constant learning rate comes from this run's config.
@@ -83,19 +104,46 @@ class Trainer:
         return self.learning_rate
 
     def replica_step(self, features, labels) -> tf.Tensor:
-        """One replica's training step on its batch; returns its share of the loss."""
-        with tf.GradientTape() as tape:
-            outputs = self.keras_model(features, training=True)
-            per_example = self.model.loss(labels, outputs)
-            # Scaled by the global batch, so the all-reduced (summed) gradients equal
-            # those of one replica on the whole batch.
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
-            if self.keras_model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(self.keras_model.losses))
+        """One replica's training step on its batch; returns its share of the loss.
+
+        With accumulation, `features` and `labels` stack the step's micro-batches
+        ([micro_batches, batch, ...]): their gradients are summed, then applied once.
+        """
         variables = self.keras_model.trainable_variables
-        gradients = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        if self.micro_batches == 1:
+            loss, gradients = self._gradients(features, labels)
+        else:
+            loss = tf.constant(0.0)
+            gradients = [tf.zeros_like(v) for v in variables]
+            for i in tf.range(self.micro_batches):
+                micro_features, micro_labels = tf.nest.map_structure(
+                    lambda t, i=i: t[i], (features, labels)
+                )
+                micro_loss, micro_gradients = self._gradients(micro_features, micro_labels)
+                loss += micro_loss
+                gradients = [
+                    g if m is None else g + tf.convert_to_tensor(m)  # sparse ones made dense
+                    for g, m in zip(gradients, micro_gradients, strict=True)
+                ]
+        self._applies.apply_gradients(zip(gradients, variables, strict=True))
         return loss
+
+    def _gradients(self, features, labels) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """This replica's loss on one (micro-)batch and its gradients (of the loss-scaled
+        loss with float16: the LossScaleOptimizer unscales them)."""
+        with tf.GradientTape() as tape:
+            outputs = precision.float32(self.keras_model(features, training=True))
+            per_example = self.model.loss(labels, outputs)
+            # Scaled by the global batch of a whole step (all micro-batches), so the
+            # all-reduced (summed) gradients equal those of one replica on it.
+            loss = tf.nn.compute_average_loss(
+                per_example, global_batch_size=self.global_batch * self.micro_batches
+            )
+            if self.keras_model.losses:
+                regularization = tf.add_n([tf.cast(x, tf.float32) for x in self.keras_model.losses])
+                loss += tf.nn.scale_regularization_loss(regularization) / self.micro_batches
+            scaled = self._applies.scale_loss(loss) if self._applies is not self.optimizer else loss
+        return loss, tape.gradient(scaled, self.keras_model.trainable_variables)
 
     def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Runs num_steps replicated steps in-graph.
@@ -134,6 +182,7 @@ class Trainer:
                 self.global_batch,
                 self.run.seed,
                 start_step=self.step,
+                micro_batches=self.micro_batches,
             )
             self._iterator = iter(dataset)
 

@@ -19,6 +19,8 @@ from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
 
 FILE = "train_config.json"
+# The config's name, beside its keys in the record: a key no config has.
+NAME_KEY = "__config_name__"
 
 # Config keys a resumed run may change: how long, how often and from where, not the
 # model, its optimizer, the seed or the batch size. The learning rate and train.steps
@@ -32,6 +34,8 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",
+    # Variables are float32 under every policy: a checkpoint reads the same.
+    "precision",
     "eval.",
     "predict.",
 )
@@ -97,7 +101,7 @@ def _with_new_defaults(recorded: dict) -> dict:
 
 def write(run: RunConfig) -> None:
     """Records the config the checkpoints in model_dir are trained with (atomically)."""
-    record = {"config_name": run.config_name, "config": run.config.to_dict()}
+    record = {**run.config.to_dict(), NAME_KEY: run.config_name}
     storage.write_atomically(
         storage.join(run.model_dir, FILE),
         json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
@@ -125,9 +129,8 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
             f"{e}: it records the config the checkpoints were trained with; restore it from "
             "a backup, or pass --force_resume to go on without the check (train rewrites it)"
         ) from None
-    if isinstance(record.get("config"), dict) and "config_name" in record:
-        return record["config_name"], record["config"]
-    return None, record  # written by tpurun 0.2: the config alone
+    name = record.pop(NAME_KEY, None)  # tpurun 0.2 recorded the config alone
+    return (name if isinstance(name, str) else None), record
 
 
 def check_same_model(run: RunConfig) -> None:

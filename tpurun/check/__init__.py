@@ -47,7 +47,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import model as model_lib
-from tpurun import strategy
+from tpurun import precision, strategy
 from tpurun.check import fit_report, preflight, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
@@ -91,7 +91,7 @@ def run_checks(
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(run.seed)
     found = None
-    with _quiet_tensorflow_info():
+    with _quiet_tensorflow_info(), precision.policy(run.config.precision):
         checker = StepChecker(run, cluster, model, replicas=replicas)
         problems = checker.batch_split()
         for mode in Mode:

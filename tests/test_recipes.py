@@ -1,0 +1,321 @@
+"""Training recipes from the config, end to end through the CLI (in this process).
+
+Schedules read back from the TensorBoard `learning_rate` scalar, gradient
+accumulation against the big batch on 1 and 8 replicas, EMA in eval, mixed
+bfloat16 MNIST against float32 and its export, and each bad value's one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import USAGE, assert_fails, assert_ok
+from test_durability import scalars
+from test_resume import weights
+
+pytestmark = pytest.mark.slow
+
+IRIS = ("--config=iris", "--use_tpu=false")
+
+
+def _cosine(step: int) -> float:
+    return 0.1 * 0.5 * (1 + math.cos(math.pi * step / 400))
+
+
+def rates(model_dir: Path) -> dict[int, float]:
+    return dict(scalars(model_dir)["learning_rate"])
+
+
+# --- schedules, read back from TensorBoard ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (
+            # The seed's MNIST program: tf.train.exponential_decay(lr, step, 100, 0.96).
+            [
+                "--config.optimizer.schedule=exponential",
+                "--config.optimizer.decay_steps=100",
+                "--config.optimizer.decay_rate=0.96",
+            ],
+            lambda step: 0.1 * 0.96 ** (step / 100),
+        ),
+        (
+            [
+                "--config.optimizer.schedule=exponential",
+                "--config.optimizer.decay_steps=100",
+                "--config.optimizer.decay_rate=0.5",
+                "--config.optimizer.staircase=true",
+            ],
+            lambda step: 0.1 * 0.5 ** (step // 100),
+        ),
+        (
+            ["--config.optimizer.schedule=cosine", "--config.optimizer.warmup_steps=100"],
+            # Warmup: linear from 0 to the schedule's value where it ends (Model Garden's).
+            lambda step: min(step / 100, 1) * _cosine(max(step, 100)),
+        ),
+        (
+            ["--config.optimizer.schedule=linear", "--config.optimizer.end_learning_rate=0.02"],
+            lambda step: 0.1 + (0.02 - 0.1) * step / 400,
+        ),
+        (
+            [
+                "--config.optimizer.schedule=piecewise",
+                "--config.optimizer.boundaries=(150,300)",
+                "--config.optimizer.multipliers=(1.0,0.5,0.1)",
+            ],
+            lambda step: 0.1 * (1.0 if step <= 150 else 0.5 if step <= 300 else 0.1),
+        ),
+    ],
+    ids=["exponential_of_the_seed", "staircase", "cosine_with_warmup", "linear", "piecewise"],
+)
+def test_a_schedule_is_what_tensorboard_shows(tpurun_cli, tmp_path, flags, expected):
+    result = tpurun_cli(
+        "train", *IRIS, "--train_steps=400", "--iterations=50", f"--model_dir={tmp_path}", *flags
+    )
+    assert_ok(result)
+    shown = rates(tmp_path)
+    assert sorted(shown) == list(range(50, 401, 50))
+    for step, value in shown.items():
+        assert value == pytest.approx(expected(step), abs=1e-7), step
+
+
+def test_a_resumed_run_continues_on_the_curve(tpurun_cli, tmp_path):
+    # Exponential: train.steps may change on resume (cosine and linear end there).
+    schedule = (
+        "--config.optimizer.schedule=exponential",
+        "--config.optimizer.decay_steps=100",
+        "--config.optimizer.decay_rate=0.5",
+        "--config.optimizer.warmup_steps=50",
+    )
+    common = (*IRIS, "--iterations=50", *schedule)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert_ok(tpurun_cli("train", *common, "--train_steps=400", f"--model_dir={straight}"))
+    for steps in ("150", "400"):
+        assert_ok(tpurun_cli("train", *common, f"--train_steps={steps}", f"--model_dir={resumed}"))
+    assert rates(resumed) == pytest.approx(rates(straight), abs=1e-7)
+
+
+# --- gradient accumulation -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", ["1", "8"])
+def test_accumulating_four_batches_of_8_is_one_batch_of_32(tpurun_cli, tmp_path, shards):
+    common = (*IRIS, "--train_steps=50", "--iterations=10", f"--num_shards={shards}")
+    big, accumulated = tmp_path / "big", tmp_path / "accumulated"
+    assert_ok(tpurun_cli("train", *common, "--batch_size=32", f"--model_dir={big}"))
+    assert_ok(
+        tpurun_cli(
+            "train",
+            *common,
+            "--batch_size=8",
+            "--config.train.accumulate_steps=4",
+            f"--model_dir={accumulated}",
+        )
+    )
+    one, other = weights(big / "ckpt-50"), weights(accumulated / "ckpt-50")
+    assert one.keys() == other.keys()
+    numbers = [k for k in one if np.issubdtype(np.asarray(one[k]).dtype, np.number)]
+    worst = max(float(np.max(np.abs(one[k] - other[k]))) for k in numbers)
+    assert worst <= 1e-5, worst
+
+
+# --- EMA ------------------------------------------------------------------------------
+
+
+def test_eval_with_ema_reports_the_averages_not_the_raw_weights(tpurun_cli, tmp_path):
+    ema = ("--config.train.ema_decay=0.9",)
+    common = (*IRIS, f"--model_dir={tmp_path}", *ema)
+    assert_ok(tpurun_cli("train", *common, "--train_steps=60", "--iterations=20"))
+    result = assert_ok(tpurun_cli("eval", *common))
+    assert "Using the moving averages of the weights (config.train.ema_decay=0.9)" in result.stderr
+    averaged = json.loads((tmp_path / "eval" / "results-60.json").read_text())
+
+    # The same loss from a model holding the averages the checkpoint keeps.
+    import tensorflow as tf
+
+    from tpurun import config_files, model, optimization
+
+    config = config_files.load(config_files.resolve("iris"))
+    config.train.ema_decay = 0.9
+    keras_model = model.create(config).build()
+    checkpoint = str(tmp_path / "ckpt-60")
+    tf.train.Checkpoint(model=keras_model).read(checkpoint).expect_partial()
+    raw_weights = [v.numpy() for v in keras_model.trainable_variables]
+    optimization.restore_ema_weights(keras_model, config, checkpoint)
+    averages = [v.numpy() for v in keras_model.trainable_variables]
+    assert any(not np.allclose(r, a) for r, a in zip(raw_weights, averages, strict=True))
+    features, labels = _iris_test_set()
+    logits = keras_model(features, training=False)
+    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    assert averaged["loss"] == pytest.approx(float(tf.reduce_mean(loss)), rel=1e-4)
+
+
+def _iris_test_set():
+    from tpurun.models import iris
+
+    frame = iris.read_csv(iris.shipped_csv("iris_test.csv"), with_labels=True)
+    features = {name: frame[name].to_numpy() for name in iris.FEATURES}
+    return features, frame[iris.LABEL].to_numpy()
+
+
+# --- bfloat16 --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    from tests.synthetic_images import write_digit_records
+
+    return write_digit_records(tmp_path_factory.mktemp("digits"), train=1024, test=256)
+
+
+def test_mixed_bfloat16_mnist_matches_float32_and_exports_float32(tpurun_cli, tmp_path, digits):
+    accuracy = {}
+    for precision in ("float32", "mixed_bfloat16"):
+        model_dir = tmp_path / precision
+        common = (
+            "--config=mnist",
+            "--use_tpu=false",
+            f"--data_dir={digits}",
+            f"--model_dir={model_dir}",
+            f"--precision={precision}",
+        )
+        assert_ok(
+            tpurun_cli(
+                "train",
+                *common,
+                "--batch_size=64",
+                "--train_steps=150",
+                "--iterations=50",
+                "--config.optimizer.learning_rate=0.1",
+            )
+        )
+        assert_ok(tpurun_cli("eval", *common, "--eval_batch_size=64"))
+        accuracy[precision] = json.loads((model_dir / "eval" / "results-150.json").read_text())[
+            "accuracy"
+        ]
+    assert accuracy["float32"] >= 0.9, accuracy
+    assert abs(accuracy["mixed_bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
+
+    export = tmp_path / "export"
+    bf16 = tmp_path / "mixed_bfloat16"
+    assert_ok(
+        tpurun_cli(
+            "export",
+            "--config=mnist",
+            f"--data_dir={digits}",
+            f"--model_dir={bf16}",
+            "--precision=mixed_bfloat16",
+            "--config.serving_input=image",
+            f"--export_dir={export}",
+        )
+    )
+    shown = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("saved_model_cli")),
+            "show",
+            "--dir",
+            str(export),
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "serving_default",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "dtype: DT_FLOAT" in shown and "DT_BFLOAT16" not in shown, shown
+
+
+# --- bad values: one line, exit 2 -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, keywords",
+    [
+        (["--config.optimizer.schedule=sawtooth"], ["schedule", "sawtooth", "cosine"]),
+        (["--config.optimizer.warmup_steps=1000", "--train_steps=1000"], ["warmup_steps=1000"]),
+        (["--config.optimizer.clip_norm=-1"], ["clip_norm=-1"]),
+        (
+            ["--config.train.accumulate_steps=0"],
+            ["config.train.accumulate_steps=0", "positive integer"],
+        ),
+        (
+            ["--precision=mixed_float16", "--tpu=grpc://10.0.0.2:8470"],
+            ["mixed_float16", "mixed_bfloat16"],
+        ),
+        (["--precision=float8"], ["--precision", "float8"]),
+    ],
+    ids=[
+        "unknown_schedule",
+        "warmup_past_the_end",
+        "negative_clip",
+        "no_accumulation",
+        "float16_on_a_tpu",
+        "unknown_precision",
+    ],
+)
+def test_a_bad_recipe_value_is_one_line(tpurun_cli, tmp_path, flags, keywords):
+    result = tpurun_cli("train", *IRIS[:1], *flags, f"--model_dir={tmp_path / 'm'}", cwd=tmp_path)
+    assert_fails(result, USAGE, *keywords)
+    assert not (tmp_path / "m").exists()
+
+
+# --- exact resume with every recipe on ---------------------------------------------------
+
+RECIPE = (
+    "--precision=mixed_bfloat16",
+    "--config.optimizer.schedule=cosine",
+    "--config.optimizer.warmup_steps=30",
+    "--config.train.ema_decay=0.9",
+    "--config.train.accumulate_steps=2",
+    "--batch_size=16",
+)
+
+
+def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, tmp_path):
+    """bfloat16, a schedule with warmup, EMA and accumulation: killed 3 times at random
+    moments (the tpurun process itself), each resume ends as one uninterrupted run."""
+    import random
+    import re
+    import signal
+
+    from test_resume import IRIS as RESUME_IRIS
+    from test_resume import assert_bit_identical, train_process
+
+    reference = tmp_path / "reference"
+    assert_ok(
+        tpurun_cli(
+            "train",
+            *RESUME_IRIS,
+            *RECIPE,
+            "--train_steps=300",
+            "--keep_checkpoint_max=3",
+            f"--model_dir={reference}",
+        )
+    )
+    model_dir = tmp_path / "killed"
+    rng = random.Random(7)
+    for target in sorted(rng.sample(range(40, 280, 10), 3)):
+        process = train_process(model_dir, *RECIPE)
+        assert process.stderr is not None
+        for line in process.stderr:
+            if re.search(rf"\] step {target}/300 ", line):
+                time.sleep(rng.uniform(0.0, 0.02))
+                process.send_signal(signal.SIGKILL)
+                break
+        assert process.wait(timeout=120) == -signal.SIGKILL
+    final = train_process(model_dir, *RECIPE)
+    _, err = final.communicate(timeout=180)
+    assert final.returncode == 0, err[-3000:]
+    assert "Resuming from" in err
+    assert_bit_identical(model_dir / "ckpt-300", reference / "ckpt-300")
