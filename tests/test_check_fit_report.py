@@ -21,7 +21,7 @@ GB = 10**9
 
 
 def run_config(**keys) -> RunConfig:
-    """mnist's RunConfig for `tpurun check`, with extra config keys (e.g. precision)."""
+    """mnist's RunConfig for `tpurun check`, with config keys set (`train__accumulate_steps`)."""
     config = config_files.load(config_files.resolve("mnist"))
     with config.unlocked():
         for dotted, value in keys.items():
@@ -76,19 +76,26 @@ def test_a_step_that_does_not_fit_is_one_error_line_with_the_batch_that_does():
         "the largest per-replica batch that fits is 1000: --batch_size=8000 (8 replicas)"
     ), line
     # A v5litepod-32 splits 32768 into 1024 per replica: too many; a v5litepod-64 into 512.
-    assert "or more replicas: a v5litepod-64 splits --batch_size=32768 into 512" in line
+    assert line.endswith(
+        "or more replicas: a v5litepod-64 splits --batch_size=32768 into 512 per replica"
+    )
     assert "\n" not in line
-    # mnist has neither key yet: no lever that would be an unknown key.
-    assert "precision" not in line and "accumulate_steps" not in line
 
 
-def test_bfloat16_and_accumulation_are_named_when_the_config_has_their_keys():
-    line = too_big(run_config(precision="float32", train__accumulate_steps=1))
-    assert "or bfloat16 activations: --config.precision=mixed_bfloat16" in line
+def test_bfloat16_and_accumulation_keep_the_batch():
+    line = too_big(run_config())
+    assert "; or bfloat16 activations: --precision=mixed_bfloat16; " in line
+    # 4096 per replica in 8 micro-batches of 512: the same 32768 examples per update.
     assert (
-        "or gradient accumulation: --config.train.accumulate_steps=5, each accumulated batch "
-        "at most 1000 per replica"
+        "; or gradient accumulation: --batch_size=4096 --config.train.accumulate_steps=8 keeps "
+        "32768 examples per update; "
     ) in line
+
+
+def test_accumulation_already_on_is_raised_to_what_fits():
+    line = too_big(run_config(train__accumulate_steps=2))
+    # 2 x 4096 = 8192 per replica per update: 16 micro-batches of 512 (8 of 1024 do not fit).
+    assert "--batch_size=4096 --config.train.accumulate_steps=16 keeps 65536 examples" in line
 
 
 def test_bfloat16_is_not_offered_when_it_is_already_on():

@@ -127,6 +127,28 @@ def test_adam_keeps_two_slots_per_weight(checked):
     assert train["weights_bytes"] + train["optimizer_bytes"] == 3 * parameter_bytes + 12
 
 
+@pytest.mark.slow
+def test_the_estimate_follows_the_training_recipe(checked):
+    """Momentum and EMA are optimizer state; accumulation stacks its micro-batches as input."""
+    n = 256
+    result, data, _ = checked(
+        "flops",
+        "--target=v5e-8",
+        f"--config.flops.n={n}",
+        "--config.optimizer.momentum=0.9",
+        "--config.train.ema_decay=0.99",
+        "--config.train.accumulate_steps=4",
+    )
+    assert result.returncode == 0, describe(result)
+    assert "batch per replica                     128 x 4" in result.stdout
+    train = data["steps"]["train"]
+    parameter_bytes = 4 * n * n
+    # A momentum and an average per weight, the iteration counter and the learning rate.
+    assert train["optimizer_bytes"] == 2 * parameter_bytes + 12
+    # 4 micro-batches of 128 rows (x and the target, float32), and the next step's 4.
+    assert (train["accumulate_steps"], train["input_bytes"]) == (4, 2 * 4 * 2 * 128 * n * 4)
+
+
 # --- A batch that does not fit ------------------------------------------------------------
 
 TOO_BIG = 8 * 32768  # mnist's train step at 32768 per replica: some 36 GB
@@ -210,8 +232,9 @@ def iris_checker() -> StepChecker:
 
 def test_a_host_loop_of_steps_needs_what_one_step_needs():
     """Even compiled into one XLA loop, 50 of the Trainer's steps re-use one step's buffers."""
-    runner, spec = iris_checker().single_device_step(Mode.TRAIN)
-    args = tuple(spec)
+    checker = iris_checker()
+    runner, spec = checker.single_device_step(Mode.TRAIN)
+    args = tuple(checker.step_args(Mode.TRAIN, spec, checker.per_replica_batch(Mode.TRAIN)))
     variables = dict(weights=runner.keras_model.variables)
     variables["optimizer_variables"] = runner.optimizer.variables
 

@@ -43,7 +43,7 @@ def table(found: TargetMemory, iterations: int) -> list[str]:
     ]
     steps = found.steps
     if steps:
-        rows: list[tuple[str, list[str]]] = [("batch per replica", [str(s.batch) for s in steps])]
+        rows: list[tuple[str, list[str]]] = [("batch per replica", [_batch(s) for s in steps])]
         for label, category in _ROWS:
             rows.append((label, [_bytes(s.estimate.padded_bytes(category)) for s in steps]))
         rows += [
@@ -66,6 +66,10 @@ def table(found: TargetMemory, iterations: int) -> list[str]:
         lines.append(f"  {STEP_NAMES[mode]}: {why}")
     lines += _notes(found, iterations)
     return lines
+
+
+def _batch(step: StepMemory) -> str:
+    return f"{step.batch} x {step.micro_batches}" if step.micro_batches > 1 else str(step.batch)
 
 
 def _bytes(n: int) -> str:
@@ -91,12 +95,19 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
         return []
     computes = frozenset().union(*(s.estimate.computes for s in found.steps))
     notes = []
-    if found.step(Mode.TRAIN) is not None:
+    train = found.step(Mode.TRAIN)
+    if train is not None:
         notes.append(
             f"train: one compiled step, called --iterations={iterations} times per host loop; "
             "TensorFlow keeps that loop on the host, and each call re-uses the step's "
             "buffers, so the loop needs what one step needs"
         )
+        if train.micro_batches > 1:
+            notes.append(
+                f"train: each step accumulates the gradients of {train.micro_batches} "
+                f"micro-batches of {train.batch} per replica (train.accumulate_steps); its "
+                "input holds all of them"
+            )
     notes += [
         "input: the step's batch, and the next one, which TensorFlow prefetches into each "
         "replica's memory meanwhile",
@@ -178,12 +189,10 @@ def levers(
     precision = _precision_lever(run)
     if precision:
         found.append(precision)
-    if mode is Mode.TRAIN and "accumulate_steps" in run.config.train:
-        times = math.ceil(batch / max_batch)
-        found.append(
-            f"gradient accumulation: --config.train.accumulate_steps={times}, each "
-            f"accumulated batch at most {max_batch} per replica"
-        )
+    if mode is Mode.TRAIN:
+        accumulation = _accumulation_lever(run, batch, max_batch, replicas)
+        if accumulation:
+            found.append(accumulation)
     global_batch = batch * replicas
     larger = larger_slice(target, global_batch, max_batch) if target else None
     if larger is not None:
@@ -197,10 +206,33 @@ def levers(
 
 
 def _precision_lever(run: RunConfig) -> str | None:
-    """bfloat16 activations, for configs that have the precision key (not already set)."""
-    if "precision" not in run.config or run.config.precision == "mixed_bfloat16":
+    """bfloat16 activations (the TPU's own 16-bit type), unless the run has them already."""
+    if run.config.precision == "mixed_bfloat16":
         return None
-    return "bfloat16 activations: --config.precision=mixed_bfloat16"
+    return "bfloat16 activations: --precision=mixed_bfloat16"
+
+
+def _accumulation_lever(run: RunConfig, batch: int, max_batch: int, replicas: int) -> str | None:
+    """The same examples per update in more, smaller micro-batches (a train step
+    accumulates train.accumulate_steps micro-batches of --batch_size), when they split
+    evenly."""
+    accumulate = run.config.train.accumulate_steps
+    per_update = batch * accumulate  # per replica
+    more = next(
+        (
+            k
+            for k in range(accumulate + 1, per_update + 1)
+            if per_update % k == 0 and per_update // k <= max_batch
+        ),
+        None,
+    )
+    if more is None:
+        return None
+    return (
+        f"gradient accumulation: --batch_size={per_update // more * replicas} "
+        f"--config.train.accumulate_steps={more} keeps {per_update * replicas} examples per "
+        "update"
+    )
 
 
 def _nothing_fits(run: RunConfig, step: StepMemory) -> str:
@@ -230,6 +262,7 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
     for step in found.steps:
         steps[STEP_NAMES[step.mode]] = {
             **step_bytes(step.batch, step.estimate),
+            **({"accumulate_steps": step.micro_batches} if step.mode is Mode.TRAIN else {}),
             "fits": step.fits,
             "max_batch_per_replica": step.max_batch,
         }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from tpurun.check import memory
-from tpurun.check.input_rules import TPU_BATCH_MULTIPLE, static_batch
+from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
 from tpurun.check.memory import MemoryEstimate
 from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
@@ -39,12 +39,13 @@ class StepMemory:
     """One step's estimate at the target's per-replica batch, against a replica's HBM."""
 
     mode: Mode
-    batch: int  # per replica
+    batch: int  # per replica (per micro-batch, with gradient accumulation)
     estimate: MemoryEstimate
     hbm_bytes: int
     # The largest per-replica batch that fits, searched only when `batch` does not
     # (None then: not even a batch of 1 fits).
     max_batch: int | None = None
+    micro_batches: int = 1  # train.accumulate_steps: batches stacked into one train step
 
     @property
     def fits(self) -> bool:
@@ -78,7 +79,10 @@ class Preflight:
     def step_memory(self, mode: Mode) -> StepMemory:
         """The step at the target's per-replica batch, and the largest that fits if it does not."""
         batch = self.checker.per_replica_batch(mode)
-        step = StepMemory(mode, batch, self.estimate(mode, batch), self.hbm_bytes)
+        micro_batches = self.checker.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
+        step = StepMemory(
+            mode, batch, self.estimate(mode, batch), self.hbm_bytes, micro_batches=micro_batches
+        )
         if step.fits:
             return step
         return dataclasses.replace(step, max_batch=self.largest_batch(mode, batch))
@@ -91,7 +95,7 @@ class Preflight:
             variables = runner.optimizer.variables if isinstance(runner, Trainer) else ()
             found = memory.estimate(
                 runner.replica_step,
-                tuple(static_batch(spec, batch)),
+                tuple(self.checker.step_args(mode, spec, batch)),
                 weights=runner.keras_model.variables,
                 optimizer_variables=variables,
             )

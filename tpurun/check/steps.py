@@ -52,7 +52,9 @@ class SingleDeviceStep(NamedTuple):
     """A runner built on one device and the spec of its replica step's arguments."""
 
     runner: Runner
-    spec: Any  # (features, labels[, mask]) or (features, mask), at the per-replica batch
+    # One batch as the input function yields it, (features, labels[, mask]) or
+    # (features, mask); `StepChecker.step_args` makes the step's arguments of it.
+    spec: Any
 
 
 class StepChecker:
@@ -108,14 +110,14 @@ class StepChecker:
         problems += input_rules.check_spec(mode, spec, per_replica, self.name)
         if not any(p.rule == "static-batch" for p in problems):
             problems += self.check_distribute(mode)
-        trace_spec = input_rules.static_batch(spec, per_replica)
+        trace_spec = self.step_args(mode, spec, per_replica)
         problems += self.check_graph(mode, trace_spec)
         if any(p.rule == "trace" for p in problems):
             return problems  # the compile would only fail the same way
         # The XLA compile stops at the first problem, which the graph may have shown already.
         unsupported = {p.op_type for p in problems if p.rule == "xla-unsupported"}
         ops = {p.op_name for p in problems if p.op_name}
-        for problem in self.check_xla(mode, trace_spec):
+        for problem in self.check_xla(mode, spec, per_replica):
             if problem.op_type in unsupported or problem.op_name in ops:
                 continue
             problems.append(problem)
@@ -134,6 +136,24 @@ class StepChecker:
         if mode is Mode.TRAIN:
             return dataset.element_spec
         return inputs.pad_batches(dataset, per_replica, self.replicas).element_spec
+
+    def step_args(self, mode: Mode, spec: Any, per_replica: int) -> Any:
+        """The replica step's arguments: `spec` (a batch as the input function yields it)
+        at the static `per_replica` batch; with gradient accumulation a TRAIN step takes
+        its micro-batches stacked, [accumulate_steps, batch, ...], as tpurun.inputs
+        stacks them.
+        """
+        spec = input_rules.static_batch(spec, per_replica)
+        micro_batches = self.run.config.train.accumulate_steps
+        if mode is not Mode.TRAIN or micro_batches == 1:
+            return spec
+
+        def stack(leaf: Any) -> Any:
+            if isinstance(leaf, tf.TensorSpec):
+                return tf.TensorSpec([micro_batches, *leaf.shape], leaf.dtype, name=leaf.name)
+            return leaf
+
+        return tf.nest.map_structure(stack, spec)
 
     def input_params(self, mode: Mode, per_replica: int) -> InputParams:
         """As `tpurun.inputs` makes them for one host feeding every replica."""
@@ -158,6 +178,7 @@ class StepChecker:
                 self.per_replica_batch(mode) * self.cluster.num_replicas,
                 self.run.seed,
                 exact_pass=not (mode is Mode.EVAL and self.run.config.eval.steps),
+                micro_batches=self.run.config.train.accumulate_steps,
             )
         except Exception as e:  # noqa: BLE001 - reported, the other checks still run
             step = STEP_NAMES[mode]
@@ -203,14 +224,15 @@ class StepChecker:
         return graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
 
     # Rules: xla-unsupported and xla-compile, from a real XLA compile of one replica's step.
-    def check_xla(self, mode: Mode, spec: Any) -> list[Problem]:
-        if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+    def check_xla(self, mode: Mode, spec: Any, per_replica: int) -> list[Problem]:
+        args = self.step_args(mode, spec, per_replica)
+        if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(args)):
             return []  # static-batch reported it; XLA cannot compile an unknown shape
         try:
             step = SingleDeviceStep(self.build_runner(mode, self.single), spec)
         except Exception as e:  # noqa: BLE001
             return [trace_failure(self.name, mode, e)]
-        problems = xla.compile_problems(mode, step.runner.replica_step, spec, self.scopes)
+        problems = xla.compile_problems(mode, step.runner.replica_step, args, self.scopes)
         if not problems:
             self.single_device_steps[mode] = step
         return problems
@@ -219,8 +241,7 @@ class StepChecker:
         """The step of `mode` on one device, at the per-replica batch, without checking it
         (for sizing the step of a run that is already under way)."""
         if mode not in self.single_device_steps:
-            per_replica = self.per_replica_batch(mode)
-            spec = input_rules.static_batch(self.per_replica_spec(mode, per_replica), per_replica)
+            spec = self.per_replica_spec(mode, self.per_replica_batch(mode))
             self.single_device_steps[mode] = SingleDeviceStep(
                 self.build_runner(mode, self.single), spec
             )
