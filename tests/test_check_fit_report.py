@@ -112,9 +112,12 @@ def test_when_nothing_fits_the_weights_alone_are_named_and_bigger_tpus():
 
 
 def test_an_estimate_that_failed_is_an_error():
-    found = TargetMemory(V5E_8, (), {}, {Mode.EVAL: "could not be estimated: boom"})
+    found = TargetMemory(V5E_8, (), {}, {Mode.EVAL: "the step does not compile with XLA: boom"})
     (finding,) = merge(fit_report.problems(run_config(), found))
-    assert str(finding).startswith("[memory] error: the memory of the eval step on a v5litepod-8")
+    assert str(finding).startswith(
+        "[memory] error: the memory of the eval step on a v5litepod-8 could not be estimated: "
+        "the step does not compile with XLA: boom. Fix: "
+    )
 
 
 def test_the_json_report_has_the_documented_keys():

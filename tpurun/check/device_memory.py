@@ -133,8 +133,8 @@ def _largest_batch(
     """The largest per-replica batch that fits `capacity`, by estimate; None if unknown.
 
     The TPU's compiler measured what the step needs at this batch, the CPU compile
-    estimates it; the search budget is the capacity scaled by their ratio, so the
-    estimate's bias (high for CNNs) does not move the answer.
+    estimates it; the search budget is the capacity scaled by their ratio, so an
+    estimate that is off by a constant factor (high for CNNs) is off no more.
     """
     try:
         preflight, batch, estimate = _estimate(run, where, model, mode)

@@ -147,7 +147,8 @@ def problems(run: RunConfig, found: TargetMemory) -> list[Problem]:
                 "memory",
                 ERROR,
                 "{steps}",
-                f"the memory of the {{steps}} on a {found.target.name} {why}",
+                f"the memory of the {{steps}} on a {found.target.name} could not be "
+                f"estimated: {why}",
                 "rerun with --verbosity=1 for the details; without --target the other "
                 "checks still run",
                 mode,

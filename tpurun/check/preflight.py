@@ -10,9 +10,9 @@ What is compiled is what a TPU compiles. Under TPUStrategy the `--iterations`
 host loop stays on the host (TensorFlow's TPU host-training-loop rewrite,
 tensorflow/core/tpu/graph_rewrite/host_training_loop_optimization_util.cc) and
 calls the compiled step once per step, so the loop needs what one step needs.
-Even compiled as one XLA loop, N steps re-use one step's buffers: on this
-machine mnist's train step at batch 128 assigns 146 MB, and a while loop of 5 or
-50 of them 145 MB (tests/test_check_preflight.py keeps that true).
+Even compiled as one XLA loop, N steps re-use one step's buffers: mnist's train
+step at batch 128 assigns 146 MB, a while loop of 5 or 50 of them 145 MB
+(tests/test_check_preflight.py checks it on Iris's step).
 """
 
 from __future__ import annotations
