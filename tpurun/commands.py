@@ -92,6 +92,9 @@ def _run(run: RunConfig) -> None:
         tf.keras.utils.set_random_seed(run.seed)
         with precision.policy(run.config.precision):
             run_command(run, where, model, held)
+            if record is not None and where is not None:
+                # Under the run's policy: the estimate builds the model as the run did.
+                check.record_memory(record, run, where, model)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
@@ -158,6 +161,12 @@ def run_command(
             "was preempted (its own log says why): restart every worker with the same "
             "command, which resumes from the last checkpoint"
         ) from error
+    except tf.errors.ResourceExhaustedError as error:
+        # The TPU's page of allocations becomes what `tpurun check --target` would say.
+        advice = check.out_of_memory(run, where, model, error) if where is not None else None
+        if advice is None:
+            raise
+        raise RunError(advice) from error
     except DATA_ERRORS as error:
         diagnosis = diagnose_data(run, model, error)
         if diagnosis is None:

@@ -45,6 +45,8 @@ class RunConfig:
     profile_steps: tuple[int, int] | None = None  # train: first and last step to profile
     continuous: bool = False  # eval: evaluate every new checkpoint until the final step
     eval_timeout: float = 3600  # eval --continuous: seconds to wait for a new checkpoint
+    target: str | None = None  # check: a Cloud TPU type whose memory each step must fit
+    report: str | None = None  # check --target: where to write the estimate as JSON
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -296,6 +298,13 @@ def _validate(run: RunConfig) -> None:
         )
     if not run.model_dir:
         raise UsageError("--model_dir must not be empty")
+    if run.report is not None and not run.target:
+        raise UsageError(
+            f"--report={run.report} writes the memory estimate of --target; add "
+            "--target=<TPU type> (e.g. --target=v5e-8) or drop --report"
+        )
+    if run.report == "":
+        raise UsageError("--report must not be empty: give the JSON file to write")
 
 
 # Bounds of the numbers a run takes: beyond them a value is a typo, not a plan. A
