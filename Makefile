@@ -28,12 +28,16 @@ demo: install
 	$(BIN)/tpurun predict --config=iris --use_tpu=false --model_dir=$(DEMO_DIR)
 	$(BIN)/tpurun export  --config=iris --use_tpu=false --model_dir=$(DEMO_DIR)
 
+# Two pytest processes, each test file in one of them (a file's shared trainings are
+# made once): TensorFlow keeps one core busy per process for most of a test.
+PYTEST_WORKERS ?= 2
+
 test: install lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The unit tests only: skips the end-to-end runs marked slow.
 test-fast: install
-	$(BIN)/pytest -m 'not slow'
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not slow'
 
 bench: install
 	$(BIN)/python scripts/bench_train_loop.py

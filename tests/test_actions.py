@@ -512,7 +512,7 @@ def test_a_failed_best_update_is_a_warning_not_a_failure(tmp_path, monkeypatch, 
         fake_checkpoint(tmp_path, 10), results(10, 0.5)
     )
     assert warnings_in(caplog) == [
-        "Could not write the eval summaries or the best checkpoint: storage is down"
+        "Could not write the eval summaries or the best checkpoint: UnavailableError: storage is down"
     ]
     assert "eval at step 10" in capsys.readouterr().out
 
