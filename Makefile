@@ -33,7 +33,7 @@ demo: install
 PYTEST_WORKERS ?= 2
 
 test: install lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 # The unit tests only: skips the end-to-end runs marked slow.
 test-fast: install

@@ -200,12 +200,17 @@ def _running_children() -> set[int]:
     return running
 
 
+# Processes the session's fixtures keep running across tests (the GCS server): the
+# first test to use such a fixture starts it, and it is not that test's leftover.
+_SESSION_PROCESSES: set[int] = set()
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     """Fails a test that leaves a process it started running (and kills that process)."""
     before = _running_children()
     yield
-    left = _running_children() - before
+    left = _running_children() - before - _SESSION_PROCESSES
     if not left:
         return
     commands = {}
@@ -308,6 +313,8 @@ def gcs_server(tmp_path_factory) -> Iterator[GcsServer]:
     from fake_gcs.server import GcsServer  # here: only the tests that use it need its packages
 
     with GcsServer(tmp_path_factory.mktemp("gcs")) as server:
+        if server.pid is not None:
+            _SESSION_PROCESSES.add(server.pid)
         os.environ.update(server.env)
         yield server
 

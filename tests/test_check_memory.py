@@ -61,7 +61,9 @@ def mlp_estimate(model, optimizer, batch: int) -> me.MemoryEstimate:
 @pytest.fixture
 def adam_mlp():
     model = mlp()
-    return model, keras.optimizers.Adam()
+    return model, keras.optimizers.Adam(
+        name="adam"
+    )  # named: Keras numbers unnamed ones per process
 
 
 def test_sgd_on_one_n_by_n_kernel_is_the_kernel_and_no_optimizer_state():

@@ -95,6 +95,11 @@ class GcsServer:
         }
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's pid (it runs the emulator and the proxy), once started."""
+        return self._process.pid if self._process else None
+
     def _start_process(self, cert: Path, key: Path) -> None:
         log_path = self.directory / "server.log"
         with open(log_path, "ab") as log:
