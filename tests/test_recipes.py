@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok
+from test_check import findings, shipped_config_args
 from test_durability import scalars
 from test_resume import weights
 
@@ -319,3 +320,18 @@ def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, t
     assert final.returncode == 0, err[-3000:]
     assert "Resuming from" in err
     assert_bit_identical(model_dir / "ckpt-300", reference / "ckpt-300")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["iris", "mnist", "fashion_mnist", "shakespeare", "flops"])
+def test_every_shipped_config_passes_check_in_mixed_bfloat16(tpurun_cli, tmp_path, name):
+    """bfloat16 activations keep every shipped model's steps TPU-clean (warnings allowed)."""
+    result = tpurun_cli(
+        "check",
+        f"--config={name}",
+        "--precision=mixed_bfloat16",
+        *shipped_config_args(name, tmp_path / "data"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert f"tpurun check: clean: the train, eval and predict steps of {name}" in result.stdout
+    assert "error" not in "\n".join(findings(result)).lower()
