@@ -453,6 +453,27 @@ def tpurun_train_until_exit(tmp_path, *args: str) -> tuple[int, str, float]:
     return process.returncode, "".join(lines), time.monotonic() - error_at
 
 
+def test_cli_named_node_refuses_a_local_model_dir_once_its_address_is_known(
+    fake_api, tpurun_cli, tmp_path
+):
+    """--tpu=NAME: the Cloud TPU API gives the node's address (10.1.2.3, a host that
+    cannot see this disk); the local model_dir is refused before any connect."""
+    fake_api.add_node("node-tpu", tensorflowVersion=tf_version())
+    result = tpurun_cli(
+        "train",
+        f"--model_dir={tmp_path / 'model'}",
+        "--tpu=node-tpu",
+        f"--tpu_zone={ZONE}",
+        f"--gcp_project={PROJECT}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    (line,) = error_lines(result)
+    assert line.startswith(f"tpurun train: error: --model_dir={tmp_path / 'model'} is on this ")
+    assert "the TPU node --tpu=node-tpu" in line and "gs://BUCKET" in line, line
+    assert not (tmp_path / "model").exists()
+
+
 @pytest.mark.slow
 def test_cli_creating_node_is_one_error_line_and_exit_1(fake_api, tpurun_cli, tmp_path):
     """In-process: the lookup fails before any connect (and only_localhost watches it)."""
