@@ -224,6 +224,20 @@ def no_process_left_behind():
     pytest.fail(f"the test left processes running (now killed): {commands}")
 
 
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """Scalar summaries by tag, read back as TensorBoard reads them: [(step, value)]."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(
+        str(directory), size_guidance={event_accumulator.TENSORS: 0}
+    ).Reload()
+    return {
+        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+        for tag in accumulator.Tags()["tensors"]
+    }
+
+
 def capture_info_logs(caplog) -> None:
     """caplog gets INFO records, absl's too: absl's flag parsing can leave its logger at WARNING."""
     caplog.set_level(std_logging.INFO)

@@ -18,6 +18,7 @@ import ml_collections
 import pytest
 import tensorflow as tf
 from conftest import capture_info_logs
+from conftest import tensorboard_scalars as scalars
 from fakes import FakeClock, fake_checkpoint
 
 from tpurun import actions, config_defaults, config_files, watchdog
@@ -373,19 +374,6 @@ def test_resume_cost_says_nothing_for_a_fresh_start(caplog):
 
 
 # --- TensorBoard events of training --------------------------------------------------
-
-
-def scalars(directory) -> dict[str, list[tuple[int, float]]]:
-    """Scalar summaries by tag, read back as TensorBoard reads them: [(step, value)]."""
-    from tensorboard.backend.event_processing import event_accumulator
-
-    accumulator = event_accumulator.EventAccumulator(
-        str(directory), size_guidance={event_accumulator.TENSORS: 0}
-    ).Reload()
-    return {
-        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-        for tag in accumulator.Tags()["tensors"]
-    }
 
 
 def test_train_summaries_write_the_scalars_of_every_loop(tmp_path):

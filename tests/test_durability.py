@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import OFFLINE_ENV, assert_ok, error_lines
+from conftest import tensorboard_scalars as scalars
 
 from tpurun.errors import EXIT_PREEMPTED
 
@@ -91,22 +92,6 @@ def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tpurun_cli
     )
     assert f"(step {saved})" in resumed.stderr
     assert f"Training from step {saved} to {saved + 200}" in resumed.stderr
-
-
-def scalars(directory) -> dict[str, list[tuple[int, float]]]:
-    """Scalar summaries by tag, read back as TensorBoard reads them: [(step, value)]."""
-    import tensorflow as tf
-    from tensorboard.backend.event_processing import event_accumulator
-
-    accumulator = event_accumulator.EventAccumulator(
-        str(directory), size_guidance={event_accumulator.TENSORS: 0}
-    ).Reload()
-    out = {}
-    for tag in accumulator.Tags()["tensors"]:
-        out[tag] = [
-            (e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)
-        ]
-    return out
 
 
 def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok
+from conftest import tensorboard_scalars as scalars
 from test_check import findings, shipped_config_args
-from test_durability import scalars
 from test_resume import weights
 
 pytestmark = pytest.mark.slow

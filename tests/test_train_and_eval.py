@@ -27,6 +27,7 @@ from conftest import (
     assert_fails,
     assert_ok,
     contents,
+    tensorboard_scalars,
     tpurun_in_process,
 )
 
@@ -35,20 +36,6 @@ from tpurun import config_files
 pytestmark = pytest.mark.slow
 
 COMMON = ("--config=iris", "--use_tpu=false")
-
-
-def eval_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """The scalars under `directory` by tag, read back as TensorBoard reads them."""
-    import tensorflow as tf
-    from tensorboard.backend.event_processing import event_accumulator
-
-    accumulator = event_accumulator.EventAccumulator(
-        str(directory), size_guidance={event_accumulator.TENSORS: 0}
-    ).Reload()
-    return {
-        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-        for tag in accumulator.Tags()["tensors"]
-    }
 
 
 def model_weights(checkpoint: Path) -> list[np.ndarray]:
@@ -89,7 +76,7 @@ def test_train_eval_every_evaluates_at_each_eval_step_and_the_end(trained_with_e
     assert printed_steps(result.stdout) == EVAL_STEPS
     results = {p.name for p in (model_dir / "eval").glob("results-*.json")}
     assert results == {f"results-{step}.json" for step in EVAL_STEPS}
-    scalars = eval_scalars(model_dir / "eval")
+    scalars = tensorboard_scalars(model_dir / "eval")
     assert [step for step, _ in scalars["accuracy"]] == EVAL_STEPS
     assert [step for step, _ in scalars["loss"]] == EVAL_STEPS
     for step, accuracy in scalars["accuracy"]:
@@ -199,7 +186,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     assert {p.name for p in (model_dir / "eval").glob("results-*.json")} == {
         f"results-{step}.json" for step in saved
     }
-    assert [step for step, _ in eval_scalars(model_dir / "eval")["loss"]] == saved
+    assert [step for step, _ in tensorboard_scalars(model_dir / "eval")["loss"]] == saved
     assert stdout.splitlines()[-1] == (
         "eval --continuous: stopped after the checkpoint of the final step 1500 "
         "(--train_steps=1500); evaluated 15 checkpoint(s) in this run"
