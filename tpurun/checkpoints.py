@@ -182,8 +182,8 @@ def require_step(run: RunConfig, step: int) -> str:
     present = sorted(candidates(run.model_dir), key=step_of) if storage.isdir(run.model_dir) else []
     there = ", ".join(storage.basename(p) for p in present) or "none"
     raise RunError(
-        f"no checkpoint ckpt-{step} in {run.model_dir} (--checkpoint={step}); the checkpoints "
-        f"there: {there}"
+        f"no checkpoint ckpt-{step} in {run.model_dir} (--checkpoint); the checkpoints there: "
+        f"{there}"
     )
 
 

@@ -63,7 +63,7 @@ def declared(model_class: type, model_name: str) -> tuple[str, ...]:
 def _one_of(names: tuple[str, ...], value: str, where: str, model_name: str) -> str:
     if value not in names:
         raise UsageError(
-            f"{where}={value!r} is not a split of {model_name}; its splits are {', '.join(names)}"
+            f"{where}={value} is not a split of {model_name}; its splits are {', '.join(names)}"
         )
     return value
 
