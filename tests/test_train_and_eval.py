@@ -126,6 +126,7 @@ def test_best_survives_keep_checkpoint_max_and_export_best_exports_it(
     first_best = min(step for step in EVAL_STEPS if accuracies[step] == max(accuracies.values()))
     assert record == {
         "step": first_best,
+        "split": "test",
         "metric": "accuracy",
         "mode": "max",
         "value": accuracies[first_best],
@@ -143,7 +144,7 @@ def test_best_survives_keep_checkpoint_max_and_export_best_exports_it(
         )
     )
     assert result.stdout.strip() == str(export_dir)
-    assert f"Exporting the best checkpoint: step {first_best}" in result.stderr
+    assert f"The best checkpoint: step {first_best}" in result.stderr
 
     import tensorflow as tf
 
@@ -224,7 +225,7 @@ def test_sidecar_on_a_dir_with_no_new_checkpoint_stops_after_eval_timeout(
     assert time.monotonic() - start >= 2
     # ckpt-310 was evaluated by the training run (eval/test/results-310.json): not again.
     assert printed_steps(result.stdout) == []
-    assert "Step 310 was evaluated before" in result.stderr
+    assert "Step 310 was evaluated on test before" in result.stderr
     assert result.stdout.strip() == (
         f"eval --continuous: stopped: no new checkpoint in {model_dir} for 2s (--eval_timeout) "
         "and the final step 1000 (--train_steps) is not reached; evaluated 0 checkpoint(s) in "
