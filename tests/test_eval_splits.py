@@ -254,3 +254,32 @@ def test_config_eval_also_evaluates_test_too_without_touching_best(tmp_path, tpu
     ]
     assert (model_dir / "eval" / "test" / "results-20.json").exists()
     assert results(model_dir / "best" / "best.json")["split"] == "val"
+
+
+def test_predict_and_export_take_best_and_checkpoint_too(run, tmp_path):
+    model_dir = tmp_path / "model"
+    best_step = results(model_dir / "best" / "best.json")["step"]
+    by_best, by_step = tmp_path / "best.jsonl", tmp_path / "step.jsonl"
+    assert_ok(run("predict", "--best", f"--output={by_best}"))
+    assert_ok(run("predict", f"--checkpoint=ckpt-{best_step}", f"--output={by_step}"))
+    assert by_best.read_text() == by_step.read_text()
+    assert len(by_best.read_text().splitlines()) == 50
+    exported = Path(assert_ok(run("export", "--checkpoint=20")).stdout.strip())
+    assert (exported / "saved_model.pb").is_file()
+    result = run("export", "--checkpoint=40")
+    assert_fails(result, RUN_FAILURE, "no checkpoint ckpt-40", "ckpt-10, ckpt-20, ckpt-30")
+
+
+@pytest.mark.parametrize(
+    "flags, keywords",
+    [
+        (("--best", "--checkpoint=10"), ("--best and --checkpoint=10", "drop one")),
+        (("--checkpoint=latest",), ("--checkpoint=latest", "ckpt-N or its step N")),
+        (("--continuous", "--best"), ("eval --continuous", "--best")),
+    ],
+    ids=["best_and_checkpoint", "not_a_step", "continuous_and_best"],
+)
+def test_conflicting_checkpoint_choices_are_one_usage_line(run, tmp_path, flags, keywords):
+    before = contents(tmp_path / "model")
+    assert_fails(run("eval", *flags), USAGE, *keywords)
+    assert contents(tmp_path / "model") == before

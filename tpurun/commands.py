@@ -118,7 +118,10 @@ def require_checkpoint(run: RunConfig) -> None:
     --checkpoint chose) trained with a config of this model."""
     checkpoints.require_latest(run)
     train_config.check_same_model(run)
-    chosen_checkpoint(run)
+    if run.best:
+        best.require(run)
+    elif run.checkpoint is not None:
+        checkpoints.require_step(run, run.checkpoint)
 
 
 def chosen_checkpoint(run: RunConfig) -> str:
