@@ -69,9 +69,7 @@ def evaluated_before(model_dir: str, step: int, split: str, best_split: str) -> 
 def write_results(model_dir: str, results: dict[str, float], split: str) -> str:
     """Writes eval/<split>/results-<step>.json under model_dir, atomically; returns its path."""
     storage.make_dir(model_dir, results_dir(model_dir, split))
-    path = results_path(model_dir, int(results["global_step"]), split)
-    storage.write_atomically(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
-    return path
+    return write_json(results_path(model_dir, int(results["global_step"]), split), results)
 
 
 def write_json(path: str, results: dict[str, float]) -> str:

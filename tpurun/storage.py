@@ -362,7 +362,7 @@ def remove_leftovers(model_dir: str) -> list[str]:
     homes = list(TEMPORARY_HOMES)
     while homes:
         home = homes.pop(0)
-        if home and home.count("/") == 0 and home not in present:
+        if home and "/" not in home and home not in present:
             continue  # one listing fewer (a request each on gs://)
         directory = join(model_dir, home) if home else model_dir
         for name in top if not home else listdir(directory):
