@@ -414,6 +414,9 @@ class ImageClassifier(Classifier):
     """
 
     class_names: tuple[str, ...] = ()  # shown by `tpurun predict` when set
+    # The official files have train and test only (test-*.tfrecord, or
+    # config.data.eval_files): the best is chosen on test unless a user adds a split.
+    eval_splits = ("test",)
 
     def _serves_examples(self) -> bool:
         setting = self.config.serving_input

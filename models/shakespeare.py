@@ -91,6 +91,9 @@ class Shakespeare(Model):
     """Byte embedding -> stacked LSTMs -> logits over the next byte, at every position."""
 
     input_fn_seeks = True  # TRAIN offsets are drawn per batch index
+    # The held-out text (its last config.data.eval_fraction, or config.data.eval_path):
+    # a validation split, which chooses the best checkpoint.
+    eval_splits = ("val",)
 
     def _ids(self, mode: Mode) -> np.ndarray:
         data, seq_len = self.config.data, self.config.seq_len

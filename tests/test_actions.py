@@ -26,6 +26,7 @@ from tpurun.actions import hang, progress
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.summaries import TrainSummaries
 from tpurun.run_config import RunConfig, merge_flags
+from tpurun.splits import Splits
 
 LOG_LINE = re.compile(
     r"step (\d+)/(\d+)  loss [\d.]+  [\d.]+ steps/sec  \d+ examples/sec  input wait (\d+)%"
@@ -455,34 +456,60 @@ def results(step: int, accuracy: float) -> dict[str, float]:
     return {"accuracy": accuracy, "loss": 0.5, "num_examples": 30, "global_step": step}
 
 
+IRIS = Splits(names=("test",), best="test", chosen="test", also=())
+VAL_AND_TEST = Splits(names=("val", "test"), best="val", chosen="val", also=("test",))
+
+
 def test_report_eval_on_the_chief_writes_results_scalars_and_the_best(tmp_path, capsys):
     from tpurun.actions.evaluation import ReportEval
 
-    report = ReportEval(iris_run(tmp_path, "eval"), is_chief=True)
+    report = ReportEval(iris_run(tmp_path, "eval"), is_chief=True, model_splits=IRIS)
     for step, accuracy in ((10, 0.5), (20, 0.9), (30, 0.7)):
-        report(fake_checkpoint(tmp_path, step), results(step, accuracy))
+        report(fake_checkpoint(tmp_path, step), "test", results(step, accuracy))
     assert capsys.readouterr().out.splitlines() == [
-        "eval at step 10: accuracy=0.5000  loss=0.5000  (30 examples)",
-        "eval at step 20: accuracy=0.9000  loss=0.5000  (30 examples)",
-        "eval at step 30: accuracy=0.7000  loss=0.5000  (30 examples)",
+        "eval at step 10 on test: accuracy=0.5000  loss=0.5000  (30 examples)",
+        "eval at step 20 on test: accuracy=0.9000  loss=0.5000  (30 examples)",
+        "eval at step 30 on test: accuracy=0.7000  loss=0.5000  (30 examples)",
     ]
-    written = json.loads((tmp_path / "eval" / "results-20.json").read_text())
+    written = json.loads((tmp_path / "eval" / "test" / "results-20.json").read_text())
     assert written == results(20, 0.9)
-    found = scalars(tmp_path / "eval")
+    found = scalars(tmp_path / "eval_test")
     assert found["accuracy"] == [(10, 0.5), (20, pytest.approx(0.9)), (30, pytest.approx(0.7))]
     assert "global_step" not in found
-    assert len(list((tmp_path / "eval").glob("events.out.tfevents.*"))) == 1
+    assert len(list((tmp_path / "eval_test").glob("events.out.tfevents.*"))) == 1
     assert json.loads((tmp_path / "best" / "best.json").read_text())["step"] == 20
+
+
+def test_report_eval_of_another_split_leaves_best_alone_and_says_so_once(tmp_path, capsys):
+    from tpurun.actions.evaluation import ReportEval
+
+    report = ReportEval(iris_run(tmp_path, "eval"), is_chief=True, model_splits=VAL_AND_TEST)
+    report(fake_checkpoint(tmp_path, 10), "val", results(10, 0.5))
+    for step in (10, 20):
+        report(fake_checkpoint(tmp_path, step), "test", results(step, 0.9))
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "eval at step 10 on val",
+        "eval at step 10 on test",
+        "not the best_split 'val'",
+        "eval at step 20 on test",
+    ]
+    assert json.loads((tmp_path / "best" / "best.json").read_text())["step"] == 10
+    assert {p.name for p in tmp_path.iterdir() if p.name.startswith("eval")} == {
+        "eval",
+        "eval_val",
+        "eval_test",
+    }
 
 
 def test_report_eval_on_another_worker_only_prints(tmp_path, capsys):
     from tpurun.actions.evaluation import ReportEval
 
-    ReportEval(iris_run(tmp_path, "eval"), is_chief=False)(
-        str(tmp_path / "ckpt-10"), results(10, 0.5)
+    ReportEval(iris_run(tmp_path, "eval"), is_chief=False, model_splits=IRIS)(
+        str(tmp_path / "ckpt-10"), "test", results(10, 0.5)
     )
     assert (
-        capsys.readouterr().out == "eval at step 10: accuracy=0.5000  loss=0.5000  (30 examples)\n"
+        capsys.readouterr().out
+        == "eval at step 10 on test: accuracy=0.5000  loss=0.5000  (30 examples)\n"
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -496,8 +523,8 @@ def test_a_failed_best_update_is_a_warning_not_a_failure(tmp_path, monkeypatch, 
         raise tf.errors.UnavailableError(None, None, "storage is down")
 
     monkeypatch.setattr(best, "update", fail)
-    ReportEval(iris_run(tmp_path, "eval"), is_chief=True)(
-        fake_checkpoint(tmp_path, 10), results(10, 0.5)
+    ReportEval(iris_run(tmp_path, "eval"), is_chief=True, model_splits=IRIS)(
+        fake_checkpoint(tmp_path, 10), "test", results(10, 0.5)
     )
     assert warnings_in(caplog) == [
         "Could not write the eval summaries or the best checkpoint: UnavailableError: storage is down"
@@ -513,11 +540,20 @@ def test_evaluate_checkpoint_makes_its_evaluator_at_the_first_evaluation_only():
 
     def make_evaluate():
         made.append("evaluator")
-        return lambda path: {"global_step": int(path.rsplit("-", 1)[1])}
+        return lambda path, split: {"global_step": int(path.rsplit("-", 1)[1])}
 
-    evaluate = EvaluateCheckpoint(make_evaluate, lambda path, r: reported.append((path, r)))
+    evaluate = EvaluateCheckpoint(
+        make_evaluate,
+        lambda path, split, r: reported.append((path, split, r)),
+        VAL_AND_TEST.every_eval(),
+    )
     assert made == []  # not when training starts: it would draw from the seeded state
     evaluate("/m/ckpt-10")
     evaluate("/m/ckpt-20")
     assert made == ["evaluator"]
-    assert reported == [("/m/ckpt-10", {"global_step": 10}), ("/m/ckpt-20", {"global_step": 20})]
+    assert reported == [
+        ("/m/ckpt-10", "val", {"global_step": 10}),
+        ("/m/ckpt-10", "test", {"global_step": 10}),
+        ("/m/ckpt-20", "val", {"global_step": 20}),
+        ("/m/ckpt-20", "test", {"global_step": 20}),
+    ]

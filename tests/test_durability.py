@@ -111,7 +111,7 @@ def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):
     assert all(value == pytest.approx(0.1) for _, value in train["learning_rate"])
     assert train["loss"][-1][1] < train["loss"][0][1]
 
-    evaluation = scalars(tmp_path / "eval")
+    evaluation = scalars(tmp_path / "eval_test")
     assert {"accuracy", "loss", "num_examples"} <= set(evaluation)
     assert evaluation["num_examples"] == [(200, 30.0)]
     assert not any(tag.startswith("while") for tag in (*train, *evaluation))

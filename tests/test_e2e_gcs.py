@@ -45,8 +45,8 @@ def test_train_eval_predict_export_in_subprocesses(bucket, gcs, iris_on_gcs):
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
 
     result = assert_ok(run_tpurun("eval", *iris_on_gcs))
-    assert "eval at step 20:" in result.stdout and "(30 examples)" in result.stdout
-    with tf.io.gfile.GFile(f"{model_dir}/eval/results-20.json") as f:
+    assert "eval at step 20 on test:" in result.stdout and "(30 examples)" in result.stdout
+    with tf.io.gfile.GFile(f"{model_dir}/eval/test/results-20.json") as f:
         assert json.load(f)["global_step"] == 20
 
     output = f"{bucket}/out/predictions.jsonl"
@@ -77,6 +77,6 @@ def test_cli_main_in_this_process(bucket, iris_on_gcs):
             assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
     finally:
         logging.root.setLevel(level)
-    assert tf.io.gfile.exists(f"{bucket}/iris/eval/results-10.json")
+    assert tf.io.gfile.exists(f"{bucket}/iris/eval/test/results-10.json")
     with tf.io.gfile.GFile(output) as f:
         assert len(f.read().splitlines()) == 3

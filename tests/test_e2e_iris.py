@@ -31,7 +31,7 @@ def checkpoint_weights(model_dir: Path, step: int) -> dict[str, np.ndarray]:
 
 
 def eval_results(model_dir: Path, step: int) -> dict:
-    return json.loads((model_dir / "eval" / f"results-{step}.json").read_text())
+    return json.loads((model_dir / "eval" / "test" / f"results-{step}.json").read_text())
 
 
 def write_rows(path: Path, rows: int) -> np.ndarray:

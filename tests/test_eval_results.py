@@ -11,6 +11,7 @@ from tpurun.errors import RunError
 from tpurun.eval_results import (
     NOT_METRICS,
     eval_metrics,
+    evaluated_before,
     metric_names,
     results_path,
     summary_line,
@@ -22,7 +23,10 @@ RESULTS = {"accuracy": 0.96666, "loss": 0.05349, "num_examples": 30, "global_ste
 
 
 def test_summary_line():
-    assert summary_line(RESULTS) == "eval at step 1000: accuracy=0.9667  loss=0.0535  (30 examples)"
+    assert (
+        summary_line(RESULTS, "test")
+        == "eval at step 1000 on test: accuracy=0.9667  loss=0.0535  (30 examples)"
+    )
 
 
 def test_metric_names_are_the_measures_not_the_counts():
@@ -64,8 +68,23 @@ def test_a_model_may_not_name_a_metric_like_what_the_launcher_reports(reserved):
     assert str(raised.value) == f"WithMetrics.metrics() may not name a metric {reserved!r}"
 
 
-def test_write_results_writes_eval_results_step_json(tmp_path):
-    path = write_results(str(tmp_path), RESULTS)
-    assert path == results_path(str(tmp_path), 1000) == str(tmp_path / "eval" / "results-1000.json")
-    assert json.loads((tmp_path / "eval" / "results-1000.json").read_text()) == RESULTS
-    assert [p.name for p in (tmp_path / "eval").iterdir()] == ["results-1000.json"]
+def test_write_results_writes_eval_split_results_step_json(tmp_path):
+    path = write_results(str(tmp_path), RESULTS, "test")
+    expected = tmp_path / "eval" / "test" / "results-1000.json"
+    assert path == results_path(str(tmp_path), 1000, "test") == str(expected)
+    assert json.loads(expected.read_text()) == RESULTS
+    assert [p.name for p in (tmp_path / "eval").iterdir()] == ["test"]
+
+
+def test_the_default_split_of_a_model_that_declares_none_keeps_the_old_layout(tmp_path):
+    path = write_results(str(tmp_path), RESULTS, "eval")
+    assert path == str(tmp_path / "eval" / "results-1000.json")
+
+
+def test_old_layout_results_count_for_the_selecting_split_only(tmp_path):
+    write_results(str(tmp_path), RESULTS, "eval")  # eval/results-1000.json
+    old = str(tmp_path / "eval" / "results-1000.json")
+    assert evaluated_before(str(tmp_path), 1000, "val", best_split="val") == old
+    assert evaluated_before(str(tmp_path), 1000, "test", best_split="val") is None
+    new = write_results(str(tmp_path), RESULTS, "test")
+    assert evaluated_before(str(tmp_path), 1000, "test", best_split="val") == new

@@ -45,7 +45,7 @@ def evaluator(replicas: int, **flags) -> Evaluator:
 
 
 def evaluate(checkpoint: str, replicas: int, **flags) -> dict[str, float]:
-    return evaluator(replicas, **flags).evaluate(checkpoint)
+    return evaluator(replicas, **flags).evaluate(checkpoint, "test")
 
 
 @pytest.mark.parametrize("replicas", [1, 4])
@@ -84,6 +84,8 @@ class Reshaped(iris.Iris):
     change = staticmethod(lambda dataset: dataset)
 
     def input_fn(self, mode, params):
+        if mode is Mode.EVAL:
+            assert params.split == "test"  # Iris's one split, as the Evaluator was asked
         dataset = super().input_fn(mode, params)
         return self.change(dataset) if mode is Mode.EVAL else dataset
 
@@ -92,8 +94,10 @@ def test_an_eval_input_without_rows_is_an_error(checkpoint):
     run = iris_run("/unused", "eval")
     model = Reshaped(run.config)
     model.change = lambda dataset: dataset.take(0)
-    with pytest.raises(RunError, match=r"^Reshaped.input_fn\(eval\) yielded no examples$"):
-        Evaluator(run, strategy.local(1), model).evaluate(checkpoint)
+    with pytest.raises(
+        RunError, match=r"^Reshaped.input_fn\(eval\) yielded no examples of split 'test'$"
+    ):
+        Evaluator(run, strategy.local(1), model).evaluate(checkpoint, "test")
 
 
 def test_an_endless_eval_input_needs_eval_steps(checkpoint):
@@ -101,7 +105,10 @@ def test_an_endless_eval_input_needs_eval_steps(checkpoint):
     model.change = lambda dataset: dataset.repeat()
     run = iris_run("/unused", "eval")
     with pytest.raises(RunError, match=r"repeats forever; drop .repeat\(\) .* --eval_steps"):
-        Evaluator(run, strategy.local(1), model).evaluate(checkpoint)
+        Evaluator(run, strategy.local(1), model).evaluate(checkpoint, "test")
     bounded = iris_run("/unused", "eval", eval_batch_size=8, eval_steps=5)
     # Batches of 8, 8, 8, 6 (the end of the 30 rows), 8 (the repeat's first).
-    assert Evaluator(bounded, strategy.local(1), model).evaluate(checkpoint)["num_examples"] == 38
+    assert (
+        Evaluator(bounded, strategy.local(1), model).evaluate(checkpoint, "test")["num_examples"]
+        == 38
+    )

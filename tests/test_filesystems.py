@@ -64,7 +64,7 @@ def test_train_eval_predict_export_in_ram(tpurun_cli, tmp_path):
     for path in (
         "ram://runs/iris/checkpoint",
         "ram://runs/iris/ckpt-20.index",
-        "ram://runs/iris/eval/results-20.json",
+        "ram://runs/iris/eval/test/results-20.json",
         "ram://out/predictions.jsonl",
         "ram://exports/iris/saved_model.pb",
         "ram://exports/iris/variables/variables.index",

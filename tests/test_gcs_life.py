@@ -63,12 +63,14 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(bucket, iris_on_gcs, t
     ]
     names = tf.io.gfile.listdir(model_dir)
     assert not [n for n in names if re.match(r"ckpt-(50|100)\.", n)], names
-    assert {"results-100.json", "results-200.json"} <= set(tf.io.gfile.listdir(f"{model_dir}/eval"))
+    assert {"results-100.json", "results-200.json"} <= set(
+        tf.io.gfile.listdir(f"{model_dir}/eval/test")
+    )
 
     # TensorBoard on gs://, read back: a loss per host loop, eval metrics at eval steps.
     train_scalars = scalars(model_dir)
     assert train_scalars["loss"] == list(range(10, 201, 10))
-    assert scalars(f"{model_dir}/eval")["accuracy"] == [100, 200]
+    assert scalars(f"{model_dir}/eval_test")["accuracy"] == [100, 200]
 
     # The best checkpoint, kept apart (ckpt-100 is deleted by retention), and exported.
     with tf.io.gfile.GFile(f"{model_dir}/best/best.json") as f:
@@ -140,7 +142,7 @@ def test_eval_continuous_sidecar_beside_a_trainer_on_gcs(bucket, gcs, iris_on_gc
     finally:
         sidecar.kill()
     assert sidecar.returncode == 0, err[-3000:]
-    assert re.findall(r"eval at step (\d+):", out) == ["100", "200", "300"]
+    assert re.findall(r"eval at step (\d+) on test:", out) == ["100", "200", "300"]
     assert "stopped after the checkpoint of the final step 300" in out
 
 
@@ -170,7 +172,7 @@ def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
     )
     assert_ok(tpurun_cli("train", *common, "--train_steps=16", "--iterations=8"))
     result = assert_ok(tpurun_cli("eval", *common))
-    assert "eval at step 16:" in result.stdout and "(50 examples)" in result.stdout
+    assert "eval at step 16 on test:" in result.stdout and "(50 examples)" in result.stdout
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def test_loss_falls_eval_generate_and_export(tpurun_cli, tmp_path):
     # The held-out last 10% of the text, in windows of 40 bytes: >= 0.6 of the
     # next bytes right (a byte-level model of this text reaches ~0.8 in 200 steps).
     assert_ok(tpurun_cli("eval", *common, data))
-    [results] = (model_dir / "eval").glob("results-*.json")
+    [results] = (model_dir / "eval" / "val").glob("results-*.json")
     accuracy = json.loads(results.read_text())["accuracy"]
     print(f"shakespeare: losses {losses}, held-out next-byte accuracy {accuracy:.4f}")
     assert accuracy >= 0.6

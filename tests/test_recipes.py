@@ -138,7 +138,7 @@ def test_eval_with_ema_reports_the_averages_not_the_raw_weights(tpurun_cli, tmp_
     assert_ok(tpurun_cli("train", *common, "--train_steps=60", "--iterations=20"))
     result = assert_ok(tpurun_cli("eval", *common))
     assert "Using the moving averages of the weights (config.train.ema_decay=0.9)" in result.stderr
-    averaged = json.loads((tmp_path / "eval" / "results-60.json").read_text())
+    averaged = json.loads((tmp_path / "eval" / "test" / "results-60.json").read_text())
 
     # The same loss from a model holding the averages the checkpoint keeps.
     import tensorflow as tf
@@ -200,9 +200,9 @@ def test_mixed_bfloat16_mnist_matches_float32_and_exports_float32(tpurun_cli, tm
             )
         )
         assert_ok(tpurun_cli("eval", *common, "--eval_batch_size=64"))
-        accuracy[precision] = json.loads((model_dir / "eval" / "results-150.json").read_text())[
-            "accuracy"
-        ]
+        accuracy[precision] = json.loads(
+            (model_dir / "eval" / "test" / "results-150.json").read_text()
+        )["accuracy"]
     assert accuracy["float32"] >= 0.9, accuracy
     assert abs(accuracy["mixed_bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
 

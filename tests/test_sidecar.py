@@ -18,6 +18,11 @@ from tpurun import config_files, sidecar
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig, merge_flags
 from tpurun.sidecar import POLL_SECONDS
+from tpurun.splits import Splits
+
+# Iris's one split, and a model's test split beside its selecting val.
+IRIS = Splits(names=("test",), best="test", chosen="test", also=())
+ON_TEST = Splits(names=("val", "test"), best="val", chosen="test", also=())
 
 
 def iris_run(model_dir: Path, **flags) -> RunConfig:
@@ -77,7 +82,7 @@ def test_sidecar_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_f
 
     sidecar = Sidecar(on_report=trainer_saves_more)
     line = evaluate_continuously(
-        iris_run(tmp_path, train_steps=40, eval_timeout=30), sidecar.evaluate, sidecar.report
+        iris_run(tmp_path, train_steps=40, eval_timeout=30), sidecar.evaluate, sidecar.report, IRIS
     )
     assert sidecar.evaluated == sidecar.reported == [10, 20, 30, 40]
     assert "stopped after the checkpoint of the final step 40 (--train_steps=40)" in line
@@ -103,10 +108,30 @@ def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, clock
 
     sidecar = Sidecar()
     line = evaluate_continuously(
-        iris_run(tmp_path, train_steps=40, eval_timeout=30), evaluate, sidecar.report
+        iris_run(tmp_path, train_steps=40, eval_timeout=30), evaluate, sidecar.report, IRIS
     )
     assert sidecar.reported == [40]
     assert "final step 40" in line and "evaluated 1 checkpoint(s)" in line
+
+
+def test_sidecar_on_one_split_evaluates_what_was_evaluated_on_another(tmp_path, clock):
+    from tpurun.sidecar import evaluate_continuously
+
+    for step in (10, 20):
+        fake_checkpoint(tmp_path, step)
+    (tmp_path / "eval" / "val").mkdir(parents=True)
+    (tmp_path / "eval" / "val" / "results-10.json").write_text("{}")  # a sidecar on val
+    (tmp_path / "eval" / "results-20.json").write_text("{}")  # the old layout: val's
+    (tmp_path / "eval" / "test").mkdir()
+    (tmp_path / "eval" / "test" / "results-20.json").write_text("{}")  # a sidecar on test
+    sidecar = Sidecar()
+    evaluate_continuously(
+        iris_run(tmp_path, train_steps=20, eval_timeout=30),
+        sidecar.evaluate,
+        sidecar.report,
+        ON_TEST,
+    )
+    assert sidecar.reported == [10]
 
 
 def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanwhile(
@@ -121,7 +146,9 @@ def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanw
         raise RunError("Iris.input_fn(eval) yielded no examples")  # a real failure
 
     with pytest.raises(RunError, match="yielded no examples"):
-        evaluate_continuously(iris_run(tmp_path, train_steps=40, eval_timeout=30), evaluate, print)
+        evaluate_continuously(
+            iris_run(tmp_path, train_steps=40, eval_timeout=30), evaluate, print, IRIS
+        )
 
 
 def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, clock):
@@ -136,7 +163,7 @@ def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, cloc
 
     with pytest.raises(tf.errors.DataLossError):
         evaluate_continuously(
-            iris_run(tmp_path, train_steps=10, eval_timeout=30), evaluate, Sidecar().report
+            iris_run(tmp_path, train_steps=10, eval_timeout=30), evaluate, Sidecar().report, IRIS
         )
 
 
@@ -147,7 +174,10 @@ def test_sidecar_stops_after_eval_timeout_without_a_new_checkpoint(tmp_path, clo
     sidecar = Sidecar()
     start = clock.now
     line = evaluate_continuously(
-        iris_run(tmp_path, train_steps=100, eval_timeout=0.3), sidecar.evaluate, sidecar.report
+        iris_run(tmp_path, train_steps=100, eval_timeout=0.3),
+        sidecar.evaluate,
+        sidecar.report,
+        IRIS,
     )
     # Polled until --eval_timeout had passed, and stopped at the first poll after it.
     assert 0.3 <= clock.now - start < 0.3 + POLL_SECONDS

@@ -172,6 +172,8 @@ def test_leftovers_of_dead_processes_go_and_live_ones_stay(model_dir):
     (model_dir / "eval").mkdir()
     dead = leftover(model_dir, dead_pid())
     dead_in_eval = leftover(model_dir / "eval", dead_pid())
+    (model_dir / "eval" / "test").mkdir()
+    dead_in_split = leftover(model_dir / "eval" / "test", dead_pid())
     live = leftover(model_dir, os.getpid())
     foreign_fresh = leftover(model_dir, 1, host="other-vm")
     foreign_old = model_dir / ".best.tpurun-tmp-other-vm-1-0123abcd"
@@ -179,7 +181,7 @@ def test_leftovers_of_dead_processes_go_and_live_ones_stay(model_dir):
     old = time.time() - storage.FOREIGN_TEMPORARY_AGE - 60
     os.utime(foreign_old, (old, old))
     removed = storage.remove_leftovers(str(model_dir))
-    assert sorted(removed) == sorted(map(str, (dead, dead_in_eval, foreign_old)))
+    assert sorted(removed) == sorted(map(str, (dead, dead_in_eval, dead_in_split, foreign_old)))
     assert live.exists() and foreign_fresh.exists()
 
 

@@ -49,7 +49,7 @@ def model_weights(checkpoint: Path) -> list[np.ndarray]:
 
 
 def printed_steps(stdout: str) -> list[int]:
-    return [int(s) for s in re.findall(r"^eval at step (\d+): ", stdout, re.MULTILINE)]
+    return [int(s) for s in re.findall(r"^eval at step (\d+) on test: ", stdout, re.MULTILINE)]
 
 
 # 310 steps, eval every 40 rounded up to 50 (two loops of 25): evals at 50..300 and
@@ -74,15 +74,15 @@ def test_train_eval_every_evaluates_at_each_eval_step_and_the_end(trained_with_e
     model_dir, result = trained_with_evals
     assert "eval_every=40 rounded up to 50, a multiple of --iterations=25" in result.stderr
     assert printed_steps(result.stdout) == EVAL_STEPS
-    results = {p.name for p in (model_dir / "eval").glob("results-*.json")}
+    results = {p.name for p in (model_dir / "eval" / "test").glob("results-*.json")}
     assert results == {f"results-{step}.json" for step in EVAL_STEPS}
-    scalars = tensorboard_scalars(model_dir / "eval")
+    scalars = tensorboard_scalars(model_dir / "eval_test")
     assert [step for step, _ in scalars["accuracy"]] == EVAL_STEPS
     assert [step for step, _ in scalars["loss"]] == EVAL_STEPS
     for step, accuracy in scalars["accuracy"]:
-        stored = json.loads((model_dir / "eval" / f"results-{step}.json").read_text())
+        stored = json.loads((model_dir / "eval" / "test" / f"results-{step}.json").read_text())
         assert accuracy == pytest.approx(stored["accuracy"])
-    assert len(list((model_dir / "eval").glob("events.out.tfevents.*"))) == 1
+    assert len(list((model_dir / "eval_test").glob("events.out.tfevents.*"))) == 1
 
 
 def test_evaluating_while_training_does_not_change_what_is_trained(
@@ -105,12 +105,15 @@ def test_best_survives_keep_checkpoint_max_and_export_best_exports_it(
     model_dir, _ = trained_with_evals
     record = json.loads((model_dir / "best" / "best.json").read_text())
     accuracies = {
-        step: json.loads((model_dir / "eval" / f"results-{step}.json").read_text())["accuracy"]
+        step: json.loads((model_dir / "eval" / "test" / f"results-{step}.json").read_text())[
+            "accuracy"
+        ]
         for step in EVAL_STEPS
     }
     first_best = min(step for step in EVAL_STEPS if accuracies[step] == max(accuracies.values()))
     assert record == {
         "step": first_best,
+        "split": "test",
         "metric": "accuracy",
         "mode": "max",
         "value": accuracies[first_best],
@@ -128,7 +131,7 @@ def test_best_survives_keep_checkpoint_max_and_export_best_exports_it(
         )
     )
     assert result.stdout.strip() == str(export_dir)
-    assert f"Exporting the best checkpoint: step {first_best}" in result.stderr
+    assert f"The best checkpoint: step {first_best}" in result.stderr
 
     import tensorflow as tf
 
@@ -183,10 +186,10 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     assert saved == list(range(100, 1501, 100))
     evaluated = printed_steps(stdout)
     assert evaluated == saved, "each checkpoint exactly once, in step order"
-    assert {p.name for p in (model_dir / "eval").glob("results-*.json")} == {
+    assert {p.name for p in (model_dir / "eval" / "test").glob("results-*.json")} == {
         f"results-{step}.json" for step in saved
     }
-    assert [step for step, _ in tensorboard_scalars(model_dir / "eval")["loss"]] == saved
+    assert [step for step, _ in tensorboard_scalars(model_dir / "eval_test")["loss"]] == saved
     assert stdout.splitlines()[-1] == (
         "eval --continuous: stopped after the checkpoint of the final step 1500 "
         "(--train_steps=1500); evaluated 15 checkpoint(s) in this run"
@@ -207,9 +210,9 @@ def test_sidecar_on_a_dir_with_no_new_checkpoint_stops_after_eval_timeout(
         )
     )  # fmt: skip
     assert time.monotonic() - start >= 2
-    # ckpt-310 was evaluated by the training run (eval/results-310.json): not again.
+    # ckpt-310 was evaluated by the training run (eval/test/results-310.json): not again.
     assert printed_steps(result.stdout) == []
-    assert "Step 310 was evaluated before" in result.stderr
+    assert "Step 310 was evaluated on test before" in result.stderr
     assert result.stdout.strip() == (
         f"eval --continuous: stopped: no new checkpoint in {model_dir} for 2s (--eval_timeout) "
         "and the final step 1000 (--train_steps) is not reached; evaluated 0 checkpoint(s) in "

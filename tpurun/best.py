@@ -1,8 +1,9 @@
 """The best checkpoint so far by `config.eval.best_metric`, kept apart in model_dir/best/.
 
 Every evaluation (`tpurun eval`, `eval --continuous`, `train --eval_every`) offers
-its checkpoint; the chief copies the checkpoint's files here when its metric beats
-the recorded best. Living outside model_dir's ckpt-<step> files, it is never
+its checkpoint; the chief copies the checkpoint's files here when its metric on
+`config.eval.best_split` beats the recorded best. Evaluations of other splits never
+touch it: a checkpoint chosen on the test data would make the test result a lie. Living outside model_dir's ckpt-<step> files, it is never
 deleted by keep_checkpoint_max; `tpurun export --best` exports it.
 
 A replacement never leaves a half-written best, and renames nothing (on GCS a
@@ -40,6 +41,8 @@ _PREVIOUS_NAME = re.compile(re.escape(_PREVIOUS))
 _CHECKPOINT_FILE = re.compile(
     f"(?:{storage.CHECKPOINT_INDEX.pattern})|(?:{storage.CHECKPOINT_DATA.pattern})"
 )
+# `eval --best --split=S` records its results beside the best: best/results-<S>.json.
+_RESULTS_FILE = re.compile(r"results-[A-Za-z0-9][A-Za-z0-9_.-]*\.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +55,12 @@ class Best:
     value: float
     checkpoint: str  # the file prefix in the best directory, e.g. ckpt-300
     path: str  # the full checkpoint path, for restoring
+    split: str = ""  # the split it was chosen on; "" in a record of tpurun before splits
 
     def record(self) -> dict[str, object]:
         return {
             "step": self.step,
+            "split": self.split,
             "metric": self.metric,
             "mode": self.mode,
             "value": self.value,
@@ -115,6 +120,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
             value=float(record["value"]),
             checkpoint=name,
             path=storage.join(directory, name),
+            split=str(record.get("split", "")),
         )
     except (TypeError, ValueError) as e:
         raise records.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
@@ -133,36 +139,53 @@ def require(run: RunConfig) -> Best:
     return best
 
 
-def improves(value: float, best: Best | None, metric: str, mode: str) -> bool:
+def results_path(model_dir: str, split: str) -> str:
+    """Where `eval --best --split=S` records its results: best/results-<S>.json."""
+    return storage.join(model_dir, DIR, f"results-{split}.json")
+
+
+def improves(value: float, best: Best | None, metric: str, mode: str, split: str = "") -> bool:
     """Whether `value` of `metric` beats the recorded best (a tie does not: the older stays)."""
     if not math.isfinite(value):
         return False
-    if best is None or best.metric != metric or best.mode != mode or not math.isfinite(best.value):
-        return True  # nothing comparable recorded: the config chose another metric
+    # A record without a split (tpurun before splits) was chosen on the one split there was.
+    other_split = bool(best and best.split and split and best.split != split)
+    if (
+        best is None
+        or best.metric != metric
+        or best.mode != mode
+        or other_split
+        or not math.isfinite(best.value)
+    ):
+        return True  # nothing comparable recorded: the config chose another metric or split
     return value < best.value if mode == "min" else value > best.value
 
 
-def update(run: RunConfig, checkpoint_path: str, results: dict[str, float]) -> bool:
-    """Keeps the evaluated checkpoint as the best if its metric improves; returns whether it did."""
+def update(run: RunConfig, checkpoint_path: str, results: dict[str, float], split: str) -> bool:
+    """Keeps the evaluated checkpoint as the best if its metric improves; returns whether it did.
+
+    `split` is the selecting split (config.eval.best_split): the caller offers no other.
+    """
     check_metric(run, results)
     metric, mode = run.config.eval.best_metric, run.config.eval.best_mode
     value = float(results[metric])
     step = checkpoints.step_of(checkpoint_path)
     current = read(run.model_dir)
-    if not improves(value, current, metric, mode):
+    if not improves(value, current, metric, mode, split):
         kept = f"step {current.step} ({metric}={current.value:.4f})" if current else "none"
         logging.info("Best checkpoint stays %s; step %d has %s=%.4f.", kept, step, metric, value)
         return False
     name = checkpoint_path.rstrip("/").rsplit("/", 1)[-1]
-    best = Best(step, metric, mode, value, name, storage.join(run.model_dir, DIR, name))
+    best = Best(step, metric, mode, value, name, storage.join(run.model_dir, DIR, name), split)
     if not _write(run.model_dir, checkpoint_path, best, current):
         return False
     before = f"; was {current.value:.4f} at step {current.step}" if current else ""
     logging.info(
-        "New best checkpoint: step %d, %s=%.4f (%s is best%s); kept in %s.",
+        "New best checkpoint: step %d, %s=%.4f on %s (%s is best%s); kept in %s.",
         step,
         metric,
         value,
+        split,
         mode,
         before,
         storage.join(run.model_dir, DIR),
@@ -206,10 +229,13 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
             checkpoint_path,
         )
         return False
-    # The previous best's files, and any an unfinished copy left.
+    # The previous best's files, and any an unfinished copy left; results of
+    # `eval --best` of another checkpoint would now say the wrong step.
     for name in storage.listdir(directory):
         if _CHECKPOINT_FILE.fullmatch(name) and not name.startswith(best.checkpoint + "."):
             storage.remove_file_quietly(model_dir, storage.join(directory, name), _CHECKPOINT_FILE)
+        elif _RESULTS_FILE.fullmatch(name) and (current is None or current.step != best.step):
+            storage.remove_file_quietly(model_dir, storage.join(directory, name), _RESULTS_FILE)
     previous = storage.join(model_dir, _PREVIOUS)
     if current is not None and current.path.startswith(previous + "/"):
         storage.remove(model_dir, previous, _PREVIOUS_NAME)

@@ -174,6 +174,19 @@ def require_latest(run: RunConfig) -> str:
     return path
 
 
+def require_step(run: RunConfig, step: int) -> str:
+    """The checkpoint ckpt-<step> of model_dir (--checkpoint), or a RunError listing those there."""
+    path = path_of(run.model_dir, step)
+    if storage.isdir(run.model_dir) and tf.io.gfile.exists(path + ".index"):
+        return path
+    present = sorted(candidates(run.model_dir), key=step_of) if storage.isdir(run.model_dir) else []
+    there = ", ".join(storage.basename(p) for p in present) or "none"
+    raise RunError(
+        f"no checkpoint ckpt-{step} in {run.model_dir} (--checkpoint); the checkpoints there: "
+        f"{there}"
+    )
+
+
 def candidates(model_dir: str) -> list[str]:
     """Every checkpoint in model_dir with an index file, newest step first.
 

@@ -21,15 +21,18 @@ from absl.logging import converter
 
 from tpurun import __version__, cli_flags, config_files, terminal
 from tpurun.errors import TpurunError, UsageError
-from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags
+from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
 
 FLAGS = flags.FLAGS
 
 COMMAND_HELP = {
     "train": "train the model; resumes from the latest checkpoint in --model_dir",
-    "eval": "evaluate the latest checkpoint (--continuous: every new one), one exact pass",
-    "predict": "predict with the latest checkpoint; one output per input row, in order",
-    "export": "export the latest (--best: the best) checkpoint as a SavedModel for serving",
+    "eval": "evaluate the latest checkpoint (--best, --checkpoint=N: another; --continuous: "
+    "every new one) on one split (--split), one exact pass",
+    "predict": "predict with the latest checkpoint (--best, --checkpoint=N: another); one "
+    "output per input row, in order",
+    "export": "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel "
+    "for serving",
     "list": "list the registered configs, and the config files in this directory",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
     "(--target=v5e-8: and whether each fits its memory)",
@@ -215,7 +218,8 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         tpu_init_timeout=cli_flags.TPU_INIT_TIMEOUT.value,
         num_shards=cli_flags.NUM_SHARDS.value,
         export_dir=cli_flags.EXPORT_DIR.value,
-        export_best=cli_flags.BEST.value,
+        best=cli_flags.BEST.value,
+        checkpoint=parse_checkpoint(cli_flags.CHECKPOINT.value),
         force_resume=cli_flags.FORCE_RESUME.value,
         force_takeover=cli_flags.FORCE_TAKEOVER.value,
         hang_timeout=cli_flags.HANG_TIMEOUT.value,

@@ -170,6 +170,13 @@ EVAL_TIMEOUT = flags.DEFINE_float(
     3600,
     "eval --continuous: stop after this many seconds without a new checkpoint.",
 )
+SPLIT = flags.DEFINE_string(
+    "split",
+    None,
+    "eval: the split to evaluate, one of the model's eval_splits (e.g. val, test); results "
+    "go to eval/<split>/. Only config.eval.best_split updates best/. Default: "
+    "config.eval.split, else the best_split. Config key eval.split.",
+)
 
 # predict
 INPUT = flags.DEFINE_string(
@@ -203,11 +210,19 @@ EXPORT_DIR = flags.DEFINE_string(
     None,
     "export: directory for the SavedModel. Default: <model_dir>/export/<timestamp>.",
 )
+# eval, predict, export: which checkpoint
 BEST = flags.DEFINE_bool(
     "best",
     False,
-    "export: the best checkpoint by config.eval.best_metric (kept by eval runs) instead "
-    "of the latest.",
+    "eval/predict/export: the best checkpoint by config.eval.best_metric on "
+    "config.eval.best_split (kept in model_dir/best by evaluations) instead of the latest; "
+    "eval --best records its results in best/results-<split>.json.",
+)
+CHECKPOINT = flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "eval/predict/export: the checkpoint ckpt-N of model_dir (--checkpoint=ckpt-N or "
+    "--checkpoint=N) instead of the latest.",
 )
 
 # check
@@ -257,9 +272,9 @@ COMMAND_FLAGS = {
         "profile_steps",
         "eval_every",
     ),
-    "eval": (*COMMON_FLAGS, "continuous", "eval_timeout"),
-    "predict": (*COMMON_FLAGS, "input", "output", "prompt"),
-    "export": (*COMMON_FLAGS, "export_dir", "best"),
+    "eval": (*COMMON_FLAGS, "split", "continuous", "eval_timeout", "best", "checkpoint"),
+    "predict": (*COMMON_FLAGS, "input", "output", "prompt", "best", "checkpoint"),
+    "export": (*COMMON_FLAGS, "export_dir", "best", "checkpoint"),
     # --num_shards sets the replicas to check for (default 8, a v3-8; --target sets
     # them too); --model_dir, --tpu and --use_tpu are accepted but unused: check
     # always traces on the CPU.

@@ -23,6 +23,7 @@ from tpurun import (
     lease,
     precision,
     sidecar,
+    splits,
     storage,
     storage_errors,
     strategy,
@@ -35,7 +36,7 @@ from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller
 from tpurun.errors import RunError, UsageError
-from tpurun.eval_results import eval_metrics
+from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model
@@ -87,6 +88,8 @@ def _run(run: RunConfig) -> None:
             if where.is_tpu and run.config.precision == "mixed_float16":
                 raise UsageError(FLOAT16_ON_TPU)
         model = model_lib.create(run.config)
+        if run.command in ("train", "eval"):
+            splits.resolve(type(model), run.config)  # a bad split name fails before the record
         if where is None or where.is_chief:  # one record per run, not per worker
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
@@ -111,12 +114,32 @@ def _run(run: RunConfig) -> None:
 
 
 def require_checkpoint(run: RunConfig) -> None:
-    """Fails unless there is a checkpoint to read (the latest, or for export --best the best)
-    trained with a config of this model."""
+    """Fails unless there is a checkpoint to read (the latest, or the one --best or
+    --checkpoint chose) trained with a config of this model."""
     checkpoints.require_latest(run)
     train_config.check_same_model(run)
-    if run.command == "export" and run.export_best:
+    if run.best:
         best.require(run)
+    elif run.checkpoint is not None:
+        checkpoints.require_step(run, run.checkpoint)
+
+
+def chosen_checkpoint(run: RunConfig) -> str:
+    """What eval, predict and export read: --best's, --checkpoint=N's, else the latest."""
+    if run.best:
+        chosen = best.require(run)
+        logging.info(
+            "The best checkpoint: step %d, %s=%.4f%s (%s).",
+            chosen.step,
+            chosen.metric,
+            chosen.value,
+            f" on {chosen.split}" if chosen.split else "",
+            chosen.path,
+        )
+        return chosen.path
+    if run.checkpoint is not None:
+        return checkpoints.require_step(run, run.checkpoint)
+    return checkpoints.require_latest(run)
 
 
 def _outputs(run: RunConfig) -> object:
@@ -124,11 +147,14 @@ def _outputs(run: RunConfig) -> object:
     if run.command == "train":
         return checkpoints.latest(run.model_dir)
     if run.command == "eval" and run.continuous:
-        pattern = tf.io.gfile.join(run.model_dir, "eval", "results-*.json")
-        try:
-            return sorted(tf.io.gfile.glob(pattern))
-        except tf.errors.NotFoundError:
-            return []
+        found = []
+        # eval/<split>/results-*, and eval/results-* of the default split.
+        for pattern in ("results-*.json", "*/results-*.json"):
+            try:
+                found += tf.io.gfile.glob(storage.join(run.model_dir, "eval", pattern))
+            except tf.errors.NotFoundError:
+                pass
+        return sorted(found)
     return None  # eval/predict/export write their one output last
 
 
@@ -229,10 +255,13 @@ def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None
         run.train_batch_size // where.num_replicas,
     )
     evaluate_checkpoint = None
+    model_splits = splits.resolve(type(model), run.config)  # before training: a bad name fails
     if run.config.train.eval_every:
         best.check_metric(run, eval_metrics(model))  # before training, not at the first eval
         evaluate_checkpoint = EvaluateCheckpoint(
-            lambda: Evaluator(run, where, model).evaluate, ReportEval(run, where.is_chief)
+            lambda: Evaluator(run, where, model).evaluate,
+            ReportEval(run, where.is_chief, model_splits),
+            model_splits.every_eval(),
         )
     trainer = Trainer(run, where, model)
     watching = actions.for_training(
@@ -259,14 +288,36 @@ def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:
             "tpurun eval --continuous runs on one machine: unset TF_CONFIG (it describes "
             f"{where.num_workers} workers) and run it once"
         )
+    model_splits = splits.resolve(type(model), run.config)
+    split = model_splits.chosen
     evaluator = Evaluator(run, where, model)
     best.check_metric(run, evaluator.metrics)
-    report = ReportEval(run, where.is_chief)
+    report = ReportEval(run, where.is_chief, model_splits)
     if run.continuous:
-        print(sidecar.evaluate_continuously(run, evaluator.evaluate, report), flush=True)
+        line = sidecar.evaluate_continuously(
+            run,
+            lambda path: evaluator.evaluate(path, split),
+            lambda path, results: report(path, split, results),
+            model_splits,
+        )
+        print(line, flush=True)
         return
-    path = checkpoints.require_latest(run)
-    report(path, evaluator.evaluate(path))
+    path = chosen_checkpoint(run)
+    if run.best:
+        evaluate_best(run, where, split, evaluator.evaluate(path, split))
+        return
+    report(path, split, evaluator.evaluate(path, split))
+
+
+def evaluate_best(run: RunConfig, where: Cluster, split: str, results: dict[str, float]) -> None:
+    """`eval --best`: the results are recorded beside the best (best/results-<split>.json).
+
+    The best is a copy kept apart from model_dir's checkpoints, and its evaluation
+    cannot improve it: neither eval/<split>/ nor best.json is touched.
+    """
+    if where.is_chief:
+        logging.info("Wrote %s.", write_json(best.results_path(run.model_dir, split), results))
+    print(summary_line(results, split) + " (the best checkpoint)", flush=True)
 
 
 def predict(run: RunConfig, where: Cluster, model: Model) -> None:
@@ -279,7 +330,7 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
     output = run.config.predict.output
     if output:
         storage.require_bucket(output, "--output")  # before predicting, not after
-    rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
+    rows = list(Predictor(run, where, model).predict(chosen_checkpoint(run)))
     if output:
         storage.write_atomically(output, "".join(model_lib.json_line(row) + "\n" for row in rows))
         print(f"wrote {len(rows)} predictions to {output}")
@@ -289,19 +340,7 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
 
 
 def export_command(run: RunConfig, model: Model) -> None:
-    if run.export_best:
-        chosen = best.require(run)
-        logging.info(
-            "Exporting the best checkpoint: step %d, %s=%.4f (%s).",
-            chosen.step,
-            chosen.metric,
-            chosen.value,
-            chosen.path,
-        )
-        path = chosen.path
-    else:
-        path = checkpoints.require_latest(run)
-    print(export(run, model, path))
+    print(export(run, model, chosen_checkpoint(run)))
 
 
 # --- model_dir and the run record ----------------------------------------------------

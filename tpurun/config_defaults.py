@@ -95,10 +95,18 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.eval = ml_collections.ConfigDict()
     config.eval.batch_size = 128  # global
     config.eval.steps = 0  # 0 = one exact pass over the eval data
-    # The checkpoint with the best value of this eval metric is kept in model_dir/best
-    # (for `tpurun export --best`); best_mode says whether "min" or "max" is best.
+    # The checkpoint with the best value of this eval metric on best_split is kept in
+    # model_dir/best (for `--best`); best_mode says whether "min" or "max" is best.
     config.eval.best_metric = "loss"
     config.eval.best_mode = "min"
+    # The split (one of the model's eval_splits) that chooses the best checkpoint;
+    # "" = "val" if the model has one, else its first split. No other touches best/.
+    config.eval.best_split = ""
+    # The split `tpurun eval` evaluates (--split); "" = best_split.
+    config.eval.split = ""
+    # More splits `train --eval_every` evaluates after best_split, comma-separated
+    # (e.g. "test"): reported and recorded, never choosing the best.
+    config.eval.also = ""
 
     config.predict = ml_collections.ConfigDict()
     config.predict.batch_size = 128  # global

@@ -84,7 +84,8 @@ class Evaluator:
         for variable, value in zip(variables, summed, strict=True):
             variable.assign(tf.cast(value, variable.dtype))
 
-    def evaluate(self, checkpoint_path: str) -> dict[str, float]:
+    def evaluate(self, checkpoint_path: str, split: str) -> dict[str, float]:
+        """The checkpoint's metrics over one exact pass (or --eval_steps) of `split`."""
         if self.num_workers > 1:
             # Every worker reads the chief's files: in train --eval_every the others
             # may finish their part of the save before the chief has written its.
@@ -100,6 +101,7 @@ class Evaluator:
             self.run.eval_batch_size,
             self.run.seed,
             exact_pass=not limit,
+            split=split,
         )
         iterator = iter(dataset)
         per_call = self.run.iterations
@@ -114,11 +116,17 @@ class Evaluator:
             self._sum_across_workers()
         count = int(self.num_examples.result())
         if count == 0:
-            raise RunError(f"{type(self.model).__name__}.input_fn(eval) yielded no examples")
+            raise RunError(
+                f"{type(self.model).__name__}.input_fn(eval) yielded no examples of split {split!r}"
+            )
         results = {name: float(metric.result()) for name, metric in self.metrics.items()}
         results["num_examples"] = count
         results["global_step"] = checkpoints.step_of(checkpoint_path)
         logging.info(
-            "Evaluated %d examples in %d steps (%.2fs).", count, steps, time.perf_counter() - start
+            "Evaluated %d examples of %s in %d steps (%.2fs).",
+            count,
+            split,
+            steps,
+            time.perf_counter() - start,
         )
         return results

@@ -23,8 +23,10 @@ def input_params(
     seed: int,
     start_step: int = 0,
     micro_batches: int = 1,
+    split: str | None = None,
 ) -> InputParams:
-    """What `input_fn` is told; `micro_batches` per step with gradient accumulation."""
+    """What `input_fn` is told; `micro_batches` per step with gradient accumulation, the
+    split to read in EVAL."""
     return InputParams(
         batch_size=ctx.get_per_replica_batch_size(global_batch),
         global_batch_size=global_batch,
@@ -37,6 +39,7 @@ def input_params(
         * micro_batches
         * ctx.num_replicas_in_sync
         // ctx.num_input_pipelines,
+        split=split,
     )
 
 
@@ -49,6 +52,7 @@ def distribute(
     exact_pass: bool = True,
     start_step: int = 0,
     micro_batches: int = 1,
+    split: str | None = None,
 ) -> tf.distribute.DistributedDataset | HostDistributedDataset:
     """The model's dataset for `mode`, distributed over the strategy's replicas.
 
@@ -59,12 +63,19 @@ def distribute(
     `start_step` continues the stream exactly where that step left it. With
     `micro_batches` > 1 (gradient accumulation) a TRAIN element stacks that many
     consecutive batches, [micro_batches, batch, ...]: one optimizer step's worth.
+    EVAL reads `split` (one of the model's eval_splits), given to input_fn as
+    `params.split`.
     """
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         train = mode is Mode.TRAIN
         params = input_params(
-            ctx, global_batch, seed, start_step if train else 0, micro_batches if train else 1
+            ctx,
+            global_batch,
+            seed,
+            start_step if train else 0,
+            micro_batches if train else 1,
+            split if mode is Mode.EVAL else None,
         )
         dataset = model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):

@@ -32,6 +32,8 @@ What the launcher guarantees, so the model never needs a device branch:
     as one that was not. Set `input_fn_seeks = True` and start there yourself
     (`tpurun.inputs.seekable_batches` does it in O(1) for in-memory arrays), or
     leave it False and the launcher skips the batches already trained on.
+  - EVAL reads the split named `params.split`, one of the model's `eval_splits`
+    (e.g. `("val", "test")`): the best checkpoint is chosen on one, reported on another.
   - EVAL / PREDICT: one pass, `drop_remainder=False`. The launcher pads the last
     batch to the static shape, masks the padding out of every metric and strips it
     from predictions, so evaluation is exact and N inputs give N outputs.
@@ -121,6 +123,8 @@ class InputParams:
     # TRAIN, resumed at a step: batches this pipeline already delivered before it.
     # A model with `input_fn_seeks = True` starts its stream there itself.
     start_batch: int = 0
+    # EVAL: which of the model's `eval_splits` to read (None in TRAIN and PREDICT).
+    split: str | None = None
 
 
 class Model(abc.ABC):
@@ -130,6 +134,11 @@ class Model(abc.ABC):
     # `tpurun.inputs.seekable_batches`). If not, a resumed run skips that many
     # batches of the stream, which reads them all: resume cost grows with the step.
     input_fn_seeks = False
+    # The splits input_fn(EVAL) can read, by name: it gets one in `params.split`. The
+    # best checkpoint is chosen on config.eval.best_split (default: "val" if there is
+    # one, else the first), `tpurun eval --split=NAME` reports on any. A model that
+    # declares nothing has one split, "eval".
+    eval_splits: tuple[str, ...] = ("eval",)
 
     def __init__(self, config: ml_collections.FrozenConfigDict):
         self.config = config

@@ -38,7 +38,8 @@ class RunConfig:
     tpu_init_timeout: float = 300  # seconds to reach the TPU (or all TF_CONFIG workers)
     num_shards: int | None = None  # None: every local device (or every TPU core)
     export_dir: str | None = None
-    export_best: bool = False  # export: the best checkpoint instead of the latest
+    best: bool = False  # eval/predict/export: the best checkpoint instead of the latest
+    checkpoint: int | None = None  # eval/predict/export: the step of ckpt-N instead of the latest
     force_resume: bool = False  # train: resume even though the config changed the model
     force_takeover: bool = False  # train: take model_dir's lease from another trainer
     hang_timeout: float = 3600  # train: seconds without progress before failing; 0 = never
@@ -117,6 +118,7 @@ FLAG_TO_CONFIG_KEY = {
     "keep_checkpoint_max": "train.keep_checkpoint_max",
     "warm_start_from": "train.warm_start_from",
     "eval_every": "train.eval_every",
+    "split": "eval.split",
 }
 # Flags for keys that only some configs have (not in base_config): given to a config
 # without the key they are an error, left unset they are fine.
@@ -305,6 +307,28 @@ def _validate(run: RunConfig) -> None:
         )
     if run.report == "":
         raise UsageError("--report must not be empty: give the JSON file to write")
+    if run.best and run.checkpoint is not None:
+        raise UsageError(
+            f"--best and --checkpoint={run.checkpoint} each choose the checkpoint; drop one"
+        )
+    if run.continuous and (run.best or run.checkpoint is not None):
+        chosen = "--best" if run.best else f"--checkpoint={run.checkpoint}"
+        raise UsageError(
+            f"eval --continuous evaluates every new checkpoint, {chosen} one: drop one of them"
+        )
+
+
+def parse_checkpoint(text: str | None) -> int | None:
+    """--checkpoint=ckpt-N or --checkpoint=N as the step N (None: not given)."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(?:ckpt-)?(\d+)\s*", text)
+    if not match:
+        raise UsageError(
+            f"--checkpoint={text} is not a checkpoint of model_dir; give ckpt-N or its step N "
+            "(e.g. --checkpoint=ckpt-300 or --checkpoint=300)"
+        )
+    return int(match.group(1))
 
 
 # Bounds of the numbers a run takes: beyond them a value is a typo, not a plan. A

@@ -13,8 +13,9 @@ from absl import logging
 
 from tpurun import checkpoints, records, storage
 from tpurun.errors import RunError
-from tpurun.eval_results import results_path
+from tpurun.eval_results import evaluated_before
 from tpurun.run_config import RunConfig
+from tpurun.splits import Splits
 
 # How often a sidecar looks for a new checkpoint: one stat of the small `checkpoint`
 # state file (on gs:// one metadata request, fewer within TensorFlow's 5-second stat
@@ -98,15 +99,18 @@ def evaluate_continuously(
     run: RunConfig,
     evaluate: Callable[[str], dict[str, float]],
     report: Callable[[str, dict[str, float]], None],
+    model_splits: Splits,
 ) -> str:
-    """Evaluates every checkpoint of model_dir once, in step order, as they appear.
+    """Evaluates every checkpoint of model_dir once, in step order, as they appear, on the
+    split `model_splits.chosen` (--split).
 
     Stops after the checkpoint of the final step (config train.steps), or after
     --eval_timeout seconds without a new one; returns the line saying which.
-    A checkpoint with eval/results-<step>.json was evaluated already (by an
-    earlier sidecar, `tpurun eval` or `train --eval_every`): an evaluation is
-    exact, so doing it again would only repeat the numbers; it is skipped. One
-    deleted by keep_checkpoint_max before it was read is skipped too.
+    A checkpoint with eval/<split>/results-<step>.json was evaluated already on
+    that split (by an earlier sidecar, `tpurun eval` or `train --eval_every`): an
+    evaluation is exact, so doing it again would only repeat the numbers; it is
+    skipped. Sidecars on different splits write different files: they run side by
+    side. One deleted by keep_checkpoint_max before it was read is skipped too.
     """
     final, timeout = run.train_steps, run.eval_timeout
     seen: set[int] = set()
@@ -124,7 +128,7 @@ def evaluate_continuously(
         for path in new:
             step = checkpoints.step_of(path)
             seen.add(step)
-            results = _evaluate_once(run, path, evaluate)
+            results = _evaluate_once(run, path, evaluate, model_splits)
             if results is not None:
                 report(path, results)
                 evaluated.append(step)
@@ -148,13 +152,15 @@ def evaluate_continuously(
 
 
 def _evaluate_once(
-    run: RunConfig, path: str, evaluate: Callable[[str], dict[str, float]]
+    run: RunConfig, path: str, evaluate: Callable[[str], dict[str, float]], model_splits: Splits
 ) -> dict[str, float] | None:
     """The checkpoint's results; None if it was evaluated before or deleted before it was read."""
     step = checkpoints.step_of(path)
-    done = results_path(run.model_dir, step)
-    if tf.io.gfile.exists(done):
-        logging.info("Step %d was evaluated before (%s): not again.", step, done)
+    done = evaluated_before(run.model_dir, step, model_splits.chosen, model_splits.best)
+    if done is not None:
+        logging.info(
+            "Step %d was evaluated on %s before (%s): not again.", step, model_splits.chosen, done
+        )
         return None
     deleted = f"Checkpoint {path} was deleted (keep_checkpoint_max) before it was read: skipped."
     if not still_saved(path):

@@ -56,8 +56,10 @@ TEMPORARY = re.compile(
 FOREIGN_TEMPORARY_AGE = 24 * 3600
 # Where damaged checkpoints and records are moved, inside the model_dir.
 DAMAGED_DIR = "damaged"
-# Where tpurun puts temporaries in a model_dir: leftovers are looked for there.
+# Where tpurun puts temporaries in a model_dir: leftovers are looked for there, and in
+# the eval/<split>/ directories.
 TEMPORARY_HOMES = ("", "eval", "runs", "export", "best")
+_SPLIT_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def is_local(path: str) -> bool:
@@ -357,8 +359,10 @@ def remove_leftovers(model_dir: str) -> list[str]:
     removed = []
     top = listdir(model_dir)
     present = {name.rstrip("/") for name in top}
-    for home in TEMPORARY_HOMES:
-        if home and home not in present:
+    homes = list(TEMPORARY_HOMES)
+    while homes:
+        home = homes.pop(0)
+        if home and "/" not in home and home not in present:
             continue  # one listing fewer (a request each on gs://)
         directory = join(model_dir, home) if home else model_dir
         for name in top if not home else listdir(directory):
@@ -366,6 +370,11 @@ def remove_leftovers(model_dir: str) -> list[str]:
             path = join(directory, name.rstrip("/"))
             if match and _died(match, path) and remove(model_dir, path, TEMPORARY):
                 removed.append(path)
+            elif home == "eval" and _SPLIT_DIR.fullmatch(name.rstrip("/")):
+                # eval/<split>/ of a named split; gs:// lists a directory with its "/"
+                # (no request per results file), a local disk is asked.
+                if name.endswith("/") or (is_local(path) and os.path.isdir(path)):
+                    homes.append(f"eval/{name.rstrip('/')}")
     for path in removed:
         logging.info("Removed %s, left by a tpurun process that died.", path)
     return removed

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs
+from tpurun import inputs, splits
 from tpurun.check import input_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
@@ -70,6 +70,8 @@ class StepChecker:
         self.model = model
         self.name = type(model).__name__
         self.replicas = replicas or cluster.num_replicas
+        # The eval step is checked on the split that chooses the best checkpoint.
+        self.eval_split = splits.resolve(type(model), run.config).best
         self.single = Cluster(tf.distribute.get_strategy(), "1 CPU (XLA compile)")
         self.scopes = LayerScopes()
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
@@ -162,7 +164,12 @@ class StepChecker:
         )
         # The rounded-down batch when it does not split (batch-split reports that), so
         # the other checks still run.
-        params = inputs.input_params(ctx, per_replica * self.replicas, self.run.seed)
+        params = inputs.input_params(
+            ctx,
+            per_replica * self.replicas,
+            self.run.seed,
+            split=self.eval_split if mode is Mode.EVAL else None,
+        )
         return dataclasses.replace(params, global_batch_size=self.global_batch(mode))
 
     def check_distribute(self, mode: Mode) -> list[Problem]:
@@ -179,6 +186,7 @@ class StepChecker:
                 self.run.seed,
                 exact_pass=not (mode is Mode.EVAL and self.run.config.eval.steps),
                 micro_batches=self.run.config.train.accumulate_steps,
+                split=self.eval_split,
             )
         except Exception as e:  # noqa: BLE001 - reported, the other checks still run
             step = STEP_NAMES[mode]
