@@ -8,11 +8,22 @@ the model file, a different seed per split) is trained once per module with
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, contents, tpurun_in_process
+from conftest import (
+    OFFLINE_ENV,
+    RUN_FAILURE,
+    USAGE,
+    assert_fails,
+    assert_ok,
+    contents,
+    tpurun_in_process,
+)
 
 MODEL = '''
 import keras
@@ -203,6 +214,48 @@ def test_sidecars_on_two_splits_do_not_touch_each_others_files(run, tmp_path):
         f"eval/test/results-{s}.json" for s in STEPS
     }
     assert {n for n in set(after_val) - set(after_test) if not n.startswith("runs/")} == set()
+
+
+@pytest.mark.slow
+def test_sidecars_on_two_splits_run_side_by_side(trained, tmp_path):
+    """Two `eval --continuous` processes on one model_dir at once, val and test: each
+    evaluates its own split's missing steps and writes only its own files."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained, model_dir)
+    for step in STEPS[1:]:  # left for the val sidecar: 20 and 30
+        (model_dir / "eval" / "val" / f"results-{step}.json").unlink()
+    where = project(tmp_path / "project")
+    before = snapshot(model_dir)
+    sidecars = {
+        split: subprocess.Popen(
+            [sys.executable, "-m", "tpurun", "eval", *args(where, model_dir)]
+            + [f"--split={split}", "--continuous", "--eval_timeout=10"],
+            cwd=tmp_path,
+            env={**os.environ, **OFFLINE_ENV},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for split in ("val", "test")
+    }
+    outputs = {split: process.communicate(timeout=240) for split, process in sidecars.items()}
+    for split, process in sidecars.items():
+        assert process.returncode == 0, outputs[split][1][-3000:]
+    assert "evaluated 2 checkpoint(s)" in outputs["val"][0]
+    assert "evaluated 3 checkpoint(s)" in outputs["test"][0]
+    after = snapshot(model_dir)
+    new = {n for n in set(after) - set(before) if not n.startswith("runs/")}
+    assert {n for n in new if n.startswith("eval/")} == {
+        *(f"eval/val/results-{s}.json" for s in STEPS[1:]),
+        *(f"eval/test/results-{s}.json" for s in STEPS),
+    }
+    # Only the val sidecar may touch best/ (a better step than 10 replaces it).
+    changed = {n for n in before if n in after and after[n] != before[n]}
+    assert all(n.startswith(("best/", "eval_val/")) for n in changed), changed
+    assert {n for n in new if not n.startswith("eval/")} <= {
+        n for n in new if n.startswith(("best/", "eval_val/", "eval_test/"))
+    }
+    assert results(model_dir / "best" / "best.json")["split"] == "val"
 
 
 def test_an_old_layout_model_dir_still_evaluates_and_resumes(run, tmp_path):
