@@ -48,7 +48,7 @@ def test_top_level_help_lists_every_command(tpurun_cli, flag):
     commands = result.stdout.split("commands:\n")[1].split("\n\n")[0].splitlines()
     listed = {line.split()[0]: line.split(None, 1)[1] for line in commands}
     assert listed == cli.COMMAND_HELP  # every command, each with its one line
-    assert set(listed) == set(COMMANDS)
+    assert list(listed) == list(COMMANDS)  # in this order
     assert "`tpurun <command> --help` lists the flags of a command" in result.stdout
 
 
