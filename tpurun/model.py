@@ -123,6 +123,37 @@ class InputParams:
     start_batch: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainArrays:
+    """A model's training examples held in memory: what `Model.train_arrays` returns.
+
+    `arrays` are numpy arrays (any nested structure) that the launcher places once in
+    every replica's memory. By default they are `(features, labels)` with one row per
+    example, and a batch is some of their rows. Examples that are not rows (the
+    windows of a text) give `count`, how many there are, and `batch(arrays, rows)`:
+    the `(features, labels)` of the examples `rows` (int32 [n]) made from `arrays`
+    (as tensors). It runs inside the compiled training step: TensorFlow ops only,
+    static shapes (`tf.gather`, slicing, arithmetic).
+    """
+
+    arrays: Any
+    count: int | None = None
+    batch: Callable[[Any, tf.Tensor], Any] | None = None
+
+    @property
+    def num_examples(self) -> int:
+        if self.count is not None:
+            return self.count
+        return int(np.shape(tf.nest.flatten(self.arrays)[0])[0])
+
+    def examples(self, arrays: Any, rows: tf.Tensor) -> Any:
+        """The `(features, labels)` of the examples `rows` (int32, any shape [..., n])."""
+        if self.batch is None:
+            return tf.nest.map_structure(lambda t: tf.gather(t, rows), arrays)
+        flat = self.batch(arrays, tf.reshape(rows, [-1]))
+        return tf.nest.map_structure(lambda t: tf.reshape(t, [*rows.shape, *t.shape[1:]]), flat)
+
+
 class Model(abc.ABC):
     """Base class of tpurun models; see the module docstring for the contract."""
 
@@ -137,6 +168,16 @@ class Model(abc.ABC):
     @abc.abstractmethod
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         """The dataset for `mode`, batched by `params.batch_size`."""
+
+    def train_arrays(self) -> TrainArrays | None:
+        """Optional: the training examples as in-memory arrays; None: `input_fn(TRAIN)`.
+
+        A model that returns them is never asked for `input_fn(TRAIN)`: the launcher
+        keeps the arrays in each replica's memory and the compiled step gathers its
+        own batches (or, turned off or too large, feeds them through tf.data), in the
+        same order either way.
+        """
+        return None
 
     @abc.abstractmethod
     def build(self) -> keras.Model:
@@ -202,6 +243,11 @@ def build_keras_model(model: Model) -> keras.Model:
             "(e.g. a functional model starting from keras.Input)"
         )
     return keras_model
+
+
+def has_train_arrays(model: Model) -> bool:
+    """Whether the model declares its training examples as arrays (so its stream seeks)."""
+    return type(model).train_arrays is not Model.train_arrays
 
 
 def has_generate(model: Model) -> bool:

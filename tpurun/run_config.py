@@ -181,6 +181,8 @@ _REQUIRED_KEYS = (
     "train.warm_start_vars",
     "train.ema_decay",
     "train.accumulate_steps",
+    "train.device_data",
+    "train.device_data_mb",
     *(f"optimizer.{key}" for key in optimization_config.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",
@@ -256,6 +258,7 @@ MAX_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_REPLICAS = 2**16
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_ACCUMULATE_STEPS = 4096
+MAX_DEVICE_DATA_MB = 2**20  # 1 TB
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 FLOAT16_ON_TPU = (
@@ -321,3 +324,13 @@ def _check_sizes(config: Any) -> None:
     _integer(
         "config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS
     )
+    if not isinstance(config.train.device_data, bool):
+        raise UsageError(
+            f"config.train.device_data={config.train.device_data!r} must be true or false"
+        )
+    budget = config.train.device_data_mb
+    if not (_is_number(budget) and math.isfinite(budget) and 0 <= budget <= MAX_DEVICE_DATA_MB):
+        raise UsageError(
+            f"config.train.device_data_mb={budget} must be a number of MB >= 0 (0 = automatic), "
+            f"at most {MAX_DEVICE_DATA_MB}"
+        )

@@ -2,7 +2,10 @@
 
 `StepChecker` builds each step as `tpurun train/eval/predict` build it (the
 runners' public `replica_step`), then applies the input rules to its batches,
-walks its traced graph and compiles it with XLA.
+walks its traced graph and compiles it with XLA. A model with `train_arrays` has
+two train steps, both checked: the one that gathers its batch from device data
+(`Trainer.device_replica_step`, what trains by default) and the tf.data one it
+falls back to.
 """
 
 from __future__ import annotations
@@ -80,17 +83,37 @@ class StepChecker:
         if not any(p.rule == "static-batch" for p in problems):
             problems += self.check_distribute(mode)
         trace_spec = input_rules.static_batch(spec, per_replica)
-        problems += self.check_graph(mode, trace_spec)
-        if any(p.rule == "trace" for p in problems):
-            return problems  # the compile would only fail the same way
-        # The XLA compile stops at the first problem, which the graph may have shown already.
-        unsupported = {p.op_type for p in problems if p.rule == "xla-unsupported"}
-        ops = {p.op_name for p in problems if p.op_name}
-        for problem in self.check_xla(mode, trace_spec):
-            if problem.op_type in unsupported or problem.op_name in ops:
-                continue
-            problems.append(problem)
+        steps = [(self.build_step, trace_spec)]
+        if mode is Mode.TRAIN and (device_step := self.device_step(self.cluster)) is not None:
+            steps.append((lambda _, cluster: self.device_step(cluster)[0], device_step[1]))
+        for build, step_spec in steps:
+            problems += self.check_graph(mode, step_spec, build)
+            if any(p.rule == "trace" for p in problems):
+                return problems  # the compile would only fail the same way
+            # The XLA compile stops at the first problem, which the graph may have shown.
+            unsupported = {p.op_type for p in problems if p.rule == "xla-unsupported"}
+            ops = {p.op_name for p in problems if p.op_name}
+            for problem in self.check_xla(mode, step_spec, build):
+                if problem.op_type in unsupported or problem.op_name in ops:
+                    continue
+                problems.append(problem)
         return problems
+
+    def device_step(self, cluster: Cluster) -> tuple[Callable[..., Any], Any] | None:
+        """The train step on device data as `tpurun train` builds it, and the spec of its
+        arguments (step, arrays); None when the model trains from tf.data only."""
+        arrays = inputs.train_arrays(self.model)
+        if arrays is None:
+            return None
+        self._uids.reset()
+        trainer = Trainer(self.run, cluster, self.model)
+        if not trainer.prepare_device_data(arrays, place=False):
+            return None
+        assert trainer.device_data is not None
+        return trainer.device_replica_step, (
+            tf.TensorSpec([], tf.int64),
+            trainer.device_data.spec(),
+        )
 
     def per_replica_spec(self, mode: Mode, per_replica: int) -> Any:
         """What one replica receives per step, as `tpurun.inputs.distribute` builds it.
@@ -99,7 +122,10 @@ class StepChecker:
         padding, so (features, labels, mask) / (features, mask).
         """
         params = self.input_params(mode, per_replica)
-        dataset = self.model.input_fn(mode, params)
+        if mode is Mode.TRAIN:
+            dataset = inputs.train_dataset(self.model, params)
+        else:
+            dataset = self.model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"returned {type(dataset).__name__}; return a tf.data.Dataset")
         if mode is Mode.TRAIN:
@@ -154,10 +180,12 @@ class StepChecker:
         return Predictor(self.run, cluster, self.model).replica_step
 
     # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel registry).
-    def check_graph(self, mode: Mode, spec: Any) -> list[Problem]:
+    def check_graph(
+        self, mode: Mode, spec: Any, build: Callable[..., Any] | None = None
+    ) -> list[Problem]:
         strategy = self.cluster.strategy
         try:
-            replica_step = self.build_step(mode, self.cluster)
+            replica_step = (build or self.build_step)(mode, self.cluster)
 
             @tf.function
             def replicated(*args: Any) -> Any:
@@ -177,11 +205,13 @@ class StepChecker:
         return graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
 
     # Rules: xla-unsupported and xla-compile, from a real XLA compile of one replica's step.
-    def check_xla(self, mode: Mode, spec: Any) -> list[Problem]:
+    def check_xla(
+        self, mode: Mode, spec: Any, build: Callable[..., Any] | None = None
+    ) -> list[Problem]:
         if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
             return []  # static-batch reported it; XLA cannot compile an unknown shape
         try:
-            replica_step = self.build_step(mode, self.single)
+            replica_step = (build or self.build_step)(mode, self.single)
         except Exception as e:  # noqa: BLE001
             return [trace_failure(self.name, mode, e)]
         return xla.compile_problems(mode, replica_step, spec, self.scopes)
