@@ -86,8 +86,12 @@ def _quiet_tensorflow_info() -> Iterator[None]:
         tf_logger.setLevel(level)
 
 
-def main(run: RunConfig, out: TextIO = sys.stdout) -> None:
-    """`tpurun check`: prints the findings and a verdict; raises RunError (exit 1) on errors."""
+def main(run: RunConfig, out: TextIO | None = None) -> None:
+    """`tpurun check`: prints the findings and a verdict; raises RunError (exit 1) on errors.
+
+    `out`: default the sys.stdout of the call (not of the import: tests swap it).
+    """
+    out = out or sys.stdout
     replicas = run.num_shards or DEFAULT_REPLICAS
     layout = f"{replicas} replica{'s' if replicas > 1 else ''}"
     layout += " (a v3-8)" if replicas == DEFAULT_REPLICAS else ""
