@@ -129,16 +129,17 @@ def index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, count: int) -> 
 
 def op_index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, count: int) -> tf.Tensor:
     """`index_shuffle` by TensorFlow's own op (no XLA kernel): int32 example indices."""
-    key = tf.stack([tf.fill(tf.shape(index), tf.constant(seed, tf.int64)), epoch], axis=-1)
+    flat, epoch = tf.reshape(index, [-1]), tf.reshape(epoch, [-1])  # the op takes vectors
+    key = tf.stack([tf.fill(tf.shape(flat), tf.constant(seed, tf.int64)), epoch], axis=-1)
     # The raw op: tf.random.experimental.index_shuffle pads a [n, 2] seed on the
     # wrong axis in TF 2.21.
     shuffled = tf.raw_ops.RandomIndexShuffle(
-        index=index,
+        index=flat,
         seed=tf.pad(key, [[0, 0], [0, 1]]),
         max_index=tf.constant(count - 1, tf.int64),
         rounds=ROUNDS,
     )
-    return tf.cast(shuffled, tf.int32)
+    return tf.reshape(tf.cast(shuffled, tf.int32), tf.shape(index))
 
 
 @functools.lru_cache(maxsize=8)
@@ -163,7 +164,8 @@ class ExampleOrder:
             raise ValueError(f"{count} examples; need at least one")
         self.count, self.seed = count, seed
         encryptions = 2 ** block_bits(count) / count
-        self.table = _table(count, seed) if encryptions > TABLE_ABOVE_ENCRYPTIONS else None
+        small = count > 1 and encryptions > TABLE_ABOVE_ENCRYPTIONS  # one example: always 0
+        self.table = _table(count, seed) if small else None
 
     def rows(self, positions: tf.Tensor, table: Any = None, compiled: bool = False) -> tf.Tensor:
         """The example (int32) at each int64 stream position.
