@@ -188,7 +188,7 @@ def test_with_device_data_the_input_wait_is_zero_and_never_input_bound(caplog):
     assert stats.input_wait_share == 0.0
 
 
-def test_tensorboard_has_zero_input_wait_and_says_why(tpurun_cli, tmp_path):
+def test_tensorboard_has_zero_input_wait(tpurun_cli, tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
     assert_ok(tpurun_cli("train", *IRIS, "--train_steps=30", f"--model_dir={tmp_path}"))
@@ -197,8 +197,6 @@ def test_tensorboard_has_zero_input_wait_and_says_why(tpurun_cli, tmp_path):
     ).Reload()
     shares = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("input_wait_share")]
     assert shares == [0.0, 0.0, 0.0]
-    (text,) = events.Tensors("input")
-    assert b"input_wait_share is 0 by construction" in tf.make_ndarray(text.tensor_proto).item()
 
 
 UNCOMPILABLE_MODEL = '''

@@ -131,6 +131,8 @@ def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_p
     final = train_process(tmp_path)
     _, err = final.communicate(timeout=120)
     assert final.returncode == 0, err[-3000:]
+    # Iris trains on device data, with its host loop compiled by XLA.
+    assert "Training data on the device" in err and "compiled by XLA" in err
     starts.append(int(re.search(r"Resuming from \S+ \(step (\d+)\)", err).group(1)))
     # Every attempt resumed from a checkpoint at most one loop behind where the
     # previous one was killed: no more than 10 steps of work redone per kill.

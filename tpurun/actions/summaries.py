@@ -15,7 +15,7 @@ from tpurun.tf_errors import user_code_line
 class TrainSummaries(Action):
     """TensorBoard under model_dir: the model's graph at the start, then after every host loop
     loss, learning_rate, global_step/sec, examples/sec and input_wait_share (0 with device
-    data, where no step waits for input: the `input` text says so once).
+    data, whose steps gather their batches and wait for nothing).
 
     The events file is created at `start`, once the run has restored and built its
     input: a run that fails before then leaves none.
@@ -25,7 +25,6 @@ class TrainSummaries(Action):
         self._model_dir = model_dir
         self._writer: Any = None
         self._graph = graph
-        self._input_said = False
 
     def start(self, step: int, last_step: int) -> None:
         self._writer = tf.summary.create_file_writer(self._model_dir)
@@ -49,13 +48,6 @@ class TrainSummaries(Action):
                 tf.summary.scalar("global_step/sec", stats.steps_per_sec)
                 tf.summary.scalar("examples/sec", stats.examples_per_sec)
                 tf.summary.scalar("input_wait_share", stats.input_wait_share)
-                if stats.device_input and not self._input_said:
-                    self._input_said = True
-                    tf.summary.text(
-                        "input",
-                        "Device data: each replica step gathers its own batch from arrays in "
-                        "its memory, so input_wait_share is 0 by construction.",
-                    )
         except (tf.errors.OpError, OSError) as e:
             # Only the chief writes events: failing here would leave the other
             # workers blocked in their next all-reduce. Training goes on.
