@@ -83,9 +83,11 @@ class StepChecker:
         if not any(p.rule == "static-batch" for p in problems):
             problems += self.check_distribute(mode)
         trace_spec = input_rules.static_batch(spec, per_replica)
+        steps: list[tuple[Callable[[Mode, Cluster], Callable[..., Any]], Any]]
         steps = [(self.build_step, trace_spec)]
-        if mode is Mode.TRAIN and (device_step := self.device_step(self.cluster)) is not None:
-            steps.append((lambda _, cluster: self.device_step(cluster)[0], device_step[1]))
+        device_step = self.device_step(self.cluster) if mode is Mode.TRAIN else None
+        if device_step is not None:
+            steps.append((self.build_device_step, device_step[1]))
         for build, step_spec in steps:
             problems += self.check_graph(mode, step_spec, build)
             if any(p.rule == "trace" for p in problems):
@@ -98,6 +100,12 @@ class StepChecker:
                     continue
                 problems.append(problem)
         return problems
+
+    def build_device_step(self, mode: Mode, cluster: Cluster) -> Callable[..., Any]:
+        """The train step on device data (for `check_graph`, `check_xla`)."""
+        built = self.device_step(cluster)
+        assert built is not None
+        return built[0]
 
     def device_step(self, cluster: Cluster) -> tuple[Callable[..., Any], Any] | None:
         """The train step on device data as `tpurun train` builds it, and the spec of its
