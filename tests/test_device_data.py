@@ -290,7 +290,7 @@ def test_what_xla_cannot_compile_runs_without_it_and_says_so(tpurun_cli, uncompi
     )
     lines = [line for line in result.stderr.splitlines() if "runs without XLA" in line]
     assert len(lines) == 1, result.stderr
-    assert "XLA could not compile Uncompilable's step (" in lines[0]
+    assert "The host loop runs without XLA, which failed on Uncompilable's step: " in lines[0]
     assert "PyFunc" in lines[0]
     assert "step 20/20" in result.stderr
 

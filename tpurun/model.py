@@ -7,6 +7,7 @@ A model is a subclass of `Model`, registered by name::
     @register("my_model")
     class MyModel(Model):
         def input_fn(self, mode, params): ...   # tf.data.Dataset, batched by params.batch_size
+        def train_arrays(self): ...             # optional: TrainArrays of in-memory examples
         def build(self): ...                    # a keras.Model: features -> outputs
         def loss(self, labels, outputs): ...    # per-example loss, shape [batch]
         def metrics(self): ...                  # {name: keras.metrics.Metric}
@@ -36,6 +37,15 @@ What the launcher guarantees, so the model never needs a device branch:
     batch to the static shape, masks the padding out of every metric and strips it
     from predictions, so evaluation is exact and N inputs give N outputs.
   - On several hosts, shard by `params.input_pipeline_id` / `num_input_pipelines`.
+* `train_arrays()` (optional) declares training examples that are in-memory arrays:
+  `TrainArrays((features, labels))`, numpy arrays with one row per example (or, for
+  examples that are not rows, the arrays, their `count` and a `batch` function).
+  Then `input_fn` is asked for EVAL and PREDICT only: the launcher keeps the arrays
+  in every replica's memory and each replica step gathers its own batch (device
+  data, `tpurun.device_data`; with one replica the whole host loop is compiled by
+  XLA), or feeds them through tf.data (`config.train.device_data=false`, or above
+  the memory budget). Either way the batches are the same, reshuffled every epoch
+  by `params.seed`, and a resumed run starts at its step in O(1).
 * `build()` runs inside the distribution strategy's scope: create layers there,
   never pick devices.
 * `loss` returns one value per example; the launcher weights, sums and scales it

@@ -330,11 +330,12 @@ class Trainer:
             if not self._compiled:
                 raise
             # XLA compiles the whole loop before it runs a step, and writes the
-            # variables only after the last: a failed call changed nothing.
+            # variables only after the last: a failed call changed nothing. An error
+            # that is not XLA's comes back from the plain loop, as it always did.
             logging.info(
-                "The host loop runs without XLA: XLA could not compile %s's step (%s).",
+                "The host loop runs without XLA, which failed on %s's step: %s",
                 type(self.model).__name__,
-                one_line(e, 300),
+                one_line(e, 200),
             )
             self._compiled = False
             self._device_loop = tf.function(self._device_host_loop)
