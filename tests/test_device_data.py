@@ -391,3 +391,29 @@ def test_dropout_under_xla_resumes_bit_identically(tpurun_cli, tmp_path):
     assert_ok(tpurun_cli("train", *common, "--train_steps=40", f"--model_dir={tmp_path / 'b'}"))
     first, second = weights(tmp_path / "a", 40), weights(tmp_path / "b", 40)
     assert [n for n in first if not np.array_equal(first[n], second[n])] == []
+
+
+def test_xla_false_runs_the_plain_loop_and_resumes_from_a_compiled_one(tpurun_cli, tmp_path):
+    """config.train.xla is resumable: the same batches, a plain tf.function, one line."""
+    common = (*IRIS, f"--model_dir={tmp_path}")
+    compiled = assert_ok(tpurun_cli("train", *common, "--train_steps=20"))
+    assert "the host loop is compiled by XLA" in compiled.stderr
+    plain = assert_ok(tpurun_cli("train", *common, "--train_steps=40", "--config.train.xla=false"))
+    assert "Resuming from" in plain.stderr and "step 40/40" in plain.stderr
+    lines = [line for line in plain.stderr.splitlines() if "Training data on the device" in line]
+    assert len(lines) == 1, plain.stderr
+    assert lines[0].endswith(
+        "each replica step gathers its own batch; "
+        "the host loop is not compiled by XLA (config.train.xla=false)."
+    ), lines[0]
+    assert "runs without XLA" not in plain.stderr
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
+    result = tpurun_cli("train", *IRIS, f"--config.train.xla={value}", f"--model_dir={tmp_path}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpurun train: error: "), result.stderr
+    assert "--config.train.xla" in lines[0] and "true or false" in lines[0]
+    assert list(tmp_path.iterdir()) == []

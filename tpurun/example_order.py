@@ -179,7 +179,8 @@ class ExampleOrder:
             shuffle = index_shuffle if compiled else op_index_shuffle
             return shuffle(offset, self.seed, epoch, self.count)
         period = self.table.shape[0]
-        return tf.gather_nd(table, tf.stack([tf.math.floormod(epoch, period), offset], axis=-1))
+        flat = tf.math.floormod(epoch, period) * self.count + offset
+        return tf.gather(tf.reshape(table, [-1]), flat)
 
     def batch_rows(
         self,
@@ -204,5 +205,6 @@ def batch_positions(
     `pipelines`): int64 [num_batches, batch_size]."""
     first = tf.cast(first_batch, tf.int64) * batch_size
     local = first + tf.range(num_batches * batch_size, dtype=tf.int64)
-    shared = local * pipelines + tf.cast(pipeline, tf.int64)
-    return tf.reshape(shared, [num_batches, batch_size])
+    if pipelines > 1:  # (ops saved where there is one: a step of 8 replicas runs 8 of these)
+        local = local * pipelines + tf.cast(pipeline, tf.int64)
+    return tf.reshape(local, [num_batches, batch_size])

@@ -183,6 +183,7 @@ _REQUIRED_KEYS = (
     "train.accumulate_steps",
     "train.device_data",
     "train.device_data_mb",
+    "train.xla",
     *(f"optimizer.{key}" for key in optimization_config.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",
@@ -324,10 +325,9 @@ def _check_sizes(config: Any) -> None:
     _integer(
         "config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS
     )
-    if not isinstance(config.train.device_data, bool):
-        raise UsageError(
-            f"config.train.device_data={config.train.device_data!r} must be true or false"
-        )
+    for key in ("device_data", "xla"):
+        if not isinstance(config.train[key], bool):
+            raise UsageError(f"config.train.{key}={config.train[key]!r} must be true or false")
     budget = config.train.device_data_mb
     if not (_is_number(budget) and math.isfinite(budget) and 0 <= budget <= MAX_DEVICE_DATA_MB):
         raise UsageError(

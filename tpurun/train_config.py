@@ -39,6 +39,7 @@ RESUMABLE_CHANGES = (
     # Where the training batches are made: the same batches either way.
     "train.device_data",
     "train.device_data_mb",
+    "train.xla",
     "eval.",
     "predict.",
 )
