@@ -6,6 +6,7 @@ POINT is where, inside the save, the process dies:
   merge   the tensors are in ckpt-<step>_temp/, not yet merged into ckpt-<step>.*
   state   ckpt-<step>.* is complete, the `checkpoint` state file not yet rewritten
   delete  the state is rewritten and an old checkpoint's .index deleted, its .data not
+(tpurun.checkpoints.Saver writes the state file once per save, then deletes.)
 This is what a preemption or an OOM kill can do to a real run, made repeatable.
 """
 
@@ -15,8 +16,9 @@ import os
 import signal
 import sys
 
-from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.ops import gen_io_ops
+
+from tpurun import checkpoints, storage
 
 point, nth = sys.argv[1], int(sys.argv[2])
 calls = {"count": 0}
@@ -35,21 +37,19 @@ def dying(original):
 if point == "merge":
     gen_io_ops.merge_v2_checkpoints = dying(gen_io_ops.merge_v2_checkpoints)
 elif point == "state":
-    checkpoint_management.update_checkpoint_state_internal = dying(
-        checkpoint_management.update_checkpoint_state_internal
-    )
+    checkpoints.write_state = dying(checkpoints.write_state)
 elif point == "delete":
-    original_delete = checkpoint_management._delete_file_if_exists
+    original_remove = storage.remove_file
 
-    def delete(filespec):
+    def remove_file(model_dir, path, names):
         # Dies on the Nth deletion of a .data file: its .index is already gone.
-        if ".data-" in filespec:
+        if ".data-" in path:
             calls["count"] += 1
             if calls["count"] == nth:
                 os.kill(os.getpid(), signal.SIGKILL)
-        original_delete(filespec)
+        original_remove(model_dir, path, names)
 
-    checkpoint_management._delete_file_if_exists = delete
+    storage.remove_file = remove_file
 else:
     raise SystemExit(f"unknown kill point {point!r}: merge, state or delete")
 

@@ -4,12 +4,14 @@ The batches are tf.data's, in the same order, on 1 and 8 replicas, with and
 without accumulation, compiled by XLA or not; a run that does not fit the budget,
 or sets device_data=false, trains through tf.data and says why; the log line and
 TensorBoard say there is no input wait; what XLA cannot compile runs without it;
-`tpurun check` traces the device-data step; a resumed run is exact. (Kills:
+`tpurun check` traces the device-data step and `--target` counts its arrays as its
+input; a resumed run is exact. (Kills:
 tests/test_resume.py, whose Iris runs train on device data.)
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +19,17 @@ import pytest
 import tensorflow as tf
 from conftest import assert_ok
 
-from tpurun import device_data, inputs, strategy
+from tpurun import config_files, device_data, inputs, strategy
+from tpurun import model as model_lib
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import InputBound, LogLines
+from tpurun.check import memory
+from tpurun.check.preflight import Preflight
+from tpurun.check.steps import StepChecker
+from tpurun.cluster import Cluster
 from tpurun.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays
+from tpurun.run_config import RunConfig, merge_flags
 
 GLOBAL_BATCH, SEED = 16, 3
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
@@ -417,3 +425,49 @@ def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
     assert len(lines) == 1 and lines[0].startswith("tpurun train: error: "), result.stderr
     assert "--config.train.xla" in lines[0] and "true or false" in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path):
+    """--target estimates the device-data train step: its input is the arrays and the
+    order's table each replica holds (no prefetched batch); device_data=false: 2 batches."""
+    iris = model_lib.create(config_files.load(config_files.resolve("iris")))
+    arrays = iris.train_arrays()
+    held = device_data.nbytes(arrays, ExampleOrder(arrays.num_examples, 0))
+    found = {}
+    for device in ("true", "false"):
+        report = tmp_path / f"{device}.json"
+        result = tpurun_cli(
+            "check",
+            "--config=iris",
+            "--target=v5e-8",
+            f"--config.train.device_data={device}",
+            f"--report={report}",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        found[device] = (result.stdout, json.loads(report.read_text())["steps"])
+    text, steps = found["true"]
+    assert steps["train"]["device_data"] is True and "device_data" not in steps["eval"]
+    # Tile padding only adds; the step's int64 index is the rest.
+    assert held <= steps["train"]["input_bytes"] < 2 * held
+    assert "\n  input " in text and "input of train: the training arrays" in text
+    text, steps_off = found["false"]
+    assert "device_data" not in steps_off["train"] and "\n  input (2 batches) " in text
+    assert steps_off["train"]["input_bytes"] < held
+    assert steps_off["eval"] == steps["eval"]
+
+
+def test_the_device_data_steps_estimate_grows_with_its_batch_not_its_input():
+    """The batch search compiles the device-data step at each batch: the arrays stay."""
+    config = merge_flags(config_files.load(config_files.resolve("iris")), {})
+    run = RunConfig(command="check", config_name="iris", config=config, model_dir="unused")
+    checker = StepChecker(
+        run, Cluster(tf.distribute.get_strategy(), "1 CPU"), model_lib.create(config)
+    )
+    runner, _ = checker.single_device_step(Mode.TRAIN)
+    assert runner.device_data is not None
+    preflight = Preflight(checker, hbm_bytes=10**9)
+    small, large = preflight.estimate(Mode.TRAIN, 4), preflight.estimate(Mode.TRAIN, 4096)
+    assert small.input_batches == 1
+    assert small.bytes(memory.INPUT) == large.bytes(memory.INPUT)
+    assert large.bytes(memory.OTHER) > small.bytes(memory.OTHER) + 4000 * 4 * 4  # the batch

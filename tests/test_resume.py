@@ -142,9 +142,9 @@ def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_p
     assert not list(tmp_path.glob("*_temp*"))
 
 
-# The 6th save (step 60): its merge, or its first state-file update (a save writes
-# the state twice: Checkpoint.save, then the manager); the 6th old-checkpoint deletion.
-@pytest.mark.parametrize(("point", "nth"), [("merge", "6"), ("state", "11"), ("delete", "6")])
+# The 6th save (step 60): its merge, or its state-file update (one per save); the
+# 6th old-checkpoint deletion.
+@pytest.mark.parametrize(("point", "nth"), [("merge", "6"), ("state", "6"), ("delete", "6")])
 def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference, point, nth):
     killed = subprocess.run(
         [

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import tensorflow as tf
 
-from tpurun import storage
+from tpurun import records, storage
 from tpurun.errors import RunError
 
 
@@ -206,11 +206,11 @@ def test_a_damaged_record_names_the_file_and_what_is_wrong(model_dir, content, r
     path = model_dir / "best.json"
     path.write_bytes(content)
     with pytest.raises(
-        storage.DamagedRecord, match=re.escape(str(path)) + r" is damaged \(" + reason
+        records.DamagedRecord, match=re.escape(str(path)) + r" is damaged \(" + reason
     ):
-        storage.read_json(str(path), keys=("step",))
+        records.read_json(str(path), keys=("step",))
 
 
 def test_a_missing_record_is_none(model_dir):
-    assert storage.read_json(str(model_dir / "best.json")) is None
-    assert storage.read_text(str(model_dir / "checkpoint")) is None
+    assert records.read_json(str(model_dir / "best.json")) is None
+    assert records.read_text(str(model_dir / "checkpoint")) is None

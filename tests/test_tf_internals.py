@@ -77,3 +77,12 @@ def test_a_moved_private_api_is_named_and_falls_back(monkeypatch):
     monkeypatch.setattr(introspection, "_kernels", None)
     assert introspection.missing() == ["TensorFlow's kernel registry (ops without an XLA kernel)"]
     assert introspection.has_xla_kernel("SomeOpNeverCached")  # unknown: the compile decides
+
+
+def test_the_hlo_proto_is_found_and_falls_back_to_its_proto_name(monkeypatch):
+    proto = introspection.hlo_proto_class()
+    assert proto is not None and proto.DESCRIPTOR.full_name == "xla.HloProto"
+    monkeypatch.setattr(introspection, "_hlo_pb2", None)
+    assert introspection.missing() == ["XLA's hlo_pb2.HloProto (the memory estimate of --target)"]
+    # Registered under its proto name once imported: the fallback finds the same message.
+    assert introspection.hlo_proto_class().DESCRIPTOR.full_name == "xla.HloProto"

@@ -5,12 +5,14 @@ its checkpoint; the chief copies the checkpoint's files here when its metric bea
 the recorded best. Living outside model_dir's ckpt-<step> files, it is never
 deleted by keep_checkpoint_max; `tpurun export --best` exports it.
 
-A replacement never leaves a half-written best: the new one is written to a
-temporary directory of this process (`storage.temporary_path`), the old one is renamed to `.best.previous/`, the new one to `best/`,
-and the old one is removed. A process killed between the two renames leaves the
-old best in `.best.previous/`, where `read` finds it; on GCS, where a rename
-moves file by file, `read` also skips a directory whose checkpoint is not whole. One process at a time
-updates the best of a model_dir (a train with --eval_every, or one sidecar).
+A replacement never leaves a half-written best, and renames nothing (on GCS a
+rename copies and deletes every object): the new checkpoint's files are copied into
+`best/` beside the current best's (their names differ by step), then `best.json`,
+the switch a reader goes by, is rewritten atomically to name them, and only then are
+the previous best's files removed. A failure or a kill at any moment leaves
+`best.json` naming a whole checkpoint; stray files of an unfinished copy are
+removed by the next update. One process at a time updates the best of a model_dir
+(a train with --eval_every, or one sidecar).
 """
 
 from __future__ import annotations
@@ -24,15 +26,20 @@ from collections.abc import Iterable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, storage
+from tpurun import checkpoints, records, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.eval_results import NOT_METRICS
 from tpurun.run_config import RunConfig
 
 DIR = "best"
 RECORD = "best.json"
+# Where tpurun before 0.3 kept the old best while renaming the new one into place:
+# still read (a replacement killed between its renames), removed by the next update.
 _PREVIOUS = ".best.previous"
 _PREVIOUS_NAME = re.compile(re.escape(_PREVIOUS))
+_CHECKPOINT_FILE = re.compile(
+    f"(?:{storage.CHECKPOINT_INDEX.pattern})|(?:{storage.CHECKPOINT_DATA.pattern})"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +80,19 @@ def read(model_dir: str) -> Best | None:
     A damaged record (truncated, edited) is set aside into model_dir/damaged/ with a
     warning, and the best is as if none were kept: the next evaluation rebuilds it.
     """
-    for name in (DIR, _PREVIOUS):  # .best.previous: a replacement was killed half-way
+    for name in (DIR, _PREVIOUS):
         directory = storage.join(model_dir, name)
         record_path = storage.join(directory, RECORD)
         try:
-            best = _parse(directory, storage.read_json(record_path, _KEYS))
-        except storage.DamagedRecord as e:
+            best = _parse(directory, records.read_json(record_path, _KEYS))
+        except records.DamagedRecord as e:
             moved_to = storage.move_into(model_dir, [record_path], storage.DAMAGED_DIR)
             logging.warning(
                 "%s; moved it to %s: the next evaluation keeps a new best.", e, moved_to
             )
             continue
         if best is None or not tf.io.gfile.exists(best.path + ".index"):
-            # On GCS a directory rename moves file by file: a kill in the middle can
-            # leave best.json here and the checkpoint in the other directory.
-            continue
+            continue  # deleted by hand, or a rename of tpurun before 0.3 killed half-way
         return best
     return None
 
@@ -101,7 +106,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
     name = record["checkpoint"]
     if not isinstance(name, str) or not re.fullmatch(r"ckpt-\d+", name):
         # Never a path: the best is a copy inside `directory`, whatever the record says.
-        raise storage.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
+        raise records.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
     try:
         return Best(
             step=int(record["step"]),
@@ -112,7 +117,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
             path=storage.join(directory, name),
         )
     except (TypeError, ValueError) as e:
-        raise storage.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
+        raise records.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
 
 
 def require(run: RunConfig) -> Best:
@@ -150,7 +155,7 @@ def update(run: RunConfig, checkpoint_path: str, results: dict[str, float]) -> b
         return False
     name = checkpoint_path.rstrip("/").rsplit("/", 1)[-1]
     best = Best(step, metric, mode, value, name, storage.join(run.model_dir, DIR, name))
-    if not _write(run.model_dir, checkpoint_path, best):
+    if not _write(run.model_dir, checkpoint_path, best, current):
         return False
     before = f"; was {current.value:.4f} at step {current.step}" if current else ""
     logging.info(
@@ -165,28 +170,33 @@ def update(run: RunConfig, checkpoint_path: str, results: dict[str, float]) -> b
     return True
 
 
-def _write(model_dir: str, checkpoint_path: str, best: Best) -> bool:
-    """Replaces model_dir/best with a copy of the checkpoint; False if it was deleted meanwhile.
-
-    The copy goes to a temporary directory of this process; whatever fails before
-    the renames (a deleted checkpoint, a storage error) removes it again and leaves
-    the best as it was.
+def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | None) -> bool:
+    """Makes `best` model_dir's best (see the module's docstring); False if the checkpoint was
+    deleted meanwhile. Whatever fails before best.json is switched removes the files it
+    copied and leaves the best as it was.
     """
-    final = storage.join(model_dir, DIR)
-    tmp = storage.temporary_path(final)
-    storage.make_dir(model_dir, tmp)
+    directory = storage.make_dir(model_dir, storage.join(model_dir, DIR))
+    copied: list[str] = []
     try:
         files = checkpoints.files_of(checkpoint_path)  # ckpt-N.index, ckpt-N.data-*
         if not any(f.endswith(".index") for f in files):
             raise tf.errors.NotFoundError(None, None, f"{checkpoint_path}.index is gone")
-        for file in files:
-            tf.io.gfile.copy(file, storage.join(tmp, storage.basename(file)), overwrite=True)
+        if current is None or current.path != best.path:  # else: the same files are there
+            for file in files:
+                copied.append(storage.join(directory, storage.basename(file)))
+                tf.io.gfile.copy(file, copied[-1], overwrite=True)
         storage.write_atomically(
-            storage.join(tmp, RECORD), json.dumps(best.record(), indent=2, sort_keys=True) + "\n"
+            storage.join(directory, RECORD),
+            json.dumps(best.record(), indent=2, sort_keys=True) + "\n",
         )
     except BaseException as e:
-        storage.remove(model_dir, tmp, storage.TEMPORARY)
-        if not isinstance(e, tf.errors.NotFoundError):
+        for path in copied:
+            storage.remove_file_quietly(model_dir, path, _CHECKPOINT_FILE)
+        # A 404 can also be one failed request (GCS): only a checkpoint whose index is
+        # really gone was deleted.
+        if not isinstance(e, tf.errors.NotFoundError) or tf.io.gfile.exists(
+            checkpoint_path + ".index"
+        ):
             raise
         # A sidecar's checkpoint can be deleted by the trainer's keep_checkpoint_max
         # after it was evaluated; the best recorded before stays.
@@ -196,11 +206,11 @@ def _write(model_dir: str, checkpoint_path: str, best: Best) -> bool:
             checkpoint_path,
         )
         return False
+    # The previous best's files, and any an unfinished copy left.
+    for name in storage.listdir(directory):
+        if _CHECKPOINT_FILE.fullmatch(name) and not name.startswith(best.checkpoint + "."):
+            storage.remove_file_quietly(model_dir, storage.join(directory, name), _CHECKPOINT_FILE)
     previous = storage.join(model_dir, _PREVIOUS)
-    if tf.io.gfile.exists(final):
-        # An older best, already replaced by `final`.
+    if current is not None and current.path.startswith(previous + "/"):
         storage.remove(model_dir, previous, _PREVIOUS_NAME)
-        storage.rename_dir(final, previous)
-    storage.rename_dir(tmp, final)
-    storage.remove(model_dir, previous, _PREVIOUS_NAME)
     return True

@@ -1,22 +1,21 @@
-"""Checkpoints in model_dir: `ckpt-<step>` files written by tf.train.CheckpointManager.
+"""Checkpoints in model_dir: `ckpt-<step>` files, the newest `keep_checkpoint_max` kept (`Saver`).
 
 A save is atomic in the way that matters: TensorFlow writes the tensors to a
-`ckpt-<step>_temp` directory, merges them into `ckpt-<step>.index/.data-*`, and
-only then rewrites the `checkpoint` state file (itself through a temporary file
-and a rename). A process killed at any moment therefore leaves either the new
-complete checkpoint or the previous state. On resume every candidate is checked
+`ckpt-<step>_temp` directory and merges them into `ckpt-<step>.index/.data-*`,
+and only then is the `checkpoint` state file rewritten (atomically). A process
+killed at any moment therefore leaves either the new complete checkpoint or the
+previous state. On resume every candidate is checked
 (the tensor bundle carries a CRC32C per tensor, verified as it is read) and a
 damaged one is moved to `model_dir/damaged/`, falling back to the one before.
 
 The `checkpoint` state file is only trusted once checked: a garbled one, or one
-naming paths outside model_dir (TensorFlow's CheckpointManager deletes old
-checkpoints by the paths it lists), is rebuilt from the checkpoint files present.
+naming paths outside model_dir (the saver deletes old checkpoints by the paths it
+lists), is rebuilt from the checkpoint files present.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,7 @@ from absl import logging
 from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
-from tpurun import optimization, storage, tf_internals, train_config
+from tpurun import optimization, records, storage, tf_internals, train_config
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
@@ -48,13 +47,50 @@ STATE_FILE = "checkpoint"
 _SCRATCH = re.compile(r"(chief|worker)-\d+")  # a worker's scratch directory, by task
 
 
-def manager(
-    run: RunConfig, checkpoint: tf.train.Checkpoint, directory: str | None = None
-) -> tf.train.CheckpointManager:
-    """Writes ckpt-<step> to `directory` (default: model_dir); call after `restore_newest_intact`,
-    which leaves a state file TensorFlow's manager can trust."""
-    return tf.train.CheckpointManager(
-        checkpoint, directory or run.model_dir, max_to_keep=run.config.train.keep_checkpoint_max
+_CHECKPOINT_FILE = re.compile(
+    f"(?:{storage.CHECKPOINT_INDEX.pattern})|(?:{storage.CHECKPOINT_DATA.pattern})"
+)
+
+
+class Saver:
+    """`save(step)` writes ckpt-<step> into model_dir and keeps the newest `keep_checkpoint_max`.
+
+    TensorFlow's CheckpointManager rewrites the state file twice per save (naming the
+    checkpoints it is about to delete, then without them), each through a temporary
+    and a rename: 12 of a save's ~40 requests on gs://. Here it is written once,
+    naming the new checkpoint and not those about to go, and only then are they
+    deleted (the .index first, as TensorFlow does). A kill in between leaves whole
+    checkpoints the state does not name: a resume goes by the files, lists them
+    again, and the next save deletes them. Make it after `restore_newest_intact`,
+    which leaves a state file that names what is there.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, model_dir: str, keep_checkpoint_max: int):
+        self._checkpoint = checkpoint
+        self._model_dir = model_dir
+        self._keep = keep_checkpoint_max
+        self._kept = state(model_dir) or []
+
+    def save(self, step: int) -> str:
+        # Counted as TensorFlow's manager counts (checkpoint.save_counter is saved).
+        self._checkpoint.save_counter.assign_add(1)
+        path = self._checkpoint.write(path_of(self._model_dir, step))
+        kept = [p for p in self._kept if p != path] + [path]
+        dropped, self._kept = kept[: -self._keep], kept[-self._keep :]
+        write_state(self._model_dir, self._kept)
+        for old in dropped:
+            for file in sorted(files_of(old), key=lambda f: not f.endswith(".index")):
+                storage.remove_file(self._model_dir, file, _CHECKPOINT_FILE)
+        return path
+
+
+def write_state(model_dir: str, paths: list[str]) -> None:
+    """Writes the `checkpoint` state file naming `paths` (oldest first), as TensorFlow reads it."""
+    proto = tf_internals.checkpoint_state_proto()
+    proto.model_checkpoint_path = storage.basename(paths[-1])  # relative, as TensorFlow writes
+    proto.all_model_checkpoint_paths.extend(storage.basename(p) for p in paths)
+    storage.write_atomically(
+        storage.join(model_dir, STATE_FILE), text_format.MessageToString(proto)
     )
 
 
@@ -91,14 +127,14 @@ def state(model_dir: str) -> list[str] | None:
     ckpt-<step>).
     """
     path = storage.join(model_dir, STATE_FILE)
-    text = storage.read_text(path)
+    text = records.read_text(path)
     if text is None:
         return None
     proto = tf_internals.checkpoint_state_proto()
     try:
         text_format.Parse(text, proto)
     except (text_format.ParseError, protobuf_message.DecodeError) as e:
-        raise storage.DamagedRecord(path, f"not a checkpoint state: {one_line(e, 100)}") from None
+        raise records.DamagedRecord(path, f"not a checkpoint state: {one_line(e, 100)}") from None
     listed = [*proto.all_model_checkpoint_paths]
     if proto.model_checkpoint_path and proto.model_checkpoint_path not in listed:
         listed.append(proto.model_checkpoint_path)
@@ -108,7 +144,7 @@ def state(model_dir: str) -> list[str] | None:
         if not (
             storage.inside(model_dir, full) and re.fullmatch(r"ckpt-\d+", storage.basename(full))
         ):
-            raise storage.DamagedRecord(path, f"it names {name}, not a ckpt-<step> of {model_dir}")
+            raise records.DamagedRecord(path, f"it names {name}, not a ckpt-<step> of {model_dir}")
         paths.append(full)
     return sorted(set(paths), key=step_of)
 
@@ -117,7 +153,7 @@ def latest(model_dir: str) -> str | None:
     """The newest checkpoint: as the state file says, else (none, or damaged) by the files."""
     try:
         listed = state(model_dir)
-    except storage.DamagedRecord as e:
+    except records.DamagedRecord as e:
         logging.warning("%s; going by the checkpoint files instead.", e)
         listed = None
     if listed:
@@ -128,7 +164,7 @@ def latest(model_dir: str) -> str | None:
 
 def require_latest(run: RunConfig) -> str:
     """The newest checkpoint, or a RunError saying how to make one."""
-    path = latest(run.model_dir) if tf.io.gfile.isdir(run.model_dir) else None
+    path = latest(run.model_dir) if storage.isdir(run.model_dir) else None
     if path is None:
         raise RunError(
             f"no checkpoint in {run.model_dir}; train first "
@@ -145,10 +181,7 @@ def candidates(model_dir: str) -> list[str]:
     merge but before the state file was rewritten left a complete newer one, and
     the state file itself may be what is damaged.
     """
-    try:
-        names = tf.io.gfile.listdir(model_dir)
-    except tf.errors.NotFoundError:
-        return []
+    names = storage.listdir(model_dir)
     paths = [
         storage.join(model_dir, name[: -len(".index")])
         for name in names
@@ -165,7 +198,7 @@ def remove_partial_saves(model_dir: str) -> None:
     Neither can ever be restored. Only names a save makes, matched in full: a
     user's `ckpt-notes_template/` is not one.
     """
-    names = {name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)}
+    names = {name.rstrip("/") for name in storage.listdir(model_dir)}
     for name in sorted(names):
         path = storage.join(model_dir, name)
         if storage.CHECKPOINT_TEMP.fullmatch(name):
@@ -180,12 +213,20 @@ def remove_partial_saves(model_dir: str) -> None:
         storage.remove(model_dir, path, pattern)
 
 
+def remove_partial_saves_quietly(model_dir: str) -> None:
+    """remove_partial_saves after a failed save; a storage that still fails is only logged."""
+    try:
+        remove_partial_saves(model_dir)
+    except (tf.errors.OpError, OSError) as e:
+        logging.warning("Could not remove what the failed save left (the next run will): %s", e)
+
+
 def files_of(path: str) -> list[str]:
     """The files of checkpoint `path`: its .index and .data-NNNNN-of-NNNNN, by exact name."""
     directory, name = path.rsplit("/", 1)
     return [
         storage.join(directory, file)
-        for file in tf.io.gfile.listdir(directory)
+        for file in storage.listdir(directory)
         if file.startswith(name + ".")
         and (storage.CHECKPOINT_INDEX.fullmatch(file) or storage.CHECKPOINT_DATA.fullmatch(file))
     ]
@@ -217,10 +258,7 @@ def restore_newest_intact(
         except NOT_DAMAGE as e:
             # The storage failed, not the file: moving a good checkpoint aside and
             # resuming from an older one would silently throw away steps.
-            raise RunError(
-                f"cannot read {path} ({type(e).__name__}: {one_line(e, 200)}); "
-                "check access to the model_dir's storage and rerun"
-            ) from None
+            raise RunError(f"cannot read {path}: {storage.failure(e)}") from None
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (IndexError, ...)
             damaged.append(path)
             reason = f"{type(e).__name__}: {one_line(e)}"
@@ -276,7 +314,7 @@ def _keep_state_true(model_dir: str, newest: str | None) -> None:
     """
     try:
         listed = state(model_dir)
-    except storage.DamagedRecord as e:
+    except records.DamagedRecord as e:
         logging.warning("%s; rebuilding it from the checkpoint files.", e)
         listed = []
     if newest is None:
@@ -284,21 +322,8 @@ def _keep_state_true(model_dir: str, newest: str | None) -> None:
             storage.remove(model_dir, storage.join(model_dir, STATE_FILE), re.compile(STATE_FILE))
         return
     present = [p for p in reversed(candidates(model_dir)) if step_of(p) <= step_of(newest)]
-    if listed == present:
-        return
-    proto = tf_internals.checkpoint_state_proto()
-    proto.model_checkpoint_path = storage.basename(newest)  # relative, as TensorFlow writes
-    proto.all_model_checkpoint_paths.extend(storage.basename(p) for p in present)
-    # With times after the last preserved one, TensorFlow's manager keeps managing them
-    # (keep_checkpoint_max deletes the oldest); without, it would never delete them.
-    now = time.time()
-    proto.all_model_checkpoint_timestamps.extend(
-        now - len(present) + i for i in range(len(present))
-    )
-    proto.last_preserved_timestamp = now - len(present) - 1
-    storage.write_atomically(
-        storage.join(model_dir, STATE_FILE), text_format.MessageToString(proto)
-    )
+    if listed != present:
+        write_state(model_dir, present)
 
 
 class CheckpointGone(RunError):

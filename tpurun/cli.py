@@ -31,7 +31,8 @@ COMMAND_HELP = {
     "predict": "predict with the latest checkpoint; one output per input row, in order",
     "export": "export the latest (--best: the best) checkpoint as a SavedModel for serving",
     "list": "list the registered configs, and the config files in this directory",
-    "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8",
+    "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
+    "(--target=v5e-8: and whether each fits its memory)",
 }
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
     f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()
@@ -216,10 +217,13 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         export_dir=cli_flags.EXPORT_DIR.value,
         export_best=cli_flags.BEST.value,
         force_resume=cli_flags.FORCE_RESUME.value,
+        force_takeover=cli_flags.FORCE_TAKEOVER.value,
         hang_timeout=cli_flags.HANG_TIMEOUT.value,
         profile_steps=_step_range(cli_flags.PROFILE_STEPS.value),
         continuous=cli_flags.CONTINUOUS.value,
         eval_timeout=cli_flags.EVAL_TIMEOUT.value,
+        target=cli_flags.TARGET.value,
+        report=cli_flags.REPORT.value,
     )
 
 

@@ -132,6 +132,12 @@ FORCE_RESUME = flags.DEFINE_bool(
     "Resume from model_dir's checkpoint even though this config changes the model or "
     "the batch size (tpurun refuses and lists the differences otherwise).",
 )
+FORCE_TAKEOVER = flags.DEFINE_bool(
+    "force_takeover",
+    False,
+    "Take model_dir's trainer lease even though another tpurun train holds it: only for a "
+    "trainer known to be gone on another machine before its lease went stale.",
+)
 HANG_TIMEOUT = flags.DEFINE_float(
     "hang_timeout",
     3600,
@@ -204,6 +210,20 @@ BEST = flags.DEFINE_bool(
     "of the latest.",
 )
 
+# check
+TARGET = flags.DEFINE_string(
+    "target",
+    None,
+    "check: a Cloud TPU accelerator type (v2-8, v3-8, v4-8, v5litepod-8 or v5e-8, v5p-8, "
+    "v6e-8, or a larger slice): also estimate each step's memory per replica on it, "
+    "from the compiled steps, and fail if one does not fit.",
+)
+REPORT = flags.DEFINE_string(
+    "report",
+    None,
+    "check --target: also write the memory estimate as JSON to this file (local or gs://).",
+)
+
 COMMON_FLAGS = (
     "config",
     "model_dir",
@@ -232,6 +252,7 @@ COMMAND_FLAGS = {
         "keep_checkpoint_max",
         "warm_start_from",
         "force_resume",
+        "force_takeover",
         "hang_timeout",
         "profile_steps",
         "eval_every",
@@ -239,9 +260,10 @@ COMMAND_FLAGS = {
     "eval": (*COMMON_FLAGS, "continuous", "eval_timeout"),
     "predict": (*COMMON_FLAGS, "input", "output", "prompt"),
     "export": (*COMMON_FLAGS, "export_dir", "best"),
-    # --num_shards sets the replicas to check for (default 8, a v3-8); --model_dir,
-    # --tpu and --use_tpu are accepted but unused: check always traces on the CPU.
-    "check": COMMON_FLAGS,
+    # --num_shards sets the replicas to check for (default 8, a v3-8; --target sets
+    # them too); --model_dir, --tpu and --use_tpu are accepted but unused: check
+    # always traces on the CPU.
+    "check": (*COMMON_FLAGS, "target", "report"),
     "list": (),
 }
 # Always accepted: absl's own (logging, flagfile, help).

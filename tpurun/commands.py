@@ -20,14 +20,17 @@ from tpurun import (
     check,
     checkpoints,
     cluster,
+    lease,
     precision,
     sidecar,
     storage,
+    storage_errors,
     strategy,
     train_config,
 )
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
+from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller
@@ -37,19 +40,35 @@ from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model
 from tpurun.predict import Predictor
-from tpurun.run_config import FLOAT16_ON_TPU, RunConfig
+from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import one_line, op_error_line
 from tpurun.train import Trainer
 
 
 def run(run: RunConfig) -> None:
+    try:
+        _run(run)
+    except tf.errors.OpError as e:
+        # A failed gs:// request, wherever TensorFlow made it (a save, a read in the
+        # input pipeline): the cause and its fix on one line, instead of TensorFlow's.
+        explained = storage_errors.explain(e.message, type(e).__name__)
+        if explained is None:
+            raise
+        raise RunError(explained) from None
+
+
+def _run(run: RunConfig) -> None:
     if run.command == "check":
         # Traces the steps on the CPU only: no model_dir, checkpoint or run record.
         check.main(run)
         return
+    refuse_local_paths_on_a_tpu_node(run)
     created_dir = False
+    held: lease.Lease | None = None
     if run.command == "train":
         created_dir = prepare_model_dir(run)
+        if cluster.is_chief_process():  # the cluster's lease: its chief's
+            held = lease.acquire(run.model_dir, run.hang_timeout, run.force_takeover)
     elif run.command == "eval" and run.continuous:
         # A sidecar may start before the trainer: it waits for the first checkpoint
         # instead, writing nothing (not even model_dir) until there is one.
@@ -72,15 +91,23 @@ def run(run: RunConfig) -> None:
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
         with precision.policy(run.config.precision):
-            run_command(run, where, model)
+            run_command(run, where, model, held)
+            if record is not None and where is not None:
+                # Under the run's policy: the estimate builds the model as the run did.
+                check.record_memory(record, run, where, model)
     except BaseException:
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
         # Ctrl-C) removes the model_dir it created, or else its run record: no
         # model_dir records a run that made nothing.
+        if held is not None:
+            held.release()
+            held = None
         if _outputs(run) == outputs_before and cluster.is_chief_process():
             _undo(run.model_dir if created_dir else None, record)
         raise
+    if held is not None:
+        held.release()
 
 
 def require_checkpoint(run: RunConfig) -> None:
@@ -110,14 +137,19 @@ def _outputs(run: RunConfig) -> object:
 DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
 
 
-def run_command(run: RunConfig, where: Cluster | None, model: Model) -> None:
+def run_command(
+    run: RunConfig, where: Cluster | None, model: Model, held: lease.Lease | None = None
+) -> None:
     """Runs the command; a data error becomes the model's diagnosis when it has one."""
     try:
         if run.command == "export":
             export_command(run, model)  # serving has no replicas: no strategy
+        elif run.command == "train":
+            assert where is not None
+            train(run, where, model, held)
         else:
             assert where is not None
-            {"train": train, "eval": evaluate, "predict": predict}[run.command](run, where, model)
+            {"eval": evaluate, "predict": predict}[run.command](run, where, model)
     except tf.errors.UnavailableError as error:
         reason = lost_worker_reason(error) if where is not None and where.num_workers > 1 else None
         if reason is None:
@@ -129,6 +161,12 @@ def run_command(run: RunConfig, where: Cluster | None, model: Model) -> None:
             "was preempted (its own log says why): restart every worker with the same "
             "command, which resumes from the last checkpoint"
         ) from error
+    except tf.errors.ResourceExhaustedError as error:
+        # The TPU's page of allocations becomes what `tpurun check --target` would say.
+        advice = check.out_of_memory(run, where, model, error) if where is not None else None
+        if advice is None:
+            raise
+        raise RunError(advice) from error
     except DATA_ERRORS as error:
         diagnosis = diagnose_data(run, model, error)
         if diagnosis is None:
@@ -183,7 +221,7 @@ def _undo(created_dir: str | None, record: str | None) -> None:
 # --- The commands -------------------------------------------------------------------
 
 
-def train(run: RunConfig, where: Cluster, model: Model) -> None:
+def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None = None) -> None:
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
         run.train_batch_size,
@@ -208,7 +246,8 @@ def train(run: RunConfig, where: Cluster, model: Model) -> None:
         run,
         where,
         trainer,
-        actions=[*watching, ResumeCost()],  # ResumeCost: made just before the restore it times
+        # ResumeCost: made just before the restore it times.
+        actions=[*watching, *([RenewLease(held)] if held else []), ResumeCost()],
         evaluate=evaluate_checkpoint,
     ).train()
 
@@ -237,8 +276,10 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
             "tpurun predict runs on one machine: unset TF_CONFIG (it describes "
             f"{where.num_workers} workers) and run it once"
         )
-    rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
     output = run.config.predict.output
+    if output:
+        storage.require_bucket(output, "--output")  # before predicting, not after
+    rows = list(Predictor(run, where, model).predict(checkpoints.require_latest(run)))
     if output:
         storage.write_atomically(output, "".join(model_lib.json_line(row) + "\n" for row in rows))
         print(f"wrote {len(rows)} predictions to {output}")
@@ -273,7 +314,7 @@ def prepare_model_dir(run: RunConfig) -> bool:
     The chief also removes what tpurun processes that died left there.
     """
     try:
-        created = not tf.io.gfile.isdir(run.model_dir)
+        created = not storage.isdir(run.model_dir)
         storage.make_dir(run.model_dir, run.model_dir)
         # A name of its own: every worker of a cluster probes the same model_dir at
         # once, and one removing another's probe made that one fail.
@@ -281,8 +322,13 @@ def prepare_model_dir(run: RunConfig) -> bool:
         if not created and cluster.is_chief_process():
             storage.remove_leftovers(run.model_dir)
     except (tf.errors.OpError, OSError) as e:
+        # On gs:// what failed and its fix (a bucket, credentials, a role), else the message.
+        message = str(getattr(e, "message", None) or e)
+        explained = storage_errors.explain(message, type(e).__name__)
         raise RunError(
-            f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
+            f"cannot write to --model_dir={run.model_dir}: {explained}"
+            if explained
+            else f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
             "choose a directory you can write"
         ) from None
     return created

@@ -16,7 +16,6 @@ from tpurun import checkpoints, precision, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, build_keras_model
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
 
 
 def serving_input_spec(model: Model):
@@ -39,6 +38,7 @@ def serving_input_spec(model: Model):
 def target_dir(run: RunConfig) -> str:
     """--export_dir (new, or an empty directory), else model_dir/export/<timestamp>."""
     if run.export_dir:
+        storage.require_bucket(run.export_dir, "--export_dir")
         if storage.is_link(run.export_dir):
             raise UsageError(
                 f"--export_dir={run.export_dir} is a symbolic link; give the directory it "
@@ -94,8 +94,7 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
             storage.remove_tree(tmp)
         if isinstance(e, tf.errors.OpError):
             raise RunError(
-                f"cannot write the export to {final} ({type(e).__name__}: {one_line(e, 200)}); "
-                "nothing was left behind: check that you can write there and rerun"
+                f"cannot write the export to {final}, nothing was left behind: {storage.failure(e)}"
             ) from None
         raise
     logging.info("Exported step %d to %s.", checkpoints.step_of(checkpoint_path), final)

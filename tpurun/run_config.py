@@ -12,6 +12,7 @@ import datetime
 import json
 import math
 import platform
+import re
 from typing import Any
 
 import ml_collections
@@ -39,10 +40,13 @@ class RunConfig:
     export_dir: str | None = None
     export_best: bool = False  # export: the best checkpoint instead of the latest
     force_resume: bool = False  # train: resume even though the config changed the model
+    force_takeover: bool = False  # train: take model_dir's lease from another trainer
     hang_timeout: float = 3600  # train: seconds without progress before failing; 0 = never
     profile_steps: tuple[int, int] | None = None  # train: first and last step to profile
     continuous: bool = False  # eval: evaluate every new checkpoint until the final step
     eval_timeout: float = 3600  # eval --continuous: seconds to wait for a new checkpoint
+    target: str | None = None  # check: a Cloud TPU type whose memory each step must fit
+    report: str | None = None  # check --target: where to write the estimate as JSON
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -190,6 +194,56 @@ _REQUIRED_KEYS = (
 )
 
 
+# Config data.* keys whose value is where data live (a file, a directory, a pattern).
+DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
+
+
+_LOOPBACK = re.compile(r"grpc://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?")
+
+
+def _local_paths(run: RunConfig) -> list[tuple[str, str]]:
+    """(where it was given, path) of every path of the run on this machine's disk."""
+    paths = [("--model_dir", run.model_dir), ("--export_dir", run.export_dir or "")]
+    config = run.config
+    paths += [
+        ("--warm_start_from", config.train.warm_start_from or ""),
+        ("--input", str(config.predict.get("input") or "")),
+        ("--output", str(config.predict.get("output") or "")),
+    ]
+    data = config.get("data") or {}
+    paths += [
+        (f"--config.data.{key}", str(value))
+        for key, value in data.items()
+        if key.endswith(DATA_LOCATION_SUFFIXES) and isinstance(value, str)
+    ]
+    return [(flag, path) for flag, path in paths if path and "://" not in path]
+
+
+def refuse_local_paths_on_a_tpu_node(run: RunConfig, address: str | None = None) -> None:
+    """A TPU node's host reads data and writes checkpoints itself, through gs:// only.
+
+    It cannot see this machine's disk: TensorFlow fails there, after the TPU was
+    reached, with "File system scheme '[local]' not implemented" (tensorflow#32651).
+    `address`: the node's grpc:// address once a --tpu=NAME is looked up (checked
+    before connecting); without it, a --tpu=grpc:// address is checked before
+    anything is written. A worker on this machine (loopback) sees its disk.
+    """
+    if run.command == "check" or run.use_tpu is False or not run.tpu or run.tpu == "local":
+        return
+    address = address or (run.tpu if run.tpu.startswith("grpc://") else None)
+    if address is None or _LOOPBACK.fullmatch(address):
+        return
+    local = _local_paths(run)
+    if local:
+        flag, path = local[0]
+        raise UsageError(
+            f"{flag}={path} is on this machine's disk, but the TPU node --tpu={run.tpu} reads "
+            "and writes through its own host, which sees only Cloud Storage (TensorFlow's "
+            "\"File system scheme '[local]' not implemented\"): give a gs://BUCKET/... path, "
+            "or run on a TPU VM with --tpu=local"
+        )
+
+
 def _validate(run: RunConfig) -> None:
     config = run.config
     for key in _REQUIRED_KEYS:
@@ -247,6 +301,13 @@ def _validate(run: RunConfig) -> None:
         )
     if not run.model_dir:
         raise UsageError("--model_dir must not be empty")
+    if run.report is not None and not run.target:
+        raise UsageError(
+            f"--report={run.report} writes the memory estimate of --target; add "
+            "--target=<TPU type> (e.g. --target=v5e-8) or drop --report"
+        )
+    if run.report == "":
+        raise UsageError("--report must not be empty: give the JSON file to write")
 
 
 # Bounds of the numbers a run takes: beyond them a value is a typo, not a plan. A

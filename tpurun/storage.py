@@ -15,13 +15,19 @@ gs:// and ram:// alike:
 * Temporary names are unique per process (`temporary_path`: host, pid, random)
   and created exclusively, so two processes never share one; a temporary left by
   a process that died is removed by the next run (`remove_leftovers`).
-* Records (`read_json`, `read_text`) either read back or raise `DamagedRecord`
-  naming the file and what is wrong; each caller recovers or fails with one line.
+* Records are read through `tpurun.records`: as written, or `DamagedRecord` naming
+  the file and what is wrong; each caller recovers or fails with one line.
+* A failed storage request is never taken for an answer: TensorFlow's `isdir` and
+  `listdir` say "no such directory" when a gs:// request failed (a 503, a reset),
+  which would make a run start from step 0 beside its checkpoints, or remove a
+  model_dir it thinks it created. `isdir` and `listdir` here raise instead.
+* A gs:// bucket is checked once per process before the first directory is made in
+  it (`require_bucket`): TensorFlow's makedirs in a bucket that does not exist
+  loops forever, asking for the bucket thousands of times a second.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -29,11 +35,11 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
+from tpurun import storage_errors
 from tpurun.errors import RunError
 
 # tpurun's names in a model_dir, matched in full (re.fullmatch) against a file's name.
@@ -52,15 +58,6 @@ FOREIGN_TEMPORARY_AGE = 24 * 3600
 DAMAGED_DIR = "damaged"
 # Where tpurun puts temporaries in a model_dir: leftovers are looked for there.
 TEMPORARY_HOMES = ("", "eval", "runs", "export", "best")
-
-
-class DamagedRecord(Exception):
-    """A record that does not read back as what tpurun wrote: `path`, `reason`."""
-
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path} is damaged ({reason})")
-        self.path = path
-        self.reason = reason
 
 
 def is_local(path: str) -> bool:
@@ -99,18 +96,75 @@ def basename(path: str) -> str:
 # --- Directories ---------------------------------------------------------------------
 
 
-def make_dir(model_dir: str, path: str) -> str:
+_buckets: set[str] = set()  # buckets require_bucket found
+
+
+def make_dir(model_dir: str, path: str, flag: str = "--model_dir") -> str:
     """Creates `path` (model_dir or a directory below it) unless it exists; returns it.
 
     On a local disk, a directory between model_dir and `path` that is a symbolic
     link is refused: tpurun writes only inside the model_dir it was given.
+    `flag` names where the path came from, for the error of a missing bucket.
+    On gs:// a directory is only a prefix of the objects in it, so none is made
+    (TensorFlow's makedirs would ask 3 to 6 requests for a placeholder object).
     """
     if path != model_dir and not inside(model_dir, path):
         raise RunError(f"{path} is outside --model_dir={model_dir}; tpurun writes only inside it")
     if is_local(path):
         _refuse_links_between(model_dir, path)
-    tf.io.gfile.makedirs(path)
+    require_bucket(path, flag)
+    if not path.startswith("gs://"):
+        tf.io.gfile.makedirs(path)
     return path
+
+
+def require_bucket(path: str, flag: str = "--model_dir") -> None:
+    """Fails with the command that creates it when `path` is in a gs:// bucket that does not exist.
+
+    Asked once per bucket and process. Other failures (no permission, unreachable)
+    are raised as TensorFlow's errors, which `storage_errors.explain` words.
+    """
+    if not path.startswith("gs://"):
+        return
+    bucket = storage_errors.bucket_of(path)
+    if bucket in _buckets:
+        return
+    try:
+        tf.io.gfile.stat(bucket)
+    except tf.errors.NotFoundError:
+        raise RunError(storage_errors.missing_bucket(bucket, flag)) from None
+    _buckets.add(bucket)
+
+
+def failure(error: BaseException) -> str:
+    """A storage error on one line: what it means and the fix for gs://, else its message."""
+    message = str(getattr(error, "message", None) or error)
+    explained = storage_errors.explain(message, type(error).__name__)
+    return explained or f"{type(error).__name__}: {' '.join(message.split())[:300]}"
+
+
+def isdir(path: str) -> bool:
+    """Whether `path` is a directory; a failed request raises (tf.io.gfile.isdir says False)."""
+    if is_local(path) or path.startswith("ram://"):
+        return tf.io.gfile.isdir(path)
+    try:
+        return tf.io.gfile.stat(path).is_directory
+    except tf.errors.NotFoundError:
+        return False
+
+
+def listdir(directory: str) -> list[str]:
+    """The names in `directory` ([] if there is none); a failed request raises.
+
+    tf.io.gfile.listdir answers NotFound both for a missing directory and when
+    its check that the directory exists failed: then the strict `isdir` tells.
+    """
+    try:
+        return tf.io.gfile.listdir(directory)
+    except tf.errors.NotFoundError:
+        if isdir(directory):  # it is there: the listing failed, and raises again
+            return tf.io.gfile.listdir(directory)
+        return []
 
 
 def _refuse_links_between(model_dir: str, path: str) -> None:
@@ -159,7 +213,14 @@ def write_atomically(path: str, text: str) -> None:
 
     A process killed mid-write leaves the old file (or none), never a truncated
     one. Where `path` is a symbolic link, the link is replaced, not its target.
+    On gs:// an upload is atomic by itself (the object appears whole when the
+    upload completes, or not at all), and a rename is a copy and a delete: the
+    file is uploaded in place.
     """
+    if path.startswith("gs://"):
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(text)
+        return
     temporary = temporary_path(path)
     try:
         _create(temporary, text)
@@ -246,6 +307,32 @@ def remove(model_dir: str, path: str, names: re.Pattern[str]) -> bool:
     return True
 
 
+def remove_file(model_dir: str, path: str, names: re.Pattern[str]) -> None:
+    """Removes a file tpurun made in model_dir whose name matches `names` (else leaves it).
+
+    One request on gs:// (no existence check first); a file already gone is fine.
+    """
+    _require_inside(model_dir, path)
+    if not names.fullmatch(basename(path)):
+        logging.warning("Left %s alone: not a name tpurun makes (%s).", path, names.pattern)
+        return
+    try:
+        if is_link(path):
+            os.unlink(path)
+        else:
+            tf.io.gfile.remove(path)
+    except (tf.errors.NotFoundError, FileNotFoundError):
+        pass
+
+
+def remove_file_quietly(model_dir: str, path: str, names: re.Pattern[str]) -> None:
+    """remove_file for clean-ups: storage that fails is only logged."""
+    try:
+        remove_file(model_dir, path, names)
+    except (OSError, tf.errors.OpError) as e:
+        logging.warning("Could not remove %s (the next update will): %s", path, e)
+
+
 def remove_tree(path: str) -> None:
     """Deletes a directory tree, never following a symbolic link out of it.
 
@@ -268,9 +355,13 @@ def remove_leftovers(model_dir: str) -> list[str]:
     machine when it is older than FOREIGN_TEMPORARY_AGE. Returns what was removed.
     """
     removed = []
+    top = listdir(model_dir)
+    present = {name.rstrip("/") for name in top}
     for home in TEMPORARY_HOMES:
+        if home and home not in present:
+            continue  # one listing fewer (a request each on gs://)
         directory = join(model_dir, home) if home else model_dir
-        for name in _list(directory):
+        for name in top if not home else listdir(directory):
             match = TEMPORARY.fullmatch(name.rstrip("/"))
             path = join(directory, name.rstrip("/"))
             if match and _died(match, path) and remove(model_dir, path, TEMPORARY):
@@ -280,16 +371,9 @@ def remove_leftovers(model_dir: str) -> list[str]:
     return removed
 
 
-def _list(directory: str) -> list[str]:
-    try:
-        return tf.io.gfile.listdir(directory)
-    except tf.errors.NotFoundError:
-        return []
-
-
 def _died(match: re.Match[str], path: str) -> bool:
     if match.group("host") == _HOST:
-        return not _alive(int(match.group("pid")))
+        return not process_alive(int(match.group("pid")))
     try:
         age = time.time() - tf.io.gfile.stat(path).mtime_nsec / 1e9
     except tf.errors.OpError:
@@ -297,7 +381,8 @@ def _died(match: re.Match[str], path: str) -> bool:
     return age > FOREIGN_TEMPORARY_AGE
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this machine is running (this process is)."""
     if pid == os.getpid():
         return True
     try:
@@ -307,39 +392,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
-
-
-# --- Reading records ------------------------------------------------------------------
-
-
-def read_text(path: str) -> str | None:
-    """The text of a record tpurun wrote; None if there is none; DamagedRecord if not text."""
-    try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read()
-    except tf.errors.NotFoundError:
-        return None
-    except tf.errors.FailedPreconditionError as e:  # a directory where a file should be
-        raise DamagedRecord(path, f"not a file: {' '.join(e.message.split())[:100]}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DamagedRecord(
-            path, f"not UTF-8 text: byte {e.start} is 0x{data[e.start]:02x}"
-        ) from None
-
-
-def read_json(path: str, keys: Iterable[str] = ()) -> Any:
-    """The JSON record at `path` (None if there is none), with `keys` when it is an object."""
-    text = read_text(path)
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        reason = "empty" if not text.strip() else f"not JSON: {e.msg} at line {e.lineno}"
-        raise DamagedRecord(path, reason) from None
-    missing = [key for key in keys if not isinstance(value, dict) or key not in value]
-    if missing:
-        raise DamagedRecord(path, f"no {', '.join(missing)} in it")
-    return value

@@ -34,7 +34,7 @@ from absl import logging
 from tpurun import tpu_api
 from tpurun.cluster import Cluster, tpu_device_files, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig
+from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import first_line, one_line
 
 _T = TypeVar("_T")
@@ -59,6 +59,8 @@ def connect(run: RunConfig) -> Cluster:
     """
     deadline = time.monotonic() + run.tpu_init_timeout
     resolver, target = _resolve(run, deadline)
+    if target.kind == "name":
+        refuse_local_paths_on_a_tpu_node(run, resolver.master())
 
     _step(run, target, deadline, "connecting to", lambda: _connect(resolver))
     if target.kind != "local":

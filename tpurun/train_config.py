@@ -13,10 +13,10 @@ from typing import Any
 
 from absl import logging
 
-from tpurun import optimization_config, storage
+from tpurun import optimization_config, records, storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
 
 FILE = "train_config.json"
 # The config's name, beside its keys in the record: a key no config has.
@@ -43,8 +43,8 @@ RESUMABLE_CHANGES = (
     "eval.",
     "predict.",
 )
-# ...and where the data live (moved files, a new bucket): data.* keys named so.
-DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
+# ...and where the data live (moved files, a new bucket): data.* keys named so
+# (run_config.DATA_LOCATION_SUFFIXES).
 
 
 def resumable_changes(trained: dict) -> tuple[str, ...]:
@@ -120,12 +120,12 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
     """
     path = storage.join(run.model_dir, FILE)
     try:
-        record = storage.read_json(path)
+        record = records.read_json(path)
         if record is None:
             return None
         if not isinstance(record, dict):
-            raise storage.DamagedRecord(path, "not a JSON object")
-    except storage.DamagedRecord as e:
+            raise records.DamagedRecord(path, "not a JSON object")
+    except records.DamagedRecord as e:
         if run.force_resume:
             logging.warning("%s; --force_resume: going on without comparing configs.", e)
             return None
@@ -139,7 +139,10 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
 
 def check_same_model(run: RunConfig) -> None:
     """Fails, before any restore, when model_dir was trained with a config of another model."""
-    recorded = read(run)
+    _check_model(run, read(run))
+
+
+def _check_model(run: RunConfig, recorded: tuple[str | None, dict[str, Any]] | None) -> None:
     if recorded is None:
         return
     name, config = recorded
@@ -159,7 +162,7 @@ def check_resume(run: RunConfig) -> None:
     recorded = read(run)
     if recorded is None:
         return  # written by a tpurun that kept no record: nothing to compare with
-    check_same_model(run)
+    _check_model(run, recorded)  # the record read once: a request fewer on gs://
     trained = _with_new_defaults(recorded[1])
     # The trained config decides what may change: a changed schedule is a difference.
     resumable = resumable_changes(trained)

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints
+from tpurun import checkpoints, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
@@ -27,7 +27,7 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     """
     source = run.config.train.warm_start_from
     path = source
-    if tf.io.gfile.isdir(source):
+    if storage.isdir(source):
         path = checkpoints.latest(source)
         if path is None:
             raise UsageError(f"--warm_start_from={source} holds no checkpoint; pass a ckpt-N path")

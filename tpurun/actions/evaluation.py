@@ -11,7 +11,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import best
+from tpurun import best, storage
 from tpurun.eval_results import summary_line, write_results
 from tpurun.run_config import RunConfig
 
@@ -61,7 +61,10 @@ class ReportEval:
             except (tf.errors.OpError, OSError) as e:
                 # The chief alone does this: failing here would leave the other
                 # workers of a train --eval_every blocked in their next all-reduce.
-                logging.warning("Could not write the eval summaries or the best checkpoint: %s", e)
+                logging.warning(
+                    "Could not write the eval summaries or the best checkpoint: %s",
+                    storage.failure(e),
+                )
         print(summary_line(results), flush=True)
 
 

@@ -37,8 +37,9 @@ class HangTimeout(Action):
         self._latest: str | None = None
 
     def start(self, step: int, last_step: int) -> None:
-        # Looked up now, not when hung: a hung process may not reach its storage either.
-        self._latest = checkpoints.latest(self._model_dir)
+        # Known now, not looked up when hung (a hung process may not reach its storage):
+        # the run restored ckpt-<step>, or starts from step 0 (fresh or warm-started).
+        self._latest = checkpoints.path_of(self._model_dir, step) if step else None
         self._step = step
         # A resumed model whose input cannot seek reads every batch already trained
         # on inside its first host loop: that loop's time grows with the step, so it

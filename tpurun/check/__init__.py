@@ -16,9 +16,17 @@ then only traces each replica step (`steps.StepChecker`):
   `dtype`, `xla-unsupported`);
 * the replica step compiled by XLA for the CPU (`xla-unsupported`, `xla-compile`).
 
+With `--target=TYPE` (a Cloud TPU accelerator type, `tpurun.check.targets`),
+the replicas are the slice's, and each step's memory per replica is estimated
+from its compiled buffers and compared with a replica's HBM (`preflight`, rule
+`memory`; `fit_report` prints the table and writes `--report`). On the TPU itself
+`train`/`eval`/`predict` use the same estimate (`device_memory`): an out-of-memory
+error becomes that advice, and the run record keeps it beside the measured peak.
+
 No step runs: no variable changes, nothing is written (no model_dir, no
-checkpoint). Every problem is a `Finding` with the fix; `report` prints them.
-`tpurun check` exits 1 if any finding is an error; warnings alone exit 0.
+checkpoint; only the `--report` file asked for). Every problem is a `Finding`
+with the fix; `report` prints them. `tpurun check` exits 1 if any finding is an
+error; warnings alone exit 0.
 
 Flags: `--num_shards=N` checks N replicas instead of 8 (e.g. 32 for a v3-32);
 the batch flags and `--config.<key>` overrides apply as for train/eval/predict.
@@ -40,36 +48,62 @@ from absl import logging
 
 from tpurun import model as model_lib
 from tpurun import precision, strategy
+from tpurun.check import fit_report, preflight, targets
+from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
+from tpurun.check.preflight import TargetMemory
 from tpurun.check.steps import StepChecker
+from tpurun.check.targets import Target
 from tpurun.cluster import Cluster
-from tpurun.errors import RunError
+from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 
-__all__ = ["DEFAULT_REPLICAS", "Finding", "main", "report", "run_checks"]
+__all__ = [
+    "DEFAULT_REPLICAS",
+    "Finding",
+    "main",
+    "out_of_memory",
+    "record_memory",
+    "report",
+    "run_checks",
+]
 
 # The cores of a Cloud TPU v2-8 / v3-8: what `tpurun check` checks for by default.
 DEFAULT_REPLICAS = 8
+# A larger slice is traced on this many logical CPU devices (its per-replica batch
+# is kept): tracing every replica of a v4-8192 would cost minutes and say nothing more.
+MAX_TRACED_REPLICAS = 8
 
 
-def run_checks(run: RunConfig) -> list[Finding]:
-    """Traces the model's train, eval and predict steps as on a TPU; returns every problem.
+def run_checks(
+    run: RunConfig, target: Target | None = None
+) -> tuple[list[Finding], TargetMemory | None]:
+    """Traces the model's train, eval and predict steps as on a TPU; returns every problem,
+    and with a `target` the memory of each step on it.
 
     Must be called before TensorFlow has run an op (the CPU is split into replicas).
     """
-    replicas = run.num_shards or DEFAULT_REPLICAS
+    replicas = target.replicas if target else run.num_shards or DEFAULT_REPLICAS
     if run.use_tpu or run.tpu:
         logging.info("tpurun check traces on the CPU; --use_tpu/--tpu are not used.")
-    cluster = cpu_cluster(replicas)
+    cluster = cpu_cluster(min(replicas, MAX_TRACED_REPLICAS) if target else replicas)
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(run.seed)
+    found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
-        checker = StepChecker(run, cluster, model)
+        checker = StepChecker(run, cluster, model, replicas=replicas)
         problems = checker.batch_split()
         for mode in Mode:
             problems += checker.check_mode(mode)
-    return merge(problems)
+        if target is not None:
+            # Only the steps without errors: one that a TPU would reject has no memory to size.
+            failing = {p.step for p in problems if p.severity == ERROR}
+            for mode in failing:
+                checker.single_device_steps.pop(mode, None)
+            found = preflight.estimate_steps(checker, target)
+            problems += fit_report.problems(run, found)
+    return merge(problems), found
 
 
 @contextlib.contextmanager
@@ -89,13 +123,23 @@ def _quiet_tensorflow_info() -> Iterator[None]:
 def main(run: RunConfig, out: TextIO | None = None) -> None:
     """`tpurun check`: prints the findings and a verdict; raises RunError (exit 1) on errors.
 
-    `out`: default the sys.stdout of the call (not of the import: tests swap it).
+    With --target also the memory table, before the findings, and the --report file.
+    `out` defaults to the sys.stdout of the call (not of the import: an in-process
+    run's captured stream).
     """
     out = out or sys.stdout
-    replicas = run.num_shards or DEFAULT_REPLICAS
+    target = _target(run)
+    replicas = target.replicas if target else run.num_shards or DEFAULT_REPLICAS
     layout = f"{replicas} replica{'s' if replicas > 1 else ''}"
-    layout += " (a v3-8)" if replicas == DEFAULT_REPLICAS else ""
-    findings = run_checks(run)
+    if target:
+        layout += f" (a {target.name})"
+    elif replicas == DEFAULT_REPLICAS:
+        layout += " (a v3-8)"
+    findings, found = run_checks(run, target)
+    if found is not None:
+        print("\n".join(fit_report.table(found, run.iterations)), file=out)
+        if run.report:
+            fit_report.write_report(run.report, fit_report.report(run, found))
     errors = sum(f.severity == ERROR for f in findings)
     warnings = len(findings) - errors
     if report(findings, out):
@@ -104,11 +148,30 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
             f"on a TPU with {layout}; fix the errors and rerun `tpurun check`"
         )
     note = f" ({warnings} warning(s) above)" if warnings else ""
+    fits = (
+        f", and each step fits a replica's {fit_report.hbm_text(target.hbm_bytes_per_replica)}"
+        if target
+        else ""
+    )
     print(
         f"tpurun check: clean: the train, eval and predict steps of {run.config_name} traced "
-        f"and compiled as on a TPU with {layout}, with no errors{note}",
+        f"and compiled as on a TPU with {layout}, with no errors{fits}{note}",
         file=out,
     )
+
+
+def _target(run: RunConfig) -> Target | None:
+    """--target's slice (a UsageError for a type that does not exist), checked against
+    --num_shards."""
+    if run.target is None:
+        return None
+    target = targets.parse(run.target)
+    if run.num_shards is not None and run.num_shards != target.replicas:
+        raise UsageError(
+            f"--num_shards={run.num_shards} contradicts --target={run.target}, which has "
+            f"{target.replicas} replicas; drop --num_shards"
+        )
+    return target
 
 
 def cpu_cluster(replicas: int) -> Cluster:

@@ -5,10 +5,13 @@
 * Keras's automatic layer-name counters (`KerasNames`), so each of check's builds
   names its layers as a real run does;
 * whether an op type has an XLA kernel (TensorFlow's kernel registry);
-* the function graphs an op calls (a FuncGraph's `_get_function`).
+* the function graphs an op calls (a FuncGraph's `_get_function`);
+* XLA's `HloProto` message, in which a compiled step's buffer assignment is read
+  (`hlo_proto_class`: TensorFlow ships it as a private module).
 
 Each falls back to a weaker answer when its private API moves (no layer names in
-messages; unknown kernels left to the XLA compile), and `missing()` names the ones
+messages; unknown kernels left to the XLA compile; the message class looked up by
+its proto name), and `missing()` names the ones
 that fell back: tests/test_tf_internals.py asserts it is empty, so a Keras or
 TensorFlow upgrade that moves them fails CI instead of silently weakening check.
 """
@@ -38,6 +41,11 @@ try:  # TensorFlow's kernel registry: which devices have a kernel for an op.
 except ImportError:  # pragma: no cover
     _kernels = None  # type: ignore[assignment]
 
+try:  # XLA's HloProto (optimized HLO and its buffer assignment), generated privately in TF.
+    from tensorflow.compiler.xla.service import hlo_pb2 as _hlo_pb2
+except ImportError:  # pragma: no cover
+    _hlo_pb2 = None  # type: ignore[assignment]
+
 _REPLICA_PREFIX = re.compile(r"(^|/)replica_\d+/")
 
 
@@ -52,6 +60,8 @@ def missing() -> list[str]:
         absent.append("TensorFlow's kernel registry (ops without an XLA kernel)")
     if not hasattr(tf.Graph(), "_get_function"):
         absent.append("Graph._get_function (ops inside nested functions)")
+    if getattr(_hlo_pb2, "HloProto", None) is None:
+        absent.append("XLA's hlo_pb2.HloProto (the memory estimate of --target)")
     return absent
 
 
@@ -198,3 +208,25 @@ def _function_graph(graph: tf.Graph, name: str) -> tf.Graph | None:
             return getattr(function, "graph", None)
         graph = getattr(graph, "outer_graph", None)
     return None
+
+
+# --- XLA's compiled programs -------------------------------------------------------------
+
+
+def hlo_proto_class() -> Any:
+    """XLA's HloProto message class, or None when this TensorFlow has none to find.
+
+    TF 2.20/2.21 generate it as tensorflow.compiler.xla.service.hlo_pb2. If that
+    module moves, the message may still be registered under its proto name,
+    "xla.HloProto", by TensorFlow's other protos.
+    """
+    proto = getattr(_hlo_pb2, "HloProto", None)
+    if proto is not None:
+        return proto
+    try:
+        from google.protobuf import descriptor_pool, message_factory
+
+        descriptor = descriptor_pool.Default().FindMessageTypeByName("xla.HloProto")
+        return message_factory.GetMessageClass(descriptor)
+    except (KeyError, ImportError, AttributeError):
+        return None

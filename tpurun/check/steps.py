@@ -5,7 +5,9 @@ runners' public `replica_step`), then applies the input rules to its batches,
 walks its traced graph and compiles it with XLA. A model with `train_arrays` has
 two train steps, both checked: the one that gathers its batch from device data
 (`Trainer.device_replica_step`, what trains by default) and the tf.data one it
-falls back to.
+falls back to. The single-device build that compiled cleanly is kept
+(`single_device_steps`; for TRAIN the device-data step where it applies) for the
+memory estimate of `--target` (`tpurun.check.preflight`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import contextlib
 import dataclasses
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs
+from tpurun import device_data, inputs
 from tpurun.check import input_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
@@ -33,27 +35,58 @@ from tpurun.run_config import RunConfig
 from tpurun.tf_errors import user_code_line
 from tpurun.train import Trainer
 
+Runner = Trainer | Evaluator | Predictor
+RUNNERS: dict[Mode, type[Runner]] = {
+    Mode.TRAIN: Trainer,
+    Mode.EVAL: Evaluator,
+    Mode.PREDICT: Predictor,
+}
+
+
+def global_batch(run: RunConfig, mode: Mode) -> int:
+    """The global batch of `mode`'s step."""
+    return {
+        Mode.TRAIN: run.train_batch_size,
+        Mode.EVAL: run.eval_batch_size,
+        Mode.PREDICT: run.predict_batch_size,
+    }[mode]
+
+
+class SingleDeviceStep(NamedTuple):
+    """A runner built on one device and the spec of its replica step's arguments."""
+
+    runner: Runner  # a Trainer with `device_data` set trains on device data (`step_call`)
+    # One batch as the input function yields it, (features, labels[, mask]) or
+    # (features, mask); `StepChecker.step_args` makes the step's arguments of it.
+    spec: Any
+
 
 class StepChecker:
-    """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU replicas)."""
+    """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU replicas).
 
-    def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
+    `replicas`: the replicas the batches are split over, when not the cluster's own
+    (a large TPU slice, traced on fewer logical CPU devices).
+    """
+
+    def __init__(self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0):
         self.run = run
         self.cluster = cluster
         self.model = model
         self.name = type(model).__name__
-        self.replicas = cluster.num_replicas
+        self.replicas = replicas or cluster.num_replicas
         self.single = Cluster(tf.distribute.get_strategy(), "1 CPU (XLA compile)")
         self.scopes = LayerScopes()
+        self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
         self._uids = KerasNames()
+        self._tf_data_only = False  # device data does not apply (build_device_trainer)
         xla.populate_xla_registry()
 
     def global_batch(self, mode: Mode) -> int:
-        return {
-            Mode.TRAIN: self.run.train_batch_size,
-            Mode.EVAL: self.run.eval_batch_size,
-            Mode.PREDICT: self.run.predict_batch_size,
-        }[mode]
+        return global_batch(self.run, mode)
+
+    def per_replica_batch(self, mode: Mode) -> int:
+        """Global batch / replicas, rounded down when it does not split (batch-split says so)."""
+        return max(1, self.global_batch(mode) // self.replicas)
 
     def batch_split(self) -> list[Problem]:
         return input_rules.batch_split(
@@ -63,7 +96,7 @@ class StepChecker:
     def check_mode(self, mode: Mode) -> list[Problem]:
         step = STEP_NAMES[mode]
         problems: list[Problem] = []
-        per_replica = max(1, self.global_batch(mode) // self.replicas)
+        per_replica = self.per_replica_batch(mode)
         try:
             spec = self.per_replica_spec(mode, per_replica)
         except Exception as e:  # noqa: BLE001 - the user's input_fn: any failure is a finding
@@ -82,46 +115,60 @@ class StepChecker:
         problems += input_rules.check_spec(mode, spec, per_replica, self.name)
         if not any(p.rule == "static-batch" for p in problems):
             problems += self.check_distribute(mode)
-        trace_spec = input_rules.static_batch(spec, per_replica)
-        steps: list[tuple[Callable[[Mode, Cluster], Callable[..., Any]], Any]]
-        steps = [(self.build_step, trace_spec)]
-        device_step = self.device_step(self.cluster) if mode is Mode.TRAIN else None
-        if device_step is not None:
-            steps.append((self.build_device_step, device_step[1]))
-        for build, step_spec in steps:
-            problems += self.check_graph(mode, step_spec, build)
+        # The device-data train step where the model declares arrays (checked after the
+        # tf.data one, which it falls back to): its args are (step, the arrays).
+        for device in (False, True) if self.has_arrays(mode) else (False,):
+            problems += self.check_graph(mode, spec, device)
             if any(p.rule == "trace" for p in problems):
                 return problems  # the compile would only fail the same way
             # The XLA compile stops at the first problem, which the graph may have shown.
             unsupported = {p.op_type for p in problems if p.rule == "xla-unsupported"}
             ops = {p.op_name for p in problems if p.op_name}
-            for problem in self.check_xla(mode, step_spec, build):
+            for problem in self.check_xla(mode, spec, per_replica, device):
                 if problem.op_type in unsupported or problem.op_name in ops:
                     continue
                 problems.append(problem)
         return problems
 
-    def build_device_step(self, mode: Mode, cluster: Cluster) -> Callable[..., Any]:
-        """The train step on device data (for `check_graph`, `check_xla`)."""
-        built = self.device_step(cluster)
-        assert built is not None
-        return built[0]
+    def has_arrays(self, mode: Mode) -> bool:
+        """Whether `mode`'s step may train on device data: TRAIN of a model with arrays."""
+        return mode is Mode.TRAIN and inputs.train_arrays(self.model) is not None
 
-    def device_step(self, cluster: Cluster) -> tuple[Callable[..., Any], Any] | None:
-        """The train step on device data as `tpurun train` builds it, and the spec of its
-        arguments (step, arrays); None when the model trains from tf.data only."""
+    def build_device_trainer(self, cluster: Cluster) -> Trainer | None:
+        """The Trainer as `tpurun train` builds it on device data, its arrays not placed;
+        None when the run would train through tf.data (said in one line, as it would)."""
         arrays = inputs.train_arrays(self.model)
-        if arrays is None:
-            return None
-        self._uids.reset()
-        trainer = Trainer(self.run, cluster, self.model)
+        if arrays is None or self._tf_data_only:
+            return None  # (the line said once)
+        trainer = self.build_runner(Mode.TRAIN, cluster)
+        assert isinstance(trainer, Trainer)
         if not trainer.prepare_device_data(arrays, place=False):
+            self._tf_data_only = True
             return None
-        assert trainer.device_data is not None
-        return trainer.device_replica_step, (
-            tf.TensorSpec([], tf.int64),
-            trainer.device_data.spec(),
+        return trainer
+
+    def step_call(
+        self, mode: Mode, runner: Runner, spec: Any, per_replica: int, replicas: int = 1
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """`runner`'s replica step and the specs of its arguments at a `per_replica` batch.
+
+        On device data (a Trainer whose `device_data` is set) the step is
+        `Trainer.device_replica_step` on arrays dealt to `replicas` at that batch: it
+        takes (step, the arrays and their order's table), and gathers its batch itself.
+        Otherwise it takes a batch, `step_args` of `spec`.
+        """
+        data = runner.device_data if isinstance(runner, Trainer) else None
+        if data is None:
+            return runner.replica_step, tuple(self.step_args(mode, spec, per_replica))
+        sized = device_data.DeviceData(
+            data.examples, data.order, replicas, per_replica * replicas, data.micro_batches
         )
+
+        def device_replica_step(step: tf.Tensor, values: Any) -> tf.Tensor:
+            # Trainer.device_replica_step, on the data at this batch.
+            return runner.replica_step(*sized.replica_batch(step, values))
+
+        return device_replica_step, (tf.TensorSpec([], tf.int64), sized.spec())
 
     def per_replica_spec(self, mode: Mode, per_replica: int) -> Any:
         """What one replica receives per step, as `tpurun.inputs.distribute` builds it.
@@ -139,6 +186,24 @@ class StepChecker:
         if mode is Mode.TRAIN:
             return dataset.element_spec
         return inputs.pad_batches(dataset, per_replica, self.replicas).element_spec
+
+    def step_args(self, mode: Mode, spec: Any, per_replica: int) -> Any:
+        """The replica step's arguments: `spec` (a batch as the input function yields it)
+        at the static `per_replica` batch; with gradient accumulation a TRAIN step takes
+        its micro-batches stacked, [accumulate_steps, batch, ...], as tpurun.inputs
+        stacks them.
+        """
+        spec = input_rules.static_batch(spec, per_replica)
+        micro_batches = self.run.config.train.accumulate_steps
+        if mode is not Mode.TRAIN or micro_batches == 1:
+            return spec
+
+        def stack(leaf: Any) -> Any:
+            if isinstance(leaf, tf.TensorSpec):
+                return tf.TensorSpec([micro_batches, *leaf.shape], leaf.dtype, name=leaf.name)
+            return leaf
+
+        return tf.nest.map_structure(stack, spec)
 
     def input_params(self, mode: Mode, per_replica: int) -> InputParams:
         """As `tpurun.inputs` makes them for one host feeding every replica."""
@@ -159,9 +224,11 @@ class StepChecker:
                 self.cluster.strategy,
                 self.model,
                 mode,
-                self.global_batch(mode),
+                # The per-replica batch over the replicas traced (fewer than a large slice's).
+                self.per_replica_batch(mode) * self.cluster.num_replicas,
                 self.run.seed,
                 exact_pass=not (mode is Mode.EVAL and self.run.config.eval.steps),
+                micro_batches=self.run.config.train.accumulate_steps,
             )
         except Exception as e:  # noqa: BLE001 - reported, the other checks still run
             step = STEP_NAMES[mode]
@@ -178,22 +245,25 @@ class StepChecker:
             ]
         return []
 
-    def build_step(self, mode: Mode, cluster: Cluster) -> Callable[..., Any]:
-        """The launcher's replica step for `mode`, built as `tpurun train/eval/predict` build it."""
+    def build_runner(self, mode: Mode, cluster: Cluster) -> Runner:
+        """The launcher's runner for `mode`, built as `tpurun train/eval/predict` build it."""
         self._uids.reset()  # layer names as in a real run, whichever build this is
-        if mode is Mode.TRAIN:
-            return Trainer(self.run, cluster, self.model).replica_step
-        if mode is Mode.EVAL:
-            return Evaluator(self.run, cluster, self.model).replica_step
-        return Predictor(self.run, cluster, self.model).replica_step
+        return RUNNERS[mode](self.run, cluster, self.model)
 
     # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel registry).
-    def check_graph(
-        self, mode: Mode, spec: Any, build: Callable[..., Any] | None = None
-    ) -> list[Problem]:
+    def check_graph(self, mode: Mode, spec: Any, device: bool = False) -> list[Problem]:
         strategy = self.cluster.strategy
         try:
-            replica_step = (build or self.build_step)(mode, self.cluster)
+            built = (
+                self.build_device_trainer(self.cluster)
+                if device
+                else self.build_runner(mode, self.cluster)
+            )
+            if built is None:
+                return []  # trains through tf.data (said in one line): checked already
+            replica_step, spec = self.step_call(
+                mode, built, spec, self.per_replica_batch(mode), self.cluster.num_replicas
+            )
 
             @tf.function
             def replicated(*args: Any) -> Any:
@@ -214,12 +284,35 @@ class StepChecker:
 
     # Rules: xla-unsupported and xla-compile, from a real XLA compile of one replica's step.
     def check_xla(
-        self, mode: Mode, spec: Any, build: Callable[..., Any] | None = None
+        self, mode: Mode, spec: Any, per_replica: int, device: bool = False
     ) -> list[Problem]:
-        if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+        args = self.step_args(mode, spec, per_replica)
+        if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(args)):
             return []  # static-batch reported it; XLA cannot compile an unknown shape
         try:
-            replica_step = (build or self.build_step)(mode, self.single)
+            runner = (
+                self.build_device_trainer(self.single)
+                if device
+                else self.build_runner(mode, self.single)
+            )
+            if runner is None:
+                return []
+            step = SingleDeviceStep(runner, spec)
+            function, args = self.step_call(mode, runner, spec, per_replica)
         except Exception as e:  # noqa: BLE001
             return [trace_failure(self.name, mode, e)]
-        return xla.compile_problems(mode, replica_step, spec, self.scopes)
+        problems = xla.compile_problems(mode, function, args, self.scopes)
+        if not problems:
+            self.single_device_steps[mode] = step
+        return problems
+
+    def single_device_step(self, mode: Mode) -> SingleDeviceStep:
+        """The step of `mode` on one device, at the per-replica batch, without checking it
+        (for sizing the step of a run that is already under way)."""
+        if mode not in self.single_device_steps:
+            spec = self.per_replica_spec(mode, self.per_replica_batch(mode))
+            device = self.build_device_trainer(self.single) if self.has_arrays(mode) else None
+            self.single_device_steps[mode] = SingleDeviceStep(
+                device or self.build_runner(mode, self.single), spec
+            )
+        return self.single_device_steps[mode]

@@ -1,0 +1,267 @@
+"""`tpurun check --target`: each step's memory on a TPU type, through the real CLI (in-process).
+
+The CLI runs are slow (a compile per step, a few more for a batch search) and
+shared: `checked` runs each distinct command once per session, and the tests
+read its output and `--report`. The unit tests build the Trainer's step directly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import tensorflow as tf
+from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines
+from test_check import shipped_config_args
+
+from tpurun import config_files
+from tpurun import model as model_lib
+from tpurun.check import memory
+from tpurun.check.steps import StepChecker
+from tpurun.cluster import Cluster
+from tpurun.model import Mode
+from tpurun.run_config import RunConfig, merge_flags
+
+SEED_CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "flops")
+_RUNS: dict[tuple[str, ...], tuple[subprocess.CompletedProcess, dict | None, float]] = {}
+
+
+@pytest.fixture(scope="session")
+def seed_data(tmp_path_factory) -> dict[str, list[str]]:
+    """The flags that give each seed config its data (made once)."""
+    root = tmp_path_factory.mktemp("seed-data")
+    return {name: shipped_config_args(name, root / name) for name in SEED_CONFIGS}
+
+
+@pytest.fixture
+def checked(tpurun_cli, seed_data, tmp_path_factory):
+    """`checked(config, *flags)`: (result, --report JSON or None, seconds) of
+    `tpurun check --config=<config> <data flags> *flags --report=...`, run once per session."""
+
+    def run(config: str, *flags: str):
+        key = (config, *flags)
+        if key not in _RUNS:
+            report = tmp_path_factory.mktemp("report") / "memory.json"
+            start = time.perf_counter()
+            result = tpurun_cli(
+                "check", f"--config={config}", *seed_data[config], *flags, f"--report={report}"
+            )
+            seconds = time.perf_counter() - start
+            data = json.loads(report.read_text()) if report.exists() else None
+            _RUNS[key] = (result, data, seconds)
+        return _RUNS[key]
+
+    return run
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+# --- Every seed config on a v5e-8 --------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", SEED_CONFIGS)
+def test_every_seed_config_is_sized_on_a_v5e_8(checked, config, record_property):
+    result, data, seconds = checked(config, "--target=v5e-8")
+    record_property("seconds", round(seconds, 1))
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.startswith(
+        "Memory per replica on a v5litepod-8: 8 replicas with 16 GB of HBM each"
+    ), describe(result)
+    assert f"tpurun check: clean: the train, eval and predict steps of {config}" in result.stdout
+    assert "each step fits a replica's 16 GB" in result.stdout
+    assert data["target"] == "v5litepod-8" and data["replicas"] == 8
+    assert {"train", "eval"} <= set(data["steps"])
+    for step in data["steps"].values():
+        assert step["fits"] and 0 < step["total_bytes"] < 16 * 10**9
+
+
+@pytest.mark.slow
+def test_mnists_table_names_every_row_and_the_cpus_bias(checked):
+    result, data, _ = checked("mnist", "--target=v5e-8")
+    lines = result.stdout.splitlines()
+    assert lines[1].split() == ["train", "eval", "predict"]
+    rows = [line.split("  ")[1].strip() for line in lines[2:11]]
+    assert rows == [
+        "batch per replica",
+        "weights",
+        "optimizer state",
+        "input (2 batches)",
+        "other",
+        "(of which TPU tile padding)",
+        "total",
+        "HBM per replica",
+        "headroom",
+    ]
+    assert lines[2].split()[-3:] == ["128", "128", "32"]  # 1024, 1024 and 256 over 8
+    assert "max-pool gradients" in result.stdout  # XLA:CPU's scatter: 'other' errs high
+    assert data["steps"]["train"]["optimizer_bytes"] <= 16  # SGD without momentum: no slots
+
+
+@pytest.mark.slow
+def test_flops_one_kernel_with_sgd_is_its_kernel_and_no_optimizer_state(checked):
+    n = 1024
+    _, data, _ = checked("flops", "--target=v5e-8")
+    train = data["steps"]["train"]
+    assert train["weights_bytes"] == pytest.approx(4 * n * n, rel=0.01)
+    assert train["optimizer_bytes"] <= 16  # the iteration counter and the learning rate
+    assert "predict" not in data["steps"]  # tpurun predict runs Flops.generate()
+    assert "generate()" in data["not_estimated"]["predict"]
+
+
+@pytest.mark.slow
+def test_adam_keeps_two_slots_per_weight(checked):
+    n = 256
+    result, data, _ = checked(
+        "flops", "--target=v5e-8", f"--config.flops.n={n}", "--config.optimizer.name=adam"
+    )
+    assert result.returncode == 0, describe(result)
+    train = data["steps"]["train"]
+    parameter_bytes = 4 * n * n  # one N x N float32 kernel, in whole TPU tiles
+    assert train["weights_bytes"] == parameter_bytes
+    # Momentum and velocity, plus the iteration counter (int64) and learning rate (float32).
+    assert train["weights_bytes"] + train["optimizer_bytes"] == 3 * parameter_bytes + 12
+
+
+@pytest.mark.slow
+def test_the_estimate_follows_the_training_recipe(checked):
+    """Momentum and EMA are optimizer state; accumulation stacks its micro-batches as input
+    (through tf.data: on device data the input is flops' arrays, tests/test_device_data.py)."""
+    n = 256
+    result, data, _ = checked(
+        "flops",
+        "--target=v5e-8",
+        f"--config.flops.n={n}",
+        "--config.optimizer.momentum=0.9",
+        "--config.train.ema_decay=0.99",
+        "--config.train.accumulate_steps=4",
+        "--config.train.device_data=false",
+    )
+    assert result.returncode == 0, describe(result)
+    assert "batch per replica                     128 x 4" in result.stdout
+    train = data["steps"]["train"]
+    parameter_bytes = 4 * n * n
+    # A momentum and an average per weight, the iteration counter and the learning rate.
+    assert train["optimizer_bytes"] == 2 * parameter_bytes + 12
+    # 4 micro-batches of 128 rows (x and the target, float32), and the next step's 4.
+    assert (train["accumulate_steps"], train["input_bytes"]) == (4, 2 * 4 * 2 * 128 * n * 4)
+
+
+# --- A batch that does not fit ------------------------------------------------------------
+
+TOO_BIG = 8 * 32768  # mnist's train step at 32768 per replica: some 36 GB
+
+
+@pytest.mark.slow
+def test_a_batch_too_large_for_a_v5e_8_fails_with_the_largest_that_fits(checked):
+    result, data, _ = checked("mnist", "--target=v5e-8", f"--batch_size={TOO_BIG}")
+    assert result.returncode == RUN_FAILURE, describe(result)
+    assert "Traceback" not in result.stderr
+    (error,) = error_lines(result)
+    assert "1 error(s) and 0 warning(s) above: mnist would fail on a TPU with 8 replicas" in error
+    (finding,) = [line for line in result.stdout.splitlines() if line.startswith("[memory]")]
+    assert finding.startswith("[memory] error: the train step needs 36."), finding
+    assert "at a per-replica batch of 32768, and a v5litepod-8 replica has 16 GB" in finding
+    train = data["steps"]["train"]
+    largest = train["max_batch_per_replica"]
+    assert not train["fits"] and largest % 8 == 0 and 0 < largest < 32768
+    assert (
+        f"the largest per-replica batch that fits is {largest}: --batch_size={8 * largest}"
+    ) in finding
+    assert "or more replicas: a v5litepod-" in finding
+    assert data["steps"]["eval"]["fits"]  # only the step that does not fit is an error
+
+
+@pytest.mark.slow
+def test_the_largest_batch_reported_fits_and_twice_it_does_not(checked):
+    _, data, _ = checked("mnist", "--target=v5e-8", f"--batch_size={TOO_BIG}")
+    largest = data["steps"]["train"]["max_batch_per_replica"]
+    fits, fits_data, _ = checked("mnist", "--target=v5e-8", f"--batch_size={8 * largest}")
+    assert fits.returncode == 0, describe(fits)
+    assert fits_data["steps"]["train"]["fits"]
+    twice, twice_data, _ = checked("mnist", "--target=v5e-8", f"--batch_size={16 * largest}")
+    assert twice.returncode == RUN_FAILURE, describe(twice)
+    assert not twice_data["steps"]["train"]["fits"]
+    # The next multiple of 8 does not fit either: the search found the edge.
+    assert twice_data["steps"]["train"]["max_batch_per_replica"] == largest
+
+
+# --- Usage errors ---------------------------------------------------------------------------
+
+
+def test_an_unknown_type_is_refused_with_the_known_ones(tpurun_cli, tmp_path):
+    result = tpurun_cli("check", "--config=iris", "--target=v7-8", cwd=tmp_path)
+    line = assert_fails(result, USAGE, "unknown TPU type 'v7-8'; known: v2-N for N in {8, 32,")
+    for prefix in ("v3-N", "v4-N", "v5litepod-N", "(or v5e-N)", "v5p-N", "v6e-N"):
+        assert prefix in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_num_shards_must_agree_with_the_target(tpurun_cli, tmp_path):
+    result = tpurun_cli("check", "--config=iris", "--target=v4-8", "--num_shards=8", cwd=tmp_path)
+    assert_fails(result, USAGE, "--num_shards=8 contradicts --target=v4-8, which has 4 replicas")
+
+
+def test_report_needs_a_target(tpurun_cli, tmp_path):
+    result = tpurun_cli("check", "--config=iris", f"--report={tmp_path / 'r.json'}")
+    assert_fails(result, USAGE, "--report=", "add --target=<TPU type>")
+
+
+@pytest.mark.slow
+def test_an_unwritable_report_is_one_line(tpurun_cli, tmp_path):
+    report = tmp_path / "no" / "such" / "dir" / "r.json"
+    result = tpurun_cli("check", "--config=iris", "--target=v4-8", f"--report={report}")
+    assert result.returncode == RUN_FAILURE, describe(result)
+    assert "Traceback" not in result.stderr
+    (error,) = error_lines(result)
+    assert error.startswith(f"tpurun check: error: cannot write --report={report} ("), error
+    assert error.endswith("choose a file in a directory you can write")
+
+
+# --- The step that is estimated -----------------------------------------------------------
+
+
+def iris_checker() -> StepChecker:
+    config = merge_flags(config_files.load(config_files.resolve("iris")), {})
+    run = RunConfig(command="check", config_name="iris", config=config, model_dir="unused")
+    single = Cluster(tf.distribute.get_strategy(), "1 CPU")
+    return StepChecker(run, single, model_lib.create(config))
+
+
+def test_a_host_loop_of_steps_needs_what_one_step_needs():
+    """Even compiled into one XLA loop, 50 of the Trainer's steps re-use one step's buffers."""
+    checker = iris_checker()
+    runner, spec = checker.single_device_step(Mode.TRAIN)
+    args = tuple(checker.step_args(Mode.TRAIN, spec, checker.per_replica_batch(Mode.TRAIN)))
+    variables = dict(weights=runner.keras_model.variables)
+    variables["optimizer_variables"] = runner.optimizer.variables
+
+    def host_loop(*batch):
+        def body(i, total):
+            return i + 1, total + runner.replica_step(*batch)
+
+        return tf.while_loop(lambda i, _: i < 50, body, [tf.constant(0), tf.constant(0.0)])[1]
+
+    one = memory.estimate(runner.replica_step, args, **variables)
+    loop = memory.estimate(host_loop, args, **variables)
+    assert loop.padded_bytes(memory.WEIGHTS) == one.padded_bytes(memory.WEIGHTS)
+    assert loop.padded_bytes(memory.OPTIMIZER) == one.padded_bytes(memory.OPTIMIZER)
+    assert loop.padded_total_bytes == pytest.approx(one.padded_total_bytes, rel=0.05)
+
+
+def test_the_estimated_step_is_the_trainers_with_its_optimizer():
+    checker = iris_checker()
+    runner, spec = checker.single_device_step(Mode.TRAIN)
+    assert type(runner).__name__ == "Trainer"
+    assert [s.shape[0] for s in tf.nest.flatten(spec)] == [
+        checker.per_replica_batch(Mode.TRAIN)
+    ] * 5
+    assert runner.optimizer.variables  # built: the step creates no variable while compiled
+
+
+def test_seed_configs_are_the_shipped_ones():
+    assert set(SEED_CONFIGS) == set(config_files.builtin_names())

@@ -1,0 +1,187 @@
+"""Storage failures on gs:// end as one line naming the cause and the fix, and leave nothing half-written.
+
+Each failure is injected by the test GCS server's proxy (tests/fake_gcs); the CLI
+runs in this process (`tpurun_cli`), except where the watchdog's os._exit needs a
+process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok
+
+from tpurun import storage_errors
+from tpurun.errors import EXIT_HUNG
+
+IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
+
+
+def files(directory: str) -> list[str]:
+    """Every object below `directory`, relative to it."""
+    return sorted(
+        tf.io.gfile.join(root, name)[len(directory) + 1 :]
+        for root, _, names in tf.io.gfile.walk(directory)
+        for name in names
+    )
+
+
+def leftovers(directory: str) -> list[str]:
+    """What a failed or killed operation may leave: temporaries and unfinished saves."""
+    return [
+        name
+        for name in files(directory)
+        if ".tpurun-tmp-" in name or "_temp" in name or ".best.previous" in name
+    ]
+
+
+@pytest.fixture
+def trained(bucket, tpurun_cli) -> str:
+    """A model_dir in `bucket` trained to step 20 (checkpoints 10 and 20)."""
+    model_dir = f"{bucket}/iris"
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={model_dir}"))
+    return model_dir
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_with_the_command_that_creates_it(gcs, tpurun_cli):
+    # TensorFlow alone loops forever here, asking for the bucket thousands of times a second.
+    result = tpurun_cli("train", *IRIS, "--train_steps=10", "--model_dir=gs://no-such-bucket/iris")
+    assert_fails(
+        result,
+        RUN_FAILURE,
+        "bucket gs://no-such-bucket does not exist",
+        "gcloud storage buckets create gs://no-such-bucket",
+        "--model_dir",
+    )
+    assert len(gcs.requests) < 10, gcs.requests
+
+
+@pytest.mark.parametrize(
+    ("status", "keywords"),
+    [
+        (401, ["no Google Cloud credentials", "gcloud auth application-default login"]),
+        (403, ["permission denied", "roles/storage.objectAdmin", "add-iam-policy-binding"]),
+        (503, ["unreachable or failing", "HTTP 503", "rerun"]),
+    ],
+)
+def test_refused_or_failing_storage_is_one_line_with_the_fix(
+    bucket, gcs, tpurun_cli, status, keywords
+):
+    model_dir = f"{bucket}/iris"
+    gcs.fail(status, times=None, path="/o")
+    result = tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={model_dir}")
+    line = assert_fails(result, RUN_FAILURE, *keywords)
+    assert bucket in line
+
+
+def test_explain_words_a_real_anonymous_403():
+    message = (
+        'Error executing an HTTP request: HTTP response code 403 with body \'{"error": '
+        '{"code": 403, "message": "Anonymous caller does not have storage.objects.get access '
+        "to the Google Cloud Storage object.\"}}' when reading metadata of gs://b/iris/checkpoint"
+    )
+    line = storage_errors.explain(message, "PermissionDeniedError")
+    assert line is not None and "gcloud auth application-default login" in line
+    assert "gs://b/iris/checkpoint" in line
+
+
+def test_a_failed_save_leaves_no_temporary_and_the_next_run_resumes(bucket, gcs, tpurun_cli):
+    model_dir = f"{bucket}/iris"
+    common = (*IRIS, "--save_checkpoints_steps=10", f"--model_dir={model_dir}")
+    gcs.fail(503, kind="upload", path=r"ckpt-30", times=None)
+    result = tpurun_cli("train", *common, "--train_steps=40")
+    assert_fails(result, RUN_FAILURE, "unreachable or failing", "ckpt-30")
+    assert leftovers(model_dir) == []
+    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
+    gcs.clear_faults()
+    result = assert_ok(tpurun_cli("train", *common, "--train_steps=40"))
+    assert f"Resuming from {model_dir}/ckpt-20 (step 20)" in result.stderr
+    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-40"
+
+
+def test_a_failed_export_leaves_nothing_and_the_next_export_works(trained, gcs, tpurun_cli):
+    gcs.fail(503, kind="upload", path=r"variables", times=None)
+    result = tpurun_cli("export", *IRIS, f"--model_dir={trained}")
+    assert_fails(result, RUN_FAILURE, "cannot write the export", "nothing was left behind")
+    assert [n for n in files(trained) if n.startswith("export/")] == []
+    gcs.clear_faults()
+    [export_dir] = assert_ok(tpurun_cli("export", *IRIS, f"--model_dir={trained}")).stdout.split()
+    assert tf.saved_model.load(export_dir).signatures["serving_default"] is not None
+
+
+def test_a_failed_best_copy_keeps_the_previous_best_and_leaves_no_temporary(
+    trained, gcs, tpurun_cli
+):
+    # The issue's report: a 404 to one request left gs://bucket/iris/.best.tmp/ behind.
+    assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={trained}", "--config.eval.steps=1"))
+    with tf.io.gfile.GFile(f"{trained}/best/best.json") as f:
+        before = json.load(f)
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={trained}"))
+    gcs.fail(404, kind="upload", path=r"name=iris/best/ckpt-200\.data-")  # copying the checkpoint
+    result = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={trained}"))
+    assert "Could not write the eval summaries or the best checkpoint" in result.stderr
+    assert leftovers(trained) == []
+    with tf.io.gfile.GFile(f"{trained}/best/best.json") as f:
+        assert json.load(f) == before
+    step = before["checkpoint"]
+    assert files(f"{trained}/best") == sorted(
+        ["best.json", f"{step}.data-00000-of-00001", f"{step}.index"]
+    )
+
+
+def test_storage_gone_past_hang_timeout_ends_the_run_with_exit_3(bucket, gcs):
+    """Every request after the first save hangs: the watchdog ends the run (its own process)."""
+    model_dir = f"{bucket}/iris"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "train", *IRIS, "--train_steps=1000000"]
+        + ["--save_checkpoints_steps=10", "--hang_timeout=4", f"--model_dir={model_dir}"],
+        env={**__import__("os").environ, **OFFLINE_ENV, **gcs.env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "Saved checkpoint" in line:
+            gcs.slow(60)
+            break
+    rest = process.communicate(timeout=60)[1]
+    gcs.clear_faults()
+    stderr = "".join(lines) + rest
+    assert process.returncode == EXIT_HUNG, stderr
+    assert re.search(r"no progress for --hang_timeout=4s at step \d+", stderr), stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--model_dir={tmp}/iris"], "--model_dir={tmp}/iris"),
+        (
+            ["--model_dir=gs://b/iris", "--config.data.train_path={tmp}/train.csv"],
+            "--config.data.train_path={tmp}/train.csv",
+        ),
+        (["--model_dir=gs://b/iris", "--warm_start_from={tmp}/old"], "--warm_start_from="),
+    ],
+    ids=["model_dir", "data_path", "warm_start_from"],
+)
+def test_a_tpu_node_refuses_local_paths_before_connecting(tpurun_cli, tmp_path, flags, named):
+    # A --tpu=NAME is checked the same way once the Cloud TPU API gave its address.
+    args = [flag.format(tmp=tmp_path) for flag in flags]
+    result = tpurun_cli("train", "--config=iris", "--tpu=grpc://10.0.0.2:8470", *args, cwd=tmp_path)
+    assert_fails(
+        result, 2, named.format(tmp=tmp_path), "gs://BUCKET", "File system scheme '[local]'"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tpu_node_refuses_a_local_predict_output_and_export_dir(tpurun_cli, tmp_path):
+    tpu = "--tpu=grpc://10.0.0.2:8470"
+    result = tpurun_cli("predict", tpu, "--model_dir=gs://b/iris", f"--output={tmp_path}/p.jsonl")
+    assert_fails(result, 2, f"--output={tmp_path}/p.jsonl")
+    result = tpurun_cli("export", tpu, "--model_dir=gs://b/iris", f"--export_dir={tmp_path}/e")
+    assert_fails(result, 2, f"--export_dir={tmp_path}/e")

@@ -1,0 +1,160 @@
+"""One trainer per model_dir (tpurun.lease), on a local disk and on gs://.
+
+The first trainer runs in a process of its own (it is signalled); the second, and
+the one that takes over a killed trainer's lease, run in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok
+
+from tpurun import lease
+from tpurun.errors import EXIT_PREEMPTED
+
+IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
+
+
+@pytest.fixture(params=["local", "gs"])
+def model_dir(request, tmp_path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "iris")
+    bucket = request.getfixturevalue("bucket")
+    return f"{bucket}/iris"
+
+
+def start_trainer(model_dir: str, env: dict[str, str]) -> tuple[subprocess.Popen, list[str]]:
+    """A long Iris run, returned once it has trained its first host loop (and holds the lease)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "train", *IRIS, "--train_steps=100000000"]
+        + [f"--model_dir={model_dir}"],
+        env={**os.environ, **OFFLINE_ENV, **env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    assert process.stderr is not None
+    for line in process.stderr:
+        lines.append(line)
+        if re.search(r"step \d+/100000000", line):
+            return process, lines
+    process.wait()
+    raise AssertionError("".join(lines))
+
+
+def gcs_env(model_dir: str, request) -> dict[str, str]:
+    return request.getfixturevalue("gcs").env if model_dir.startswith("gs://") else {}
+
+
+def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(
+    model_dir, tpurun_cli, request
+):
+    first, lines = start_trainer(model_dir, gcs_env(model_dir, request))
+    try:
+        started = time.monotonic()
+        second = tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={model_dir}")
+        line = assert_fails(
+            second, RUN_FAILURE, "is being trained by another tpurun train", f"pid {first.pid}"
+        )
+        assert "--force_takeover" in line and "since " in line
+        assert time.monotonic() - started < 10
+        first.send_signal(signal.SIGTERM)
+        rest = first.communicate(timeout=120)[1]
+    finally:
+        first.kill()
+    stderr = "".join(lines) + rest
+    assert first.returncode == EXIT_PREEMPTED, stderr
+    saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stderr).group(1))
+    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{saved}"
+    assert not lease_exists(f"{model_dir}/{lease.FILE}"), "the lease was not released"
+
+
+def test_a_killed_trainers_lease_is_taken_over(model_dir, tpurun_cli):
+    """The lease a SIGKILLed trainer of this machine left (its pid gone) is taken at once.
+
+    Written here as that trainer wrote it, rather than by killing one: the SIGKILL
+    tests (test_resume.py locally, test_gcs_life.py on gs://) resume after real kills,
+    each taking over the killed trainer's lease.
+    """
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = f"{model_dir}/{lease.FILE}"
+    tf.io.gfile.makedirs(model_dir)
+    holder = lease.Holder(
+        socket.gethostname(), dead.pid, "2026-01-01T00:00:00+00:00", time.time(), 3900.0
+    )
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(holder.text())
+    result = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={model_dir}"))
+    assert f"pid {dead.pid}" in result.stderr and "gone" in result.stderr
+    assert not lease_exists(path)
+
+
+def lease_exists(path: str) -> bool:
+    """Asked through gcsfs: TensorFlow's stat cache would answer from before a release."""
+    if path.startswith("gs://"):
+        return lease._GcsClient().read(path) is not None
+    return os.path.exists(path)
+
+
+def write_lease(path: str, host: str, renewed: float) -> None:
+    holder = lease.Holder(host, 1234, "2026-01-01T00:00:00+00:00", renewed, 600.0)
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(holder.text())
+
+
+def test_on_gcs_a_lease_of_another_machine_is_taken_over_only_once_stale(bucket, gcs):
+    model_dir = f"{bucket}/iris"
+    path = f"{model_dir}/{lease.FILE}"
+    write_lease(path, "other-host", time.time() - 60)
+    with pytest.raises(lease.LeaseHeld, match="host other-host, pid 1234"):
+        lease.acquire(model_dir, hang_timeout=300)
+    write_lease(path, "other-host", time.time() - 601)
+    held = lease.acquire(model_dir, hang_timeout=300)
+    with tf.io.gfile.GFile(path) as f:
+        assert json.load(f)["pid"] == os.getpid()
+    held.release()
+    assert not lease_exists(path)
+
+
+def test_on_gcs_force_takeover_takes_a_fresh_lease_and_its_holder_then_stops(bucket, gcs):
+    model_dir = f"{bucket}/iris"
+    first = lease.acquire(model_dir, hang_timeout=300)
+    second = lease.acquire(model_dir, hang_timeout=300, force=True)
+    first._renewed = 0.0  # due for renewal: it finds the lease replaced
+    with pytest.raises(lease.RunError, match="took over the lease"):
+        first.renew()
+    first.release()  # must not remove the new holder's lease
+    assert lease_exists(f"{model_dir}/{lease.FILE}")
+    second.release()
+
+
+def test_renewal_makes_a_request_at_most_once_a_minute(bucket, gcs):
+    held = lease.acquire(f"{bucket}/iris", hang_timeout=300)
+    with gcs.counting() as log:
+        for _ in range(100):
+            held.renew()
+    assert len(log) == 0
+    held._renewed -= lease.RENEW_SECONDS
+    with gcs.counting() as log:
+        held.renew()
+    assert log.kinds() == {"upload": 1}
+    held.release()
+
+
+def test_a_lease_the_storage_refuses_is_one_line_with_the_fix(bucket, gcs, tpurun_cli):
+    gcs.fail(403, kind="upload", path="uploadType=multipart", times=None)  # the lease's writes
+    result = tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={bucket}/iris")
+    assert_fails(
+        result, RUN_FAILURE, "cannot take the lease", "permission denied", "storage.objectAdmin"
+    )

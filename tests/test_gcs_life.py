@@ -1,0 +1,222 @@
+"""The whole life of a run with its model_dir and data in a gs:// bucket (the test GCS server).
+
+Train with cadence and retention, eval and the best checkpoint, export --best,
+predict from and to gs://, warm start from gs://, TensorBoard events read back,
+the eval --continuous sidecar, mnist TFRecords read from gs://, SIGKILL at random
+moments and inside a save then resume bit-identically. In this process where a
+run needs no process of its own (`tpurun_cli`); kills in subprocesses, with the
+helpers of tests/test_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+from conftest import REPO, RUN_FAILURE, assert_fails, assert_ok, run_tpurun
+from test_e2e_gcs import iris_on_gcs  # noqa: F401 - a fixture: Iris data copied to the bucket
+from test_resume import IRIS as SAVING_EVERY_LOOP
+from test_resume import assert_bit_identical, train_process
+
+from tests.synthetic_images import write_digit_records
+
+pytestmark = pytest.mark.slow
+STEPS = 100  # the killed runs': a save every 10-step loop on gs:// costs ~0.3 s
+
+
+def scalars(logdir: str) -> dict[str, list[int]]:
+    """The steps of every scalar in the TensorBoard events files directly in `logdir`."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(tf.io.gfile.glob(f"{logdir}/events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append(event.step)
+    return found
+
+
+def test_train_eval_best_export_predict_warm_start_on_gcs(bucket, iris_on_gcs, tpurun_cli):  # noqa: F811
+    model_dir = f"{bucket}/iris"
+    result = assert_ok(
+        tpurun_cli(
+            "train",
+            *iris_on_gcs,
+            "--train_steps=200",
+            "--iterations=10",
+            "--save_checkpoints_steps=50",
+            "--keep_checkpoint_max=2",
+            "--eval_every=100",
+        )
+    )
+    saved = re.findall(r"Saved checkpoint \S+/ckpt-(\d+)\.", result.stderr)
+    assert saved == ["50", "100", "150", "200"]
+    # Retention: the two newest are kept, the state file lists them.
+    assert tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths == [
+        f"{model_dir}/ckpt-150",
+        f"{model_dir}/ckpt-200",
+    ]
+    names = tf.io.gfile.listdir(model_dir)
+    assert not [n for n in names if re.match(r"ckpt-(50|100)\.", n)], names
+    assert {"results-100.json", "results-200.json"} <= set(tf.io.gfile.listdir(f"{model_dir}/eval"))
+
+    # TensorBoard on gs://, read back: a loss per host loop, eval metrics at eval steps.
+    train_scalars = scalars(model_dir)
+    assert train_scalars["loss"] == list(range(10, 201, 10))
+    assert scalars(f"{model_dir}/eval")["accuracy"] == [100, 200]
+
+    # The best checkpoint, kept apart (ckpt-100 is deleted by retention), and exported.
+    with tf.io.gfile.GFile(f"{model_dir}/best/best.json") as f:
+        best = json.load(f)
+    assert best["checkpoint"] in ("ckpt-100", "ckpt-200")
+    [export_dir] = assert_ok(tpurun_cli("export", *iris_on_gcs, "--best")).stdout.split()
+    assert export_dir.startswith(f"{model_dir}/export/")
+    serving = tf.saved_model.load(export_dir).signatures["serving_default"]
+    served = serving(
+        SepalLength=tf.constant([5.1]),
+        SepalWidth=tf.constant([3.3]),
+        PetalLength=tf.constant([1.7]),
+        PetalWidth=tf.constant([0.5]),
+    )
+    assert served["class_ids"].shape == (1,)
+
+    # predict --input=gs://...csv --output=gs://...jsonl
+    rows = f"{bucket}/rows.csv"
+    with tf.io.gfile.GFile(rows, "w") as f:
+        f.write("SepalLength,SepalWidth,PetalLength,PetalWidth\n5.1,3.3,1.7,0.5\n6.9,3.1,5.4,2.1\n")
+    output = f"{bucket}/out/predictions.jsonl"
+    assert_ok(tpurun_cli("predict", *iris_on_gcs, f"--input={rows}", f"--output={output}"))
+    with tf.io.gfile.GFile(output) as f:
+        assert [json.loads(line)["class_ids"] for line in f] == [0, 2]
+
+    # --warm_start_from=gs://: a new run starts from these weights at step 0.
+    warm = [flag for flag in iris_on_gcs if not flag.startswith("--model_dir")]
+    result = assert_ok(
+        tpurun_cli(
+            "train",
+            *warm,
+            f"--model_dir={bucket}/warm",
+            f"--warm_start_from={model_dir}",
+            "--train_steps=10",
+            "--iterations=10",
+        )
+    )
+    assert f"from {model_dir}/ckpt-200; training starts at step 0" in result.stderr
+
+    leftovers = [
+        name
+        for root, _, files in tf.io.gfile.walk(bucket)
+        for name in files
+        if ".tpurun-tmp-" in name or "_temp" in name
+    ]
+    assert leftovers == []
+
+
+def test_eval_continuous_sidecar_beside_a_trainer_on_gcs(bucket, gcs, iris_on_gcs, tpurun_cli):  # noqa: F811
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "eval", *iris_on_gcs, "--continuous"]
+        + ["--train_steps=300", "--eval_timeout=120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2)  # started before the trainer: it waits for a first checkpoint
+        assert_ok(
+            tpurun_cli(
+                "train",
+                *iris_on_gcs,
+                "--train_steps=300",
+                "--iterations=50",
+                "--save_checkpoints_steps=100",
+            )
+        )
+        out, err = sidecar.communicate(timeout=180)
+    finally:
+        sidecar.kill()
+    assert sidecar.returncode == 0, err[-3000:]
+    assert re.findall(r"eval at step (\d+):", out) == ["100", "200", "300"]
+    assert "stopped after the checkpoint of the final step 300" in out
+
+
+def test_a_waiting_sidecar_polls_at_a_bounded_request_rate(bucket, gcs, tpurun_cli):
+    with gcs.counting() as log:
+        started = time.monotonic()
+        result = tpurun_cli(
+            "eval", "--config=iris", "--continuous", "--eval_timeout=3", f"--model_dir={bucket}/m"
+        )
+        seconds = time.monotonic() - started
+    assert_fails(result, RUN_FAILURE, "no checkpoint appeared")
+    # One stat of the state file per 1-second poll (TensorFlow's stat cache may save some).
+    assert len(log) <= 2 * seconds + 4, log
+
+
+def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
+    data_dir = write_digit_records(f"{bucket}/data", train=200, test=50)  # type: ignore[arg-type]
+    common = (
+        "--config=mnist",
+        f"--data_dir={data_dir}",
+        f"--model_dir={bucket}/mnist",
+        "--use_tpu=false",
+        "--config.conv_filters=(4, 8)",
+        "--config.hidden_units=16",
+        "--batch_size=25",
+        "--eval_batch_size=25",
+    )
+    assert_ok(tpurun_cli("train", *common, "--train_steps=16", "--iterations=8"))
+    result = assert_ok(tpurun_cli("eval", *common))
+    assert "eval at step 16:" in result.stdout and "(50 examples)" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted Iris run of STEPS on a local disk, saving every loop."""
+    model_dir = tmp_path_factory.mktemp("reference")
+    assert_ok(
+        run_tpurun(
+            "train", *SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}"
+        )
+    )
+    return model_dir / f"ckpt-{STEPS}"
+
+
+def test_sigkill_at_random_moments_then_resume_is_bit_identical_on_gcs(bucket, gcs, reference):
+    model_dir = f"{bucket}/iris"
+    rng = random.Random(7)
+    for target in sorted(rng.sample(range(20, STEPS - 10, 10), 3)):
+        process = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
+        assert process.stderr is not None
+        for line in process.stderr:
+            if re.search(rf"\] step {target}/{STEPS} ", line):
+                time.sleep(rng.uniform(0.0, 0.2))  # in a host loop, a save or a deletion
+                process.send_signal(signal.SIGKILL)
+                break
+        assert process.wait(timeout=120) == -signal.SIGKILL
+    final = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
+    _, err = final.communicate(timeout=180)
+    assert final.returncode == 0, err[-3000:]
+    assert "Resuming from" in err
+    assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
+
+
+def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(bucket, gcs, reference):
+    model_dir = f"{bucket}/iris"
+    common = (*SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}")
+    killed = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), "merge", "6", "train"]
+        + list(common),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")  # what the kill left
+    result = assert_ok(run_tpurun("train", *common))
+    assert f"Resuming from {model_dir}/ckpt-50 (step 50)" in result.stderr
+    assert not tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")
+    assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]

@@ -1,0 +1,244 @@
+"""Cloud TPU accelerator types (`v3-8`, `v5litepod-16`, ...): replicas, hosts and HBM per replica.
+
+`parse("v4-32")` gives the `Target` a job on that slice runs on: how many replicas
+TensorFlow's TPUStrategy makes, how many hosts feed them, and how much HBM each
+replica has, for sizing a per-replica step before a TPU is rented. The numbers
+come from one table, `GENERATIONS`, transcribed from the Cloud TPU documentation;
+each row names its page.
+
+What the number in a type counts differs by generation ("types and topologies",
+https://cloud.google.com/tpu/docs/types-topologies): TensorCores for v2, v3, v4
+and v5p (`v4-8` is 4 chips of 2 TensorCores), chips for v5e and v6e
+(`v5litepod-8` is 8 chips of 1 TensorCore). Under TPUStrategy a replica is one
+TensorCore on v2/v3, one chip on v4/v5p (their two TensorCores act as one
+"megacore" device) and one chip on v5e/v6e (one TensorCore each): a `v3-8` has 8
+replicas, a `v4-8` has 4, a `v5litepod-8` has 8.
+
+All these generations lay arrays out in HBM with the same tiles (XLA's default
+before TPU7x): `tpurun.check.memory.TILE_ROWS` applies to every row here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+
+from tpurun.errors import UsageError
+
+GIB = 1 << 30
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One row of the table: a TPU version as the Cloud TPU docs describe it."""
+
+    name: str  # as the docs name it: "v5e"
+    prefix: str  # as accelerator types spell it: "v5litepod"
+    aliases: tuple[str, ...]  # other spellings of the prefix users type: ("v5e",)
+    counts: str  # what the number in the type counts: "TensorCores" or "chips"
+    tensorcores_per_chip: int
+    tensorcores_per_replica: int  # under TPUStrategy: 1, or 2 for a megacore chip
+    chips_per_host: int  # of a full host; smaller slices have part of one
+    hbm_bytes_per_chip: int
+    sizes: Callable[[int], bool]  # whether `<prefix>-<n>` exists
+    size_examples: str  # for messages: "8, 32, ..., 512"
+    source: str  # the Cloud TPU page the row comes from
+
+    @property
+    def hbm_bytes_per_replica(self) -> int:
+        return self.hbm_bytes_per_chip // self.tensorcores_per_chip * self.tensorcores_per_replica
+
+
+def _one_of(*sizes: int) -> Callable[[int], bool]:
+    return frozenset(sizes).__contains__
+
+
+def _cube_slices(max_chips: int) -> Callable[[int], bool]:
+    """v4/v5p: N TensorCores = N/2 chips in whole hosts of 4, arranged AxBxC.
+
+    The types-and-topologies page: "A<=B<=C, and A, B, C are all <= 4 or all
+    integer multiples of 4"; the smallest slice is one host (2x2x1).
+    """
+
+    def exists(tensorcores: int) -> bool:
+        if tensorcores % 8 or not 8 <= tensorcores <= 2 * max_chips:
+            return False
+        chips = tensorcores // 2
+        for a in range(1, chips + 1):
+            for b in range(a, chips // a + 1):
+                c, rest = divmod(chips, a * b)
+                if rest or c < b:
+                    continue
+                dims = (a, b, c)
+                if all(d <= 4 for d in dims) or all(d % 4 == 0 for d in dims):
+                    return True
+        return False
+
+    return exists
+
+
+GENERATIONS: tuple[Generation, ...] = (
+    Generation(
+        name="v2",
+        prefix="v2",
+        aliases=(),
+        counts="TensorCores",
+        tensorcores_per_chip=2,
+        tensorcores_per_replica=1,
+        chips_per_host=4,
+        # 16 GiB per chip, 8 GiB per TensorCore.
+        hbm_bytes_per_chip=16 * GIB,
+        sizes=_one_of(8, 32, 128, 256, 512),
+        size_examples="8, 32, 128, 256, 512",
+        source="https://cloud.google.com/tpu/docs/v2",
+    ),
+    Generation(
+        name="v3",
+        prefix="v3",
+        aliases=(),
+        counts="TensorCores",
+        tensorcores_per_chip=2,
+        tensorcores_per_replica=1,
+        chips_per_host=4,
+        hbm_bytes_per_chip=32 * GIB,  # "HBM2 capacity: 32 GiB" (per chip)
+        sizes=_one_of(8, 32, 64, 128, 256, 512, 1024, 2048),  # a Pod is 1024 chips
+        size_examples="8, 32, 64, ..., 2048",
+        source="https://cloud.google.com/tpu/docs/v3",
+    ),
+    Generation(
+        name="v4",
+        prefix="v4",
+        aliases=(),
+        counts="TensorCores",
+        tensorcores_per_chip=2,
+        tensorcores_per_replica=2,  # megacore: one device per chip
+        chips_per_host=4,
+        hbm_bytes_per_chip=32 * GIB,  # "HBM2 capacity: 32 GiB"
+        sizes=_cube_slices(max_chips=4096),  # a Pod is 4096 chips
+        size_examples="8, 16, 32, ..., 8192",
+        source="https://cloud.google.com/tpu/docs/v4",
+    ),
+    Generation(
+        name="v5e",
+        prefix="v5litepod",
+        aliases=("v5e",),
+        counts="chips",
+        tensorcores_per_chip=1,
+        tensorcores_per_replica=1,
+        chips_per_host=8,  # "Chips per host: 8"; 1x1 and 2x2 slices use part of one
+        hbm_bytes_per_chip=16 * GB,  # "HBM capacity per chip: 16 GB"
+        sizes=_one_of(1, 4, 8, 16, 32, 64, 128, 256),  # 1x1 ... 16x16
+        size_examples="1, 4, 8, 16, ..., 256",
+        source="https://cloud.google.com/tpu/docs/v5e",
+    ),
+    Generation(
+        name="v5p",
+        prefix="v5p",
+        aliases=(),
+        counts="TensorCores",
+        tensorcores_per_chip=2,
+        tensorcores_per_replica=2,  # megacore, as v4
+        chips_per_host=4,  # 2x2x1 = 4 chips = 1 host
+        hbm_bytes_per_chip=95 * GIB,  # "HBM capacity per chip (GiB): 95"
+        sizes=_cube_slices(max_chips=6144),  # the largest slice: 16x16x24
+        size_examples="8, 16, 32, ..., 12288",
+        source="https://cloud.google.com/tpu/docs/v5p",
+    ),
+    Generation(
+        name="v6e",
+        prefix="v6e",
+        aliases=(),
+        counts="chips",
+        tensorcores_per_chip=1,
+        tensorcores_per_replica=1,
+        chips_per_host=8,  # "Chips per host: 8"
+        hbm_bytes_per_chip=32 * GB,  # "HBM capacity per chip: 32 GB"
+        sizes=_one_of(1, 4, 8, 16, 32, 64, 128, 256),  # a Pod is 256 chips
+        size_examples="1, 4, 8, 16, ..., 256",
+        source="https://cloud.google.com/tpu/docs/v6e",
+    ),
+)
+
+_BY_PREFIX = {p: g for g in GENERATIONS for p in (g.prefix, *g.aliases)}
+_BY_NAME = {g.name: g for g in GENERATIONS}
+_TYPE = re.compile(r"([a-z0-9]+?)-(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A slice as TPUStrategy sees it: its replicas, hosts and HBM per replica."""
+
+    name: str  # canonical accelerator type: "v5litepod-16" (for "v5e-16" too)
+    generation: str  # "v5e"
+    chips: int
+    tensorcores: int
+    replicas: int  # TPUStrategy.num_replicas_in_sync
+    hosts: int  # full hosts, at least 1 (a v5litepod-4 uses half of one)
+    hbm_bytes_per_chip: int
+    hbm_bytes_per_replica: int
+
+
+def parse(type_name: str) -> Target:
+    """The Target of an accelerator type, or UsageError naming the known ones."""
+    match = _TYPE.fullmatch(type_name.strip().lower())
+    generation = _BY_PREFIX.get(match.group(1)) if match else None
+    if match is None or generation is None:
+        raise UsageError(f"unknown TPU type {type_name!r}; known: {_known_line()}")
+    number = int(match.group(2))
+    if not generation.sizes(number):
+        raise UsageError(
+            f"{type_name!r} is not a Cloud TPU {generation.name} slice (the number counts "
+            f"{generation.counts}); use {generation.prefix}-N for N in "
+            f"{{{generation.size_examples}}}"
+        )
+    if generation.counts == "chips":
+        chips, tensorcores = number, number * generation.tensorcores_per_chip
+    else:
+        tensorcores, chips = number, number // generation.tensorcores_per_chip
+    replicas = tensorcores // generation.tensorcores_per_replica
+    return Target(
+        name=f"{generation.prefix}-{number}",
+        generation=generation.name,
+        chips=chips,
+        tensorcores=tensorcores,
+        replicas=replicas,
+        hosts=max(1, chips // generation.chips_per_host),
+        hbm_bytes_per_chip=generation.hbm_bytes_per_chip,
+        hbm_bytes_per_replica=generation.hbm_bytes_per_replica,
+    )
+
+
+def larger_slice(target: Target, global_batch: int, max_per_replica: int) -> Target | None:
+    """The smallest slice of the target's generation with more replicas, over which
+    `global_batch` splits evenly into per-replica batches of at most `max_per_replica`;
+    None if there is none."""
+    generation = _BY_NAME[target.generation]
+    divisors = [d for d in range(1, math.isqrt(global_batch) + 1) if global_batch % d == 0]
+    for replicas in sorted({*divisors, *(global_batch // d for d in divisors)}):
+        if replicas <= target.replicas or global_batch // replicas > max_per_replica:
+            continue
+        tensorcores = replicas * generation.tensorcores_per_replica
+        number = (
+            tensorcores
+            if generation.counts == "TensorCores"
+            else tensorcores // generation.tensorcores_per_chip
+        )
+        if generation.sizes(number):
+            return parse(f"{generation.prefix}-{number}")
+    return None
+
+
+def known_types() -> list[str]:
+    """One entry per generation, for messages: "v3-{8, 32, 64, ..., 2048}", ..."""
+    entries = []
+    for g in GENERATIONS:
+        alias = f" (or {', '.join(a + '-N' for a in g.aliases)})" if g.aliases else ""
+        entries.append(f"{g.prefix}-N for N in {{{g.size_examples}}}{alias}")
+    return entries
+
+
+def _known_line() -> str:
+    return "; ".join(known_types())
