@@ -20,7 +20,7 @@ for Iris (global batch 32) at 1 replica (the default strategy) and 8 replicas
 --use_tpu=false` builds), each at `--iterations` 1 (one step per host call:
 Python dispatch dominates) and 100 (the Iris config's default); and for the
 Shakespeare LSTM (its laptop config, on a generated 1 MB text) at 1 replica,
-device data against tf.data, at 10 steps per host call.
+device data (with and without XLA) against tf.data, at 10 steps per host call.
 
 How: each replica count (and Shakespeare) runs in its own subprocess (this
 script with `--worker=...`), because logical CPU devices must be set before
@@ -56,7 +56,10 @@ ITERATIONS = (1, 100)
 # (milliseconds at 8 replicas), and the figure is stable with fewer of them.
 STEPS_PER_REPEAT = {1: 500, 100: 2000}
 WARMUP_CALLS = 2  # host calls before timing; the first traces (and compiles) the loop
-INPUTS = {"device data": True, "tf.data": False}  # row -> config.train.device_data
+# row -> (config.train.device_data, config.train.xla)
+INPUTS = {"device data": (True, True), "tf.data": (False, True)}
+# Shakespeare also without XLA: on a CPU, XLA's LSTM matmuls are slower than oneDNN's.
+SHAKESPEARE_INPUTS = {**INPUTS, "device data, xla=false": (True, False)}
 SHAKESPEARE_ITERATIONS = 10
 SHAKESPEARE_STEPS = 20  # per repeat: a laptop-config step takes ~0.1-0.3 s
 WORKERS = ("iris-1", "iris-8", "shakespeare-1")
@@ -137,8 +140,9 @@ def print_report(results: dict[str, Results]) -> None:
         for row, per_step in rows.items():
             print(f"{row:<28} {per_step[str(SHAKESPEARE_ITERATIONS)] / 1000:>10.1f} ms/step")
         before = rows["tpurun, tf.data"][str(SHAKESPEARE_ITERATIONS)]
-        after = rows["tpurun, device data"][str(SHAKESPEARE_ITERATIONS)]
-        print(f"tf.data / device data: {before / after:.2f}x")
+        for row in ("tpurun, device data", "tpurun, device data, xla=false"):
+            after = rows[row][str(SHAKESPEARE_ITERATIONS)]
+            print(f"tf.data / {row.removeprefix('tpurun, ')}: {before / after:.2f}x")
 
 
 # --- Worker: one replica count (or Shakespeare), every loop compared, in this process. ---
@@ -188,7 +192,7 @@ def take_turns(loops: dict, iterations: int, calls: int, repeats: int) -> dict[s
     return {row: statistics.median(values) * 1e6 for row, values in seconds.items()}
 
 
-def trainers(config_name: str, replicas: int, model_dir: str, **keys) -> dict:
+def trainers(config_name: str, replicas: int, model_dir: str, rows: dict = INPUTS, **keys) -> dict:
     """row -> Trainer.train of a fresh Trainer per input; one strategy for all."""
     import keras
 
@@ -200,8 +204,8 @@ def trainers(config_name: str, replicas: int, model_dir: str, **keys) -> dict:
     cluster = strategy.build(first)  # first: it splits the CPU before TF initialises
     assert cluster.num_replicas == replicas, cluster.description
     loops = {}
-    for row, device in INPUTS.items():
-        run = run_config(config_name, replicas, model_dir, device, **keys)
+    for row, (device, xla) in rows.items():
+        run = run_config(config_name, replicas, model_dir, device, **{"train.xla": xla, **keys})
         keras.utils.set_random_seed(run.seed)
         trainer = Trainer(run, cluster, model_lib.create(run.config))
         trainer.start_input()
@@ -293,7 +297,7 @@ def bench_shakespeare(model_dir: str, args: argparse.Namespace) -> Results:
     text = os.path.join(model_dir, "text.txt")
     with open(text, "w") as f:
         f.write(" ".join(rng.choice(words, 200_000)))
-    loops = trainers("shakespeare", 1, model_dir, **{"data.path": text})
+    loops = trainers("shakespeare", 1, model_dir, SHAKESPEARE_INPUTS, **{"data.path": text})
     calls = max(1, round(SHAKESPEARE_STEPS * args.scale) // SHAKESPEARE_ITERATIONS)
     timed = take_turns(loops, SHAKESPEARE_ITERATIONS, calls, args.repeats)
     return {row: {str(SHAKESPEARE_ITERATIONS): value} for row, value in timed.items()}

@@ -101,8 +101,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.train.device_data_mb = 0.0
     # With device data and one replica, compile the whole host loop with XLA (false: a
     # plain tf.function). Never on a CPU under mixed_bfloat16: XLA's CPU backend has no
-    # fast bfloat16 matmuls. On a CPU it is also a little slower for a large model,
-    # whose matmuls TensorFlow's oneDNN kernels do better (README, Benchmark).
+    # fast bfloat16 matmuls (README, Benchmark).
     config.train.xla = True
 
     config.eval = ml_collections.ConfigDict()
