@@ -6,8 +6,10 @@ TPU core and divided `cores * COUNT * 2 * N^3` by the wall-clock time. Here:
 * `tpurun train` trains a chain of `config.flops.matmuls` products with one
   shared N x N weight (`x -> x W -> x W W -> ...`, learning W^K ~ I on random
   rows): a real replicated training step made of large matmuls. Each step is
-  3 * K * 2 * B * N^2 FLOP per replica (forward, and the two products of the
-  backward pass), B the per-replica batch; the first training log line says so.
+  3 * K * 2 * B * N^2 FLOP (forward, and the two products of the backward pass),
+  B the global batch; the first training log line says so. The rows are one
+  global batch of random numbers, the model's `train_arrays`: they stay on the
+  device, so the input costs nothing next to the matmuls.
 * `tpurun predict` (the model's `generate`) is the measurement: on every replica
   it multiplies a random N x N matrix by the trained W (rescaled to keep the
   values bounded) K times per loop, for `config.flops.loops` loops inside one
@@ -27,7 +29,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun.errors import UsageError
-from tpurun.model import InputParams, Mode, Model, register
+from tpurun.model import InputParams, Mode, Model, TrainArrays, register
 
 FEATURE = "x"
 DTYPES = ("float32", "bfloat16")
@@ -67,7 +69,6 @@ def dtypes_of(setting: str) -> tuple[str, ...]:
 class Flops(Model):
     """A chain of N x N matmuls; `tpurun predict` measures their TFLOP/s on every replica."""
 
-    input_fn_seeks = True  # the same batch at every position
     # Eval reads the one fixed batch of random rows it trains on: how well the chain
     # fits it, no held-out data.
     eval_splits = ("train",)
@@ -76,26 +77,33 @@ class Flops(Model):
         rng = np.random.default_rng(seed)
         return rng.standard_normal((rows, self.config.flops.n), dtype=np.float32)
 
+    def train_arrays(self) -> TrainArrays:
+        flops, batch = self.config.flops, self.config.train.batch_size
+        logging.info(
+            "flops: a training step is %.1f GFLOP over all replicas (3 x %d matmuls of "
+            "[%d x %d] x [%d x %d]).",
+            6 * flops.matmuls * batch * flops.n**2 / 1e9,
+            flops.matmuls,
+            batch,
+            flops.n,
+            flops.n,
+            flops.n,
+        )
+
+        def inputs_as_targets(arrays, rows):  # W^K should become I
+            x = tf.gather(arrays[FEATURE], rows)
+            return {FEATURE: x}, x
+
+        # One global batch of random rows, each epoch a new order of them.
+        rows = {FEATURE: self._rows(batch, self.config.seed)}
+        return TrainArrays(rows, count=batch, batch=inputs_as_targets)
+
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
-        # One fixed batch of random rows, repeated: the input pipeline costs nothing
-        # next to the matmuls. The target is the input (W^K should become I).
+        """EVAL and PREDICT (TRAIN comes from train_arrays): one fixed batch of random rows."""
         x = self._rows(params.batch_size, params.seed + params.input_pipeline_id)
         if mode is Mode.PREDICT:
             return tf.data.Dataset.from_tensors({FEATURE: x})
         dataset = tf.data.Dataset.from_tensors(({FEATURE: x}, x))
-        if mode is Mode.TRAIN:
-            flops = self.config.flops
-            logging.info(
-                "flops: a training step is %.1f GFLOP per replica (3 x %d matmuls of "
-                "[%d x %d] x [%d x %d]).",
-                6 * flops.matmuls * params.batch_size * flops.n**2 / 1e9,
-                flops.matmuls,
-                params.batch_size,
-                flops.n,
-                flops.n,
-                flops.n,
-            )
-            return dataset.repeat()
         return dataset.repeat(self.config.flops.eval_batches)
 
     def build(self) -> keras.Model:

@@ -16,8 +16,7 @@ import pandas as pd
 import tensorflow as tf
 
 from tpurun.errors import RunError
-from tpurun.inputs import seekable_batches
-from tpurun.model import Classifier, InputParams, Mode, register
+from tpurun.model import Classifier, InputParams, Mode, TrainArrays, register
 from tpurun.tf_errors import one_line
 
 FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
@@ -143,7 +142,6 @@ def _is_number(text: str) -> bool:
 class Iris(Classifier):
     """Dense 10-10 ReLU network over the four measurements; logits for three species."""
 
-    input_fn_seeks = True  # seekable_batches starts at params.start_batch
     # iris_test.csv (or config.data.eval_path): there is no validation file, so the
     # best checkpoint is chosen on test, as it always was here.
     eval_splits = ("test",)
@@ -159,16 +157,21 @@ class Iris(Classifier):
             return {name: frame[name].to_numpy() for name in FEATURES}
         return {name: np.asarray(v, np.float32) for name, v in PREDICTION_INPUT.items()}
 
+    def train_arrays(self) -> TrainArrays:
+        # 120 rows: kept on the device, where the step gathers its own batches.
+        frame = read_csv(self._path(Mode.TRAIN), with_labels=True, n_classes=self.config.n_classes)
+        return TrainArrays(
+            ({name: frame[name].to_numpy() for name in FEATURES}, frame[LABEL].to_numpy())
+        )
+
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
+        """EVAL and PREDICT; TRAIN comes from train_arrays."""
         if mode is Mode.PREDICT:
             dataset = tf.data.Dataset.from_tensor_slices(self._predict_features())
             dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
             return dataset.batch(params.batch_size)
         frame = read_csv(self._path(mode), with_labels=True, n_classes=self.config.n_classes)
         features = {name: frame[name].to_numpy() for name in FEATURES}
-        if mode is Mode.TRAIN:
-            # Reshuffled every epoch, and a resumed run starts at its batch in O(1).
-            return seekable_batches((features, frame[LABEL].to_numpy()), params)
         dataset = tf.data.Dataset.from_tensor_slices((features, frame[LABEL].to_numpy()))
         dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
         return dataset.batch(params.batch_size).prefetch(tf.data.AUTOTUNE)

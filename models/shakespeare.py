@@ -1,10 +1,12 @@
 """Shakespeare: the character-level LSTM of the "Predict Shakespeare with Cloud TPUs and Keras" example.
 
 Any text file is the data: its bytes are the vocabulary (ids 0..255, int32), so
-there is no tokenizer and no vocabulary file. Training takes windows of
-`seq_len + 1` bytes at random offsets (static shapes: the input is the first
-`seq_len`, the target the last `seq_len`, i.e. the input shifted by one); eval
-takes the held-out text in consecutive windows. The model is byte embedding ->
+there is no tokenizer and no vocabulary file. A training example is the window of
+`seq_len + 1` bytes at one offset of the text (static shapes: the input is the
+first `seq_len`, the target the last `seq_len`, i.e. the input shifted by one):
+the text is the model's `train_arrays`, kept on the device, and every epoch
+visits every offset once in a new order; eval takes the held-out text in
+consecutive windows. The model is byte embedding ->
 stacked LSTMs (returning sequences) -> dense logits over the 256 byte values; the
 embedding is a one-hot matmul (`ByteEmbedding`), whose dense gradient suits a TPU.
 
@@ -25,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpurun.errors import RunError, UsageError
-from tpurun.model import InputParams, Mode, Model, register
+from tpurun.model import InputParams, Mode, Model, TrainArrays, register
 from tpurun.tf_errors import one_line
 
 VOCAB = 256  # byte values
@@ -90,7 +92,6 @@ class ByteEmbedding(keras.layers.Layer):
 class Shakespeare(Model):
     """Byte embedding -> stacked LSTMs -> logits over the next byte, at every position."""
 
-    input_fn_seeks = True  # TRAIN offsets are drawn per batch index
     # The held-out text (its last config.data.eval_fraction, or config.data.eval_path):
     # a validation split, which chooses the best checkpoint.
     eval_splits = ("val",)
@@ -119,7 +120,20 @@ class Shakespeare(Model):
             raise UsageError("--prompt is empty; give the text to continue, e.g. --prompt='ROMEO:'")
         return prompt
 
+    def train_arrays(self) -> TrainArrays:
+        ids = self._ids(Mode.TRAIN)
+        seq_len = self.config.seq_len
+
+        def windows(arrays, starts):
+            """The windows at offsets `starts`: inputs, and targets one byte later."""
+            window = tf.gather(arrays["text"], starts[:, None] + tf.range(seq_len + 1))
+            return {FEATURE: window[:, :-1]}, window[:, 1:]
+
+        # Windows of seq_len + 1 bytes fit at len(ids) - seq_len offsets.
+        return TrainArrays({"text": ids}, count=len(ids) - seq_len, batch=windows)
+
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
+        """EVAL and PREDICT; TRAIN comes from train_arrays."""
         seq_len = self.config.seq_len
         if mode is Mode.PREDICT:
             # The standard predict step (and `tpurun check`): the prompt, once per
@@ -130,32 +144,11 @@ class Shakespeare(Model):
             dataset = dataset.shard(params.num_input_pipelines, params.input_pipeline_id)
             return dataset.batch(params.batch_size)
         ids = self._ids(mode)
-        if mode is Mode.TRAIN:
-            text = tf.constant(ids)
-            starts = len(ids) - seq_len  # windows of seq_len + 1 bytes fit at these offsets
-            # Batch k's offsets are a pure function of (seed, k), k counted across
-            # pipelines: a resumed run starts at params.start_batch directly.
-            pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
-            offsets = tf.data.Dataset.range(params.start_batch, tf.int64.max).map(
-                lambda k: tf.random.stateless_uniform(
-                    [params.batch_size],
-                    seed=tf.stack([tf.constant(params.seed, tf.int64), k * pipelines + pipeline]),
-                    maxval=starts,
-                    dtype=tf.int64,
-                )
-            )
-            windows = offsets.map(
-                lambda o: tf.gather(text, o[:, None] + tf.range(seq_len + 1, dtype=tf.int64)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            )
-        else:
-            count = (len(ids) - 1) // seq_len
-            starts = np.arange(count) * seq_len
-            windows = tf.data.Dataset.from_tensor_slices(
-                ids[starts[:, None] + np.arange(seq_len + 1)]
-            )
-            windows = windows.shard(params.num_input_pipelines, params.input_pipeline_id)
-            windows = windows.batch(params.batch_size)
+        count = (len(ids) - 1) // seq_len
+        starts = np.arange(count) * seq_len
+        windows = tf.data.Dataset.from_tensor_slices(ids[starts[:, None] + np.arange(seq_len + 1)])
+        windows = windows.shard(params.num_input_pipelines, params.input_pipeline_id)
+        windows = windows.batch(params.batch_size)
         dataset = windows.map(lambda w: ({FEATURE: w[:, :-1]}, w[:, 1:]))
         return dataset.prefetch(tf.data.AUTOTUNE)
 

@@ -129,7 +129,8 @@ def test_adam_keeps_two_slots_per_weight(checked):
 
 @pytest.mark.slow
 def test_the_estimate_follows_the_training_recipe(checked):
-    """Momentum and EMA are optimizer state; accumulation stacks its micro-batches as input."""
+    """Momentum and EMA are optimizer state; accumulation stacks its micro-batches as input
+    (through tf.data: on device data the input is flops' arrays, tests/test_device_data.py)."""
     n = 256
     result, data, _ = checked(
         "flops",
@@ -138,6 +139,7 @@ def test_the_estimate_follows_the_training_recipe(checked):
         "--config.optimizer.momentum=0.9",
         "--config.train.ema_decay=0.99",
         "--config.train.accumulate_steps=4",
+        "--config.train.device_data=false",
     )
     assert result.returncode == 0, describe(result)
     assert "batch per replica                     128 x 4" in result.stdout

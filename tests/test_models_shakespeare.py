@@ -25,7 +25,6 @@ def test_bytes_round_trip_and_short_text_is_refused(tmp_path):
     from tpurun.models import shakespeare
 
     from tpurun.errors import RunError
-    from tpurun.model import InputParams, Mode
 
     text = "Ünïcode ROMEO:\n"
     ids = shakespeare.encode(text)
@@ -37,9 +36,8 @@ def test_bytes_round_trip_and_short_text_is_refused(tmp_path):
     config = config_module.get_config()
     config.data.path = str(tmp_path / "short.txt")
     model = shakespeare.Shakespeare(config)
-    params = InputParams(8, 8, 1, 0, 1, 0)
     with pytest.raises(RunError, match="a window needs config.seq_len"):
-        model.input_fn(Mode.TRAIN, params)
+        model.train_arrays()
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ trains as a fresh process does."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -109,11 +110,21 @@ def train_process(model_dir: Path, *extra: str) -> subprocess.Popen:
             f"--model_dir={model_dir}",
             *extra,
         ],
-        env={**__import__("os").environ, **OFFLINE_ENV},
+        env={**os.environ, **OFFLINE_ENV},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: what it started is found by it
     )
+
+
+def group_survivors(process: subprocess.Popen) -> bool:
+    """Whether any process of `process`'s group is still alive (it is reaped already)."""
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_path, reference):
@@ -134,9 +145,12 @@ def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_p
                 process.send_signal(signal.SIGKILL)
                 break
         assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
+        assert not group_survivors(process), "the killed trainer left a process behind"
     final = train_process(tmp_path)
     _, err = final.communicate(timeout=120)
     assert final.returncode == 0, err[-3000:]
+    # Iris trains on device data, with its host loop compiled by XLA.
+    assert "Training data on the device" in err and "compiled by XLA" in err
     starts.append(int(re.search(r"Resuming from \S+ \(step (\d+)\)", err).group(1)))
     # Every attempt resumed from a checkpoint at most one loop behind where the
     # previous one was killed: no more than 10 steps of work redone per kill.
@@ -164,7 +178,7 @@ def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(
             "--keep_checkpoint_max=3",
             f"--model_dir={tmp_path}",
         ],
-        env={**__import__("os").environ, **OFFLINE_ENV},
+        env={**os.environ, **OFFLINE_ENV},
         capture_output=True,
         text=True,
         timeout=300,

@@ -221,3 +221,12 @@ def test_run_config_rejects_a_bad_best_mode_and_profile_range():
         make_run(profile_steps=(20, 10))
     with pytest.raises(UsageError, match="--hang_timeout=-1 must be"):
         make_run(hang_timeout=-1)
+
+
+@pytest.mark.parametrize("key", ["device_data", "xla"])
+def test_run_config_takes_only_a_bool_for_the_device_data_switches(key):
+    config = config_files.load(config_files.resolve("iris"))
+    del config.train[key]  # a config file that sets its own value, of the wrong type
+    config.train[key] = "yes"
+    with pytest.raises(UsageError, match=rf"^config.train.{key}='yes' must be true or false$"):
+        make_run(config)

@@ -33,7 +33,14 @@ INPUT_BOUND = "Training is input-bound"
 
 # --- end to end ------------------------------------------------------------------------
 
-IRIS = ("--config=iris", "--use_tpu=false", "--train_steps=300", "--iterations=50")
+# Through tf.data, whose steps wait for input (device data's do not: test_device_data.py).
+IRIS = (
+    "--config=iris",
+    "--use_tpu=false",
+    "--train_steps=300",
+    "--iterations=50",
+    "--config.train.device_data=false",
+)
 
 MODEL = '''
 """Points above the line y = x, with an input that sleeps `input_sleep` seconds per batch

@@ -268,7 +268,7 @@ def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None
         run,
         is_chief=where.is_chief,
         model_name=type(model).__name__,
-        input_seeks=model.input_fn_seeks,
+        input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
         graph=trainer.forward_graph,
     )
     Controller(

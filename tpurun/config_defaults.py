@@ -91,6 +91,18 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # batch is accumulate_steps x train.batch_size. Steps, cadences and the step
     # counter count optimizer steps.
     config.train.accumulate_steps = 1
+    # Device data: a model whose training examples are in-memory arrays (Model.train_arrays)
+    # gets them placed once in every replica's memory, and each replica step gathers its
+    # own batch, in the order tf.data would give (false: through tf.data). With one
+    # replica the whole host loop is then compiled by XLA.
+    config.train.device_data = True
+    # The most memory per device (MB) the arrays may take, else they stay in tf.data;
+    # 0 = automatic: 256 on CPU replicas, 2048 on a TPU core or GPU.
+    config.train.device_data_mb = 0.0
+    # With device data and one replica, compile the whole host loop with XLA (false: a
+    # plain tf.function). Never on a CPU under mixed_bfloat16: XLA's CPU backend has no
+    # fast bfloat16 matmuls (README, Benchmark).
+    config.train.xla = True
 
     config.eval = ml_collections.ConfigDict()
     config.eval.batch_size = 128  # global

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tpurun.errors import RunError
-from tpurun.model import InputParams, Mode, Model
+from tpurun.example_order import ExampleOrder
+from tpurun.model import InputParams, Mode, Model, TrainArrays
 
 
 def input_params(
@@ -43,6 +45,51 @@ def input_params(
     )
 
 
+def train_arrays(model: Model) -> TrainArrays | None:
+    """The model's `train_arrays()`, checked; None when it trains from input_fn(TRAIN)."""
+    arrays = model.train_arrays()
+    if arrays is None:
+        return None
+    name = type(model).__name__
+    if not isinstance(arrays, TrainArrays):
+        raise RunError(
+            f"{name}.train_arrays() returned {type(arrays).__name__}; return "
+            "tpurun.model.TrainArrays((features, labels)), or None to train from input_fn"
+        )
+    leaves = tf.nest.flatten(arrays.arrays)
+    shapes = [np.shape(leaf) for leaf in leaves]
+    if not leaves or any(len(shape) == 0 for shape in shapes):
+        raise RunError(
+            f"{name}.train_arrays(): every array needs a first dimension (got shapes "
+            f"{shapes}); give numpy arrays with one row per example"
+        )
+    if arrays.batch is None:
+        if not (isinstance(arrays.arrays, tuple) and len(arrays.arrays) == 2):
+            raise RunError(
+                f"{name}.train_arrays(): the arrays must be a (features, labels) pair, or give "
+                "TrainArrays a batch function that makes that pair from them"
+            )
+        if len({shape[0] for shape in shapes}) > 1:
+            raise RunError(
+                f"{name}.train_arrays(): the arrays have different numbers of rows "
+                f"({sorted({shape[0] for shape in shapes})}); each row is one example"
+            )
+    if arrays.num_examples < 1:
+        raise RunError(f"{name}.train_arrays(): no examples; give at least one row")
+    return arrays
+
+
+def train_dataset(
+    model: Model, params: InputParams, arrays: TrainArrays | None = None
+) -> tf.data.Dataset:
+    """The TRAIN dataset of one input pipeline: `input_fn(TRAIN)`, or for a model with
+    `train_arrays` (given, or asked for), their batches through `seekable_batches`."""
+    arrays = arrays or train_arrays(model)
+    if arrays is None:
+        return model.input_fn(Mode.TRAIN, params)
+    return seekable_batches(arrays, params)
+
+
 def distribute(
     strategy: tf.distribute.Strategy,
     model: Model,
@@ -53,6 +100,7 @@ def distribute(
     start_step: int = 0,
     micro_batches: int = 1,
     split: str | None = None,
+    arrays: TrainArrays | None = None,
 ) -> tf.distribute.DistributedDataset | HostDistributedDataset:
     """The model's dataset for `mode`, distributed over the strategy's replicas.
 
@@ -65,7 +113,10 @@ def distribute(
     consecutive batches, [micro_batches, batch, ...]: one optimizer step's worth.
     EVAL reads `split` (one of the model's eval_splits), given to input_fn as
     `params.split`.
+    `arrays`: the model's TrainArrays when already read (else asked for).
     """
+    if mode is Mode.TRAIN:
+        arrays = arrays or train_arrays(model)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         train = mode is Mode.TRAIN
@@ -77,7 +128,7 @@ def distribute(
             micro_batches if train else 1,
             split if mode is Mode.EVAL else None,
         )
-        dataset = model.input_fn(mode, params)
+        dataset = train_dataset(model, params, arrays) if train else model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise RunError(
                 f"{type(model).__name__}.input_fn({mode.value}) returned "
@@ -85,7 +136,7 @@ def distribute(
             )
         if train:
             check_static_batch(dataset, params.batch_size, type(model).__name__)
-            if params.start_batch and not model.input_fn_seeks:
+            if params.start_batch and not (model.input_fn_seeks or arrays):
                 logging.info(
                     "Skipping %d batches to continue the input where step %d left it (reads "
                     "them: set input_fn_seeks on %s to start there directly).",
@@ -182,40 +233,29 @@ def seekable_batches(tensors: Any, params: InputParams) -> tf.data.Dataset:
     """Endless TRAIN batches of in-memory examples, reshuffled every epoch, starting anywhere.
 
     `tensors` is a structure of arrays with one row per example (what
-    from_tensor_slices takes). The stream is a pure function of (params.seed,
-    position): batch k of this input pipeline holds the examples at positions
-    [k*B, (k+1)*B) of its shard of an endless sequence of epochs, each epoch a
-    permutation of all rows by `tf.random.experimental.index_shuffle` keyed by
-    (seed, epoch). Starting at `params.start_batch` is therefore arithmetic, not
-    a replay: a run resumed at step 10,000 starts as fast as one at step 10.
-    Pipelines take every num_input_pipelines-th position, so they share the
-    epochs without overlap.
+    from_tensor_slices takes), or a TrainArrays. The stream is a pure function of
+    (params.seed, position), the order of `tpurun.example_order`: batch k of this
+    input pipeline holds the examples at positions [k*B, (k+1)*B) of its shard of
+    an endless sequence of epochs, each epoch a permutation of all examples by
+    index_shuffle keyed by (seed, epoch). Starting at `params.start_batch` is
+    therefore arithmetic, not a replay: a run resumed at step 10,000 starts as fast
+    as one at step 10. Pipelines take every num_input_pipelines-th position, so
+    they share the epochs without overlap. The same order as the batches a
+    replica gathers itself from device data (`tpurun.device_data`).
     """
-    arrays = tf.nest.map_structure(tf.convert_to_tensor, tensors)
-    count = int(tf.nest.flatten(arrays)[0].shape[0])
-    if count == 0:
+    examples = tensors if isinstance(tensors, TrainArrays) else TrainArrays(tensors)
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, examples.arrays)
+    if examples.num_examples == 0:
         raise RunError("seekable_batches: no examples (the arrays have no rows)")
+    order = ExampleOrder(examples.num_examples, params.seed)
+    table = None if order.table is None else tf.constant(order.table)
     batch = params.batch_size
     pipelines, pipeline = params.num_input_pipelines, params.input_pipeline_id
-    seed = params.seed
 
     def batches_at(first: tf.Tensor) -> Any:
         """BATCHES_PER_CALL consecutive batches from batch `first`, as [n, batch, ...]."""
-        n = BATCHES_PER_CALL
-        local = first * batch + tf.range(n * batch, dtype=tf.int64)
-        position = local * pipelines + pipeline  # in the stream shared by all pipelines
-        epoch, offset = position // count, position % count
-        # One [seed, epoch, 0] key per row. The raw op: tf.random.experimental.
-        # index_shuffle pads a [n, 2] seed on the wrong axis in TF 2.21.
-        key = tf.stack([tf.fill([n * batch], tf.constant(seed, tf.int64)), epoch], axis=1)
-        rows = tf.raw_ops.RandomIndexShuffle(
-            index=offset,
-            seed=tf.pad(key, [[0, 0], [0, 1]]),
-            max_index=tf.constant(count - 1, tf.int64),
-            rounds=4,
-        )
-        rows = tf.reshape(rows, [n, batch])
-        return tf.nest.map_structure(lambda t: tf.gather(t, rows), arrays)
+        rows = order.batch_rows(first, BATCHES_PER_CALL, batch, pipelines, pipeline, table)
+        return examples.examples(arrays, rows)
 
     # Several batches per map call, then unbatched: a call costs more than the
     # rows it gathers when batches are small (8 replicas of 4 Iris rows).

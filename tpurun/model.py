@@ -7,6 +7,7 @@ A model is a subclass of `Model`, registered by name::
     @register("my_model")
     class MyModel(Model):
         def input_fn(self, mode, params): ...   # tf.data.Dataset, batched by params.batch_size
+        def train_arrays(self): ...             # optional: TrainArrays of in-memory examples
         def build(self): ...                    # a keras.Model: features -> outputs
         def loss(self, labels, outputs): ...    # per-example loss, shape [batch]
         def metrics(self): ...                  # {name: keras.metrics.Metric}
@@ -38,6 +39,15 @@ What the launcher guarantees, so the model never needs a device branch:
     batch to the static shape, masks the padding out of every metric and strips it
     from predictions, so evaluation is exact and N inputs give N outputs.
   - On several hosts, shard by `params.input_pipeline_id` / `num_input_pipelines`.
+* `train_arrays()` (optional) declares training examples that are in-memory arrays:
+  `TrainArrays((features, labels))`, numpy arrays with one row per example (or, for
+  examples that are not rows, the arrays, their `count` and a `batch` function).
+  Then `input_fn` is asked for EVAL and PREDICT only: the launcher keeps the arrays
+  in every replica's memory and each replica step gathers its own batch (device
+  data, `tpurun.device_data`; with one replica the whole host loop is compiled by
+  XLA), or feeds them through tf.data (`config.train.device_data=false`, or above
+  the memory budget). Either way the batches are the same, reshuffled every epoch
+  by `params.seed`, and a resumed run starts at its step in O(1).
 * `build()` runs inside the distribution strategy's scope: create layers there,
   never pick devices.
 * `loss` returns one value per example; the launcher weights, sums and scales it
@@ -127,6 +137,37 @@ class InputParams:
     split: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainArrays:
+    """A model's training examples held in memory: what `Model.train_arrays` returns.
+
+    `arrays` are numpy arrays (any nested structure) that the launcher places once in
+    every replica's memory. By default they are `(features, labels)` with one row per
+    example, and a batch is some of their rows. Examples that are not rows (the
+    windows of a text) give `count`, how many there are, and `batch(arrays, rows)`:
+    the `(features, labels)` of the examples `rows` (int32 [n]) made from `arrays`
+    (as tensors). It runs inside the compiled training step: TensorFlow ops only,
+    static shapes (`tf.gather`, slicing, arithmetic).
+    """
+
+    arrays: Any
+    count: int | None = None
+    batch: Callable[[Any, tf.Tensor], Any] | None = None
+
+    @property
+    def num_examples(self) -> int:
+        if self.count is not None:
+            return self.count
+        return int(np.shape(tf.nest.flatten(self.arrays)[0])[0])
+
+    def examples(self, arrays: Any, rows: tf.Tensor) -> Any:
+        """The `(features, labels)` of the examples `rows` (int32, any shape [..., n])."""
+        if self.batch is None:
+            return tf.nest.map_structure(lambda t: tf.gather(t, rows), arrays)
+        flat = self.batch(arrays, tf.reshape(rows, [-1]))
+        return tf.nest.map_structure(lambda t: tf.reshape(t, [*rows.shape, *t.shape[1:]]), flat)
+
+
 class Model(abc.ABC):
     """Base class of tpurun models; see the module docstring for the contract."""
 
@@ -146,6 +187,16 @@ class Model(abc.ABC):
     @abc.abstractmethod
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         """The dataset for `mode`, batched by `params.batch_size`."""
+
+    def train_arrays(self) -> TrainArrays | None:
+        """Optional: the training examples as in-memory arrays; None: `input_fn(TRAIN)`.
+
+        A model that returns them is never asked for `input_fn(TRAIN)`: the launcher
+        keeps the arrays in each replica's memory and the compiled step gathers its
+        own batches (or, turned off or too large, feeds them through tf.data), in the
+        same order either way.
+        """
+        return None
 
     @abc.abstractmethod
     def build(self) -> keras.Model:
@@ -211,6 +262,11 @@ def build_keras_model(model: Model) -> keras.Model:
             "(e.g. a functional model starting from keras.Input)"
         )
     return keras_model
+
+
+def has_train_arrays(model: Model) -> bool:
+    """Whether the model declares its training examples as arrays (so its stream seeks)."""
+    return type(model).train_arrays is not Model.train_arrays
 
 
 def has_generate(model: Model) -> bool:

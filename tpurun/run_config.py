@@ -187,6 +187,9 @@ _REQUIRED_KEYS = (
     "train.warm_start_vars",
     "train.ema_decay",
     "train.accumulate_steps",
+    "train.device_data",
+    "train.device_data_mb",
+    "train.xla",
     *(f"optimizer.{key}" for key in optimization_config.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",
@@ -341,6 +344,7 @@ MAX_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_REPLICAS = 2**16
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_ACCUMULATE_STEPS = 4096
+MAX_DEVICE_DATA_MB = 2**20  # 1 TB
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 FLOAT16_ON_TPU = (
@@ -406,3 +410,12 @@ def _check_sizes(config: Any) -> None:
     _integer(
         "config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS
     )
+    for key in ("device_data", "xla"):
+        if not isinstance(config.train[key], bool):
+            raise UsageError(f"config.train.{key}={config.train[key]!r} must be true or false")
+    budget = config.train.device_data_mb
+    if not (_is_number(budget) and math.isfinite(budget) and 0 <= budget <= MAX_DEVICE_DATA_MB):
+        raise UsageError(
+            f"config.train.device_data_mb={budget} must be a number of MB >= 0 (0 = automatic), "
+            f"at most {MAX_DEVICE_DATA_MB}"
+        )

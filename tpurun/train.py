@@ -7,6 +7,13 @@ loss in float32; float16 with dynamic loss scaling), the optimizer of
 `tpurun.optimization` (schedule, weight decay, clipping, EMA), and gradient
 accumulation: with `train.accumulate_steps` = N, one step sums the gradients of N
 micro-batches of `--batch_size` in-graph and applies them once.
+
+The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
+data (`tpurun.device_data`): the arrays in every replica's memory and each replica
+step gathering its own batch. With device data and one replica (a CPU, a GPU) the
+whole host loop is compiled by XLA; under MirroredStrategy it is not (XLA compiles
+for one device, and the all-reduce and the mirrored variables' updates span all of
+them), and on a TPU XLA compiles the replicated step anyway.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, optimization, precision
+from tpurun import device_data, inputs, optimization, precision
 from tpurun.actions.base import LoopStats
 from tpurun.cluster import Cluster
-from tpurun.model import Mode, Model, build_keras_model
+from tpurun.example_order import ExampleOrder
+from tpurun.model import Mode, Model, TrainArrays, build_keras_model
 from tpurun.run_config import RunConfig
+from tpurun.tf_errors import one_line
 
 
 class Trainer:
@@ -31,6 +40,7 @@ class Trainer:
 
     def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
         self.run = run
+        self.cluster = cluster
         self.strategy = cluster.strategy
         self.model = model
         self.global_batch = run.train_batch_size
@@ -49,7 +59,11 @@ class Trainer:
         self.checkpoint = self.fresh_checkpoint()
         self._configured_learning_rate = self._constant_learning_rate()
         self._loop = tf.function(self._host_loop)
-        self._iterator: Any = None  # the training input, from start_input()
+        self._iterator: Any = None  # the training input, from start_input()...
+        self.device_data: device_data.DeviceData | None = None  # ...or this
+        self._device_loop: Any = None
+        self._compiled = False  # whether _device_loop is the XLA-compiled one
+        self._position = 0  # device data: the steps its stream has given
 
     def fresh_checkpoint(self, present: Collection[str] | None = None) -> tf.train.Checkpoint:
         """A new checkpoint object over the model and optimizer (a restore attempt takes one).
@@ -145,6 +159,13 @@ class Trainer:
             scaled = self._applies.scale_loss(loss) if self._applies is not self.optimizer else loss
         return loss, tape.gradient(scaled, self.keras_model.trainable_variables)
 
+    def device_replica_step(self, step: tf.Tensor, values: Any) -> tf.Tensor:
+        """One replica's training step on device data: gathers its batch of `step` from
+        `values` (`DeviceData.values`), then `replica_step`."""
+        assert self.device_data is not None
+        features, labels = self.device_data.replica_batch(step, values)
+        return self.replica_step(features, labels)
+
     def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Runs num_steps replicated steps in-graph.
 
@@ -168,28 +189,134 @@ class Trainer:
         )
         return total / tf.cast(num_steps, tf.float32), waited, finite
 
+    def _device_host_loop(self, first_step: tf.Tensor, num_steps: tf.Tensor) -> tuple[Any, ...]:
+        """num_steps replicated steps on device data, from step `first_step` of its stream.
+
+        Returns their mean loss and whether every weight is still finite, as
+        `_host_loop` does (there is no input to wait for), and the step and learning
+        rate after them: read here, they cost the host nothing more (a compiled loop's
+        steps take microseconds, an eager read of a variable a good part of one).
+        """
+        assert self.device_data is not None
+        values = self.device_data.values
+
+        def step(i: tf.Tensor, total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            args = (first_step + tf.cast(i, tf.int64), values)
+            per_replica_loss = self.strategy.run(self.device_replica_step, args=args)
+            loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+            return i + 1, total + loss
+
+        # A while_loop without maximum_iterations (a `for` over tf.range sets it): XLA
+        # would take that bound as a constant and compile again for every loop length.
+        _, total = tf.while_loop(
+            lambda i, _: i < num_steps, step, (tf.constant(0), tf.constant(0.0))
+        )
+        finite = tf.reduce_all(
+            [tf.reduce_all(tf.math.is_finite(v)) for v in self.keras_model.trainable_variables]
+        )
+        rate = tf.cast(self.optimizer.learning_rate, tf.float32)
+        return total / tf.cast(num_steps, tf.float32), finite, self.optimizer.iterations, rate
+
     def start_input(self) -> None:
         """Builds the training input at the optimizer's current step (once; `train` needs it).
 
         A restored run continues the stream where the checkpoint's step left it. Built
         before anything is written, so bad data fails a run that has written nothing.
         """
-        if self._iterator is None:
-            dataset = inputs.distribute(
-                self.strategy,
-                self.model,
-                Mode.TRAIN,
-                self.global_batch,
-                self.run.seed,
-                start_step=self.step,
-                micro_batches=self.micro_batches,
+        if self._iterator is not None or self.device_data is not None:
+            return
+        arrays = inputs.train_arrays(self.model)
+        if arrays is not None and self.prepare_device_data(arrays, place=True):
+            return
+        dataset = inputs.distribute(
+            self.strategy,
+            self.model,
+            Mode.TRAIN,
+            self.global_batch,
+            self.run.seed,
+            start_step=self.step,
+            micro_batches=self.micro_batches,
+            arrays=arrays,
+        )
+        self._iterator = iter(dataset)
+
+    def prepare_device_data(self, arrays: TrainArrays, place: bool) -> bool:
+        """Trains on device data from `arrays`, unless off or too large (said in one line).
+
+        `place`: put them in the replicas' memory (`tpurun check` only traces the step).
+        """
+        if not self.run.config.train.device_data:
+            return False
+        order = ExampleOrder(arrays.num_examples, self.run.seed)
+        reason = device_data.why_not(
+            arrays,
+            order,
+            self.strategy,
+            self.cluster.num_workers,
+            self.run.config.train.device_data_mb,
+        )
+        if reason:
+            device_data.log_fallback(reason)
+            return False
+        self.device_data = device_data.DeviceData(
+            arrays, order, self.strategy.num_replicas_in_sync, self.global_batch, self.micro_batches
+        )
+        if not place:
+            return True
+        self.device_data.place(self.strategy)
+        self._position = self.step
+        self._device_loop = tf.function(self._device_host_loop)
+        compile_note = self._xla_applies()
+        self._compiled = not compile_note
+        if self._compiled:
+            self._device_loop = tf.function(self._device_host_loop, jit_compile=True)
+        logging.info(
+            "Training data on the device (%s): each replica step gathers its own batch; %s.",
+            device_data.describe(arrays, order),
+            compile_note or "the host loop is compiled by XLA",
+        )
+        return True
+
+    def _xla_applies(self) -> str:
+        """Why the device-data host loop is not compiled by XLA as a whole ("" when it is)."""
+        if self.cluster.is_tpu:
+            return "XLA compiles the replicated step for the TPU"
+        if self.strategy.num_replicas_in_sync > 1:
+            # The all-reduce and the mirrored variables' updates span every replica's
+            # device; each replica's ops are dispatched one by one (README, Benchmark).
+            return (
+                "the host loop is not compiled by XLA: it spans every replica's device, and "
+                "XLA compiles for one"
             )
-            self._iterator = iter(dataset)
+        if not self.run.config.train.xla:
+            return "the host loop is not compiled by XLA (config.train.xla=false)"
+        if self.run.config.precision == "mixed_bfloat16" and (
+            device_data.device_kind(self.strategy) == "CPU"
+        ):
+            # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (README).
+            return (
+                "the host loop is not compiled by XLA: its CPU backend has no fast bfloat16 matmuls"
+            )
+        return ""
 
     def train(self, num_steps: int) -> LoopStats:
         """Runs one host loop of `num_steps` steps, from the optimizer's current step."""
         self.start_input()
         start = time.perf_counter()
+        if self.device_data is not None:
+            loss, finite, step, rate = self._run_device_loop(num_steps)
+            loss_value = float(loss)  # waits for the loop to finish
+            return LoopStats(
+                step=int(step),
+                num_steps=num_steps,
+                loss=loss_value,
+                seconds=time.perf_counter() - start,
+                input_seconds=0.0,
+                global_batch=self.global_batch,
+                learning_rate=float(rate),
+                weights_finite=bool(finite),
+                device_input=True,
+            )
         loss, waited, finite = self._loop(self._iterator, tf.constant(num_steps))
         loss_value = float(loss)  # waits for the loop to finish
         return LoopStats(
@@ -203,11 +330,33 @@ class Trainer:
             weights_finite=bool(finite),
         )
 
+    def _run_device_loop(self, num_steps: int) -> tuple[Any, ...]:
+        """The device-data host loop; XLA-compiled when it can be (else, once, a line why)."""
+        first = tf.constant(self._position, tf.int64)
+        try:
+            result = self._device_loop(first, tf.constant(num_steps))
+        except Exception as e:  # noqa: BLE001 - whatever XLA rejects, the plain loop runs
+            if not self._compiled:
+                raise
+            # XLA compiles the whole loop before it runs a step, and writes the
+            # variables only after the last: a failed call changed nothing. An error
+            # that is not XLA's comes back from the plain loop, as it always did.
+            logging.info(
+                "The host loop runs without XLA, which failed on %s's step: %s",
+                type(self.model).__name__,
+                one_line(e, 200),
+            )
+            self._compiled = False
+            self._device_loop = tf.function(self._device_host_loop)
+            result = self._device_loop(first, tf.constant(num_steps))
+        self._position += num_steps
+        return result
+
     def forward_graph(self) -> tf.Graph:
         """The model's forward pass, traced (not run) on one replica's training features."""
         ctx = tf.distribute.InputContext(num_replicas_in_sync=self.strategy.num_replicas_in_sync)
         params = inputs.input_params(ctx, self.global_batch, self.run.seed)
-        features_spec, _ = self.model.input_fn(Mode.TRAIN, params).element_spec
+        features_spec, _ = inputs.train_dataset(self.model, params).element_spec
         if isinstance(features_spec, dict):  # the graph's inputs named after the features
             features_spec = {
                 k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()

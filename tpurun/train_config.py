@@ -36,6 +36,10 @@ RESUMABLE_CHANGES = (
     "train.warm_start_vars",
     # Variables are float32 under every policy: a checkpoint reads the same.
     "precision",
+    # Where the training batches are made: the same batches either way.
+    "train.device_data",
+    "train.device_data_mb",
+    "train.xla",
     "eval.",
     "predict.",
 )

@@ -17,6 +17,8 @@ class LoopStats:
     global_batch: int
     learning_rate: float
     weights_finite: bool = True  # every trainable weight finite after the loop
+    # The batches were gathered on the device (tpurun.device_data): no input to wait for.
+    device_input: bool = False
 
     @property
     def steps_per_sec(self) -> float:

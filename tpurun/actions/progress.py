@@ -34,14 +34,21 @@ class LogLines(Action):
 
     def after_loop(self, stats: LoopStats) -> None:
         logging.info(
-            "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec  input wait %.0f%%",
+            "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec  %s",
             stats.step,
             self._last_step,
             stats.loss,
             stats.steps_per_sec,
             stats.examples_per_sec,
-            100 * stats.input_wait_share,
+            input_wait(stats),
         )
+
+
+def input_wait(stats: LoopStats) -> str:
+    """'input wait 74%', or with device data, where no step waits, 'input on device'."""
+    if stats.device_input:
+        return "input on device (no wait)"
+    return f"input wait {stats.input_wait_share:.0%}"
 
 
 class ProgressBar(Action):
@@ -70,9 +77,7 @@ class ProgressBar(Action):
     def after_loop(self, stats: LoopStats) -> None:
         if self._bar is None:
             return
-        self._bar.set_postfix_str(
-            f"loss {stats.loss:.4f}, input wait {stats.input_wait_share:.0%}", refresh=False
-        )
+        self._bar.set_postfix_str(f"loss {stats.loss:.4f}, {input_wait(stats)}", refresh=False)
         self._bar.update(stats.num_steps)
 
     def close(self) -> None:
@@ -124,6 +129,8 @@ class InputBound(Action):
 
     def after_loop(self, stats: LoopStats) -> None:
         self._loops += 1
+        if stats.device_input:
+            return  # the batches are gathered in the step: nothing to wait for
         per_step = stats.input_seconds / stats.num_steps
         waiting = stats.input_wait_share > INPUT_BOUND_SHARE and per_step >= INPUT_BOUND_MIN_WAIT
         # The first loop is not representative: it compiles the step and waits for

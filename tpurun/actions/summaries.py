@@ -14,7 +14,8 @@ from tpurun.tf_errors import user_code_line
 
 class TrainSummaries(Action):
     """TensorBoard under model_dir: the model's graph at the start, then after every host loop
-    loss, learning_rate, global_step/sec, examples/sec and input_wait_share.
+    loss, learning_rate, global_step/sec, examples/sec and input_wait_share (0 with device
+    data, whose steps gather their batches and wait for nothing).
 
     The events file is created at `start`, once the run has restored and built its
     input: a run that fails before then leaves none.

@@ -45,6 +45,8 @@ def table(found: TargetMemory, iterations: int) -> list[str]:
     if steps:
         rows: list[tuple[str, list[str]]] = [("batch per replica", [_batch(s) for s in steps])]
         for label, category in _ROWS:
+            if category == INPUT and any(s.device_data for s in steps):
+                label = "input"  # the notes say what it holds for each step
             rows.append((label, [_bytes(s.estimate.padded_bytes(category)) for s in steps]))
         rows += [
             ("(of which TPU tile padding)", [_bytes(s.estimate.padding_bytes) for s in steps]),
@@ -108,9 +110,20 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
                 f"micro-batches of {train.batch} per replica (train.accumulate_steps); its "
                 "input holds all of them"
             )
+    if train is not None and train.device_data:
+        notes.append(
+            "input of train: the training arrays and their order's table, which each "
+            "replica holds for the whole run and gathers its batches from (device data, "
+            "config.train.device_data); nothing is prefetched"
+        )
+    batches = [STEP_NAMES[s.mode] for s in found.steps if not s.device_data]
+    if batches:
+        of = "" if len(batches) == len(found.steps) else f" of {' and '.join(batches)}"
+        notes.append(
+            f"input{of}: the step's batch, and the next one, which TensorFlow prefetches "
+            "into each replica's memory meanwhile"
+        )
     notes += [
-        "input: the step's batch, and the next one, which TensorFlow prefetches into each "
-        "replica's memory meanwhile",
         "other: gradients, activations and temporaries as XLA:CPU assigns them; the TPU's "
         "compiler fuses and schedules differently, so take it as the rough part",
     ]
@@ -264,6 +277,7 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
         steps[STEP_NAMES[step.mode]] = {
             **step_bytes(step.batch, step.estimate),
             **({"accumulate_steps": step.micro_batches} if step.mode is Mode.TRAIN else {}),
+            **({"device_data": True} if step.device_data else {}),
             "fits": step.fits,
             "max_batch_per_replica": step.max_batch,
         }

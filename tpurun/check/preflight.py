@@ -13,6 +13,11 @@ calls the compiled step once per step, so the loop needs what one step needs.
 Even compiled as one XLA loop, N steps re-use one step's buffers: mnist's train
 step at batch 128 assigns 146 MB, a while loop of 5 or 50 of them 145 MB
 (tests/test_check_preflight.py checks it on Iris's step).
+
+A model that trains on device data (`Model.train_arrays`, tpurun.device_data) has
+its device-data train step estimated: its input is the arrays (and their order's
+table) that every replica holds for the whole run, and the batch it gathers from
+them is one of its temporaries; no batch is prefetched.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class StepMemory:
     # (None then: not even a batch of 1 fits).
     max_batch: int | None = None
     micro_batches: int = 1  # train.accumulate_steps: batches stacked into one train step
+    # The train step gathers its batches from the training arrays each replica holds
+    # (tpurun.device_data): they are its input, instead of the batches prefetched.
+    device_data: bool = False
 
     @property
     def fits(self) -> bool:
@@ -81,7 +89,12 @@ class Preflight:
         batch = self.checker.per_replica_batch(mode)
         micro_batches = self.checker.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
         step = StepMemory(
-            mode, batch, self.estimate(mode, batch), self.hbm_bytes, micro_batches=micro_batches
+            mode,
+            batch,
+            self.estimate(mode, batch),
+            self.hbm_bytes,
+            micro_batches=micro_batches,
+            device_data=on_device_data(self.checker.single_device_steps[mode].runner),
         )
         if step.fits:
             return step
@@ -93,13 +106,16 @@ class Preflight:
         if key not in self._estimates:
             runner, spec = self.checker.single_device_steps[mode]
             variables = runner.optimizer.variables if isinstance(runner, Trainer) else ()
+            function, args = self.checker.step_call(mode, runner, spec, batch)
             found = memory.estimate(
-                runner.replica_step,
-                tuple(self.checker.step_args(mode, spec, batch)),
+                function,
+                args,
                 weights=runner.keras_model.variables,
                 optimizer_variables=variables,
             )
-            self._estimates[key] = dataclasses.replace(found, input_batches=1 + PREFETCHED_BATCHES)
+            # On device data the input is the arrays the replica holds: nothing is prefetched.
+            held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
+            self._estimates[key] = dataclasses.replace(found, input_batches=held)
         return self._estimates[key]
 
     def largest_batch(self, mode: Mode, batch: int) -> int | None:
@@ -146,6 +162,11 @@ class Preflight:
         if per_example <= 0:
             return None
         return int(small + (self.hbm_bytes - small_bytes) / per_example)
+
+
+def on_device_data(runner: object) -> bool:
+    """Whether a runner's step gathers its batches from arrays it holds (a Trainer's)."""
+    return isinstance(runner, Trainer) and runner.device_data is not None
 
 
 @dataclasses.dataclass(frozen=True)

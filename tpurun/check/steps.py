@@ -2,9 +2,12 @@
 
 `StepChecker` builds each step as `tpurun train/eval/predict` build it (the
 runners' public `replica_step`), then applies the input rules to its batches,
-walks its traced graph and compiles it with XLA. The single-device build that
-compiled cleanly is kept (`single_device_steps`) for the memory estimate of
-`--target` (`tpurun.check.preflight`).
+walks its traced graph and compiles it with XLA. A model with `train_arrays` has
+two train steps, both checked: the one that gathers its batch from device data
+(`Trainer.device_replica_step`, what trains by default) and the tf.data one it
+falls back to. The single-device build that compiled cleanly is kept
+(`single_device_steps`; for TRAIN the device-data step where it applies) for the
+memory estimate of `--target` (`tpurun.check.preflight`).
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, splits
+from tpurun import device_data, inputs, splits
 from tpurun.check import input_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
@@ -51,7 +55,7 @@ def global_batch(run: RunConfig, mode: Mode) -> int:
 class SingleDeviceStep(NamedTuple):
     """A runner built on one device and the spec of its replica step's arguments."""
 
-    runner: Runner
+    runner: Runner  # a Trainer with `device_data` set trains on device data (`step_call`)
     # One batch as the input function yields it, (features, labels[, mask]) or
     # (features, mask); `StepChecker.step_args` makes the step's arguments of it.
     spec: Any
@@ -76,6 +80,7 @@ class StepChecker:
         self.scopes = LayerScopes()
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
         self._uids = KerasNames()
+        self._tf_data_only = False  # device data does not apply (build_device_trainer)
         xla.populate_xla_registry()
 
     def global_batch(self, mode: Mode) -> int:
@@ -112,18 +117,60 @@ class StepChecker:
         problems += input_rules.check_spec(mode, spec, per_replica, self.name)
         if not any(p.rule == "static-batch" for p in problems):
             problems += self.check_distribute(mode)
-        trace_spec = self.step_args(mode, spec, per_replica)
-        problems += self.check_graph(mode, trace_spec)
-        if any(p.rule == "trace" for p in problems):
-            return problems  # the compile would only fail the same way
-        # The XLA compile stops at the first problem, which the graph may have shown already.
-        unsupported = {p.op_type for p in problems if p.rule == "xla-unsupported"}
-        ops = {p.op_name for p in problems if p.op_name}
-        for problem in self.check_xla(mode, spec, per_replica):
-            if problem.op_type in unsupported or problem.op_name in ops:
-                continue
-            problems.append(problem)
+        # The device-data train step where the model declares arrays (checked after the
+        # tf.data one, which it falls back to): its args are (step, the arrays).
+        for device in (False, True) if self.has_arrays(mode) else (False,):
+            problems += self.check_graph(mode, spec, device)
+            if any(p.rule == "trace" for p in problems):
+                return problems  # the compile would only fail the same way
+            # The XLA compile stops at the first problem, which the graph may have shown.
+            unsupported = {p.op_type for p in problems if p.rule == "xla-unsupported"}
+            ops = {p.op_name for p in problems if p.op_name}
+            for problem in self.check_xla(mode, spec, per_replica, device):
+                if problem.op_type in unsupported or problem.op_name in ops:
+                    continue
+                problems.append(problem)
         return problems
+
+    def has_arrays(self, mode: Mode) -> bool:
+        """Whether `mode`'s step may train on device data: TRAIN of a model with arrays."""
+        return mode is Mode.TRAIN and inputs.train_arrays(self.model) is not None
+
+    def build_device_trainer(self, cluster: Cluster) -> Trainer | None:
+        """The Trainer as `tpurun train` builds it on device data, its arrays not placed;
+        None when the run would train through tf.data (said in one line, as it would)."""
+        arrays = inputs.train_arrays(self.model)
+        if arrays is None or self._tf_data_only:
+            return None  # (the line said once)
+        trainer = self.build_runner(Mode.TRAIN, cluster)
+        assert isinstance(trainer, Trainer)
+        if not trainer.prepare_device_data(arrays, place=False):
+            self._tf_data_only = True
+            return None
+        return trainer
+
+    def step_call(
+        self, mode: Mode, runner: Runner, spec: Any, per_replica: int, replicas: int = 1
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """`runner`'s replica step and the specs of its arguments at a `per_replica` batch.
+
+        On device data (a Trainer whose `device_data` is set) the step is
+        `Trainer.device_replica_step` on arrays dealt to `replicas` at that batch: it
+        takes (step, the arrays and their order's table), and gathers its batch itself.
+        Otherwise it takes a batch, `step_args` of `spec`.
+        """
+        data = runner.device_data if isinstance(runner, Trainer) else None
+        if data is None:
+            return runner.replica_step, tuple(self.step_args(mode, spec, per_replica))
+        sized = device_data.DeviceData(
+            data.examples, data.order, replicas, per_replica * replicas, data.micro_batches
+        )
+
+        def device_replica_step(step: tf.Tensor, values: Any) -> tf.Tensor:
+            # Trainer.device_replica_step, on the data at this batch.
+            return runner.replica_step(*sized.replica_batch(step, values))
+
+        return device_replica_step, (tf.TensorSpec([], tf.int64), sized.spec())
 
     def per_replica_spec(self, mode: Mode, per_replica: int) -> Any:
         """What one replica receives per step, as `tpurun.inputs.distribute` builds it.
@@ -132,7 +179,10 @@ class StepChecker:
         padding, so (features, labels, mask) / (features, mask).
         """
         params = self.input_params(mode, per_replica)
-        dataset = self.model.input_fn(mode, params)
+        if mode is Mode.TRAIN:
+            dataset = inputs.train_dataset(self.model, params)
+        else:
+            dataset = self.model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"returned {type(dataset).__name__}; return a tf.data.Dataset")
         if mode is Mode.TRAIN:
@@ -209,10 +259,19 @@ class StepChecker:
         return RUNNERS[mode](self.run, cluster, self.model)
 
     # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel registry).
-    def check_graph(self, mode: Mode, spec: Any) -> list[Problem]:
+    def check_graph(self, mode: Mode, spec: Any, device: bool = False) -> list[Problem]:
         strategy = self.cluster.strategy
         try:
-            replica_step = self.build_runner(mode, self.cluster).replica_step
+            built = (
+                self.build_device_trainer(self.cluster)
+                if device
+                else self.build_runner(mode, self.cluster)
+            )
+            if built is None:
+                return []  # trains through tf.data (said in one line): checked already
+            replica_step, spec = self.step_call(
+                mode, built, spec, self.per_replica_batch(mode), self.cluster.num_replicas
+            )
 
             @tf.function
             def replicated(*args: Any) -> Any:
@@ -232,15 +291,25 @@ class StepChecker:
         return graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
 
     # Rules: xla-unsupported and xla-compile, from a real XLA compile of one replica's step.
-    def check_xla(self, mode: Mode, spec: Any, per_replica: int) -> list[Problem]:
+    def check_xla(
+        self, mode: Mode, spec: Any, per_replica: int, device: bool = False
+    ) -> list[Problem]:
         args = self.step_args(mode, spec, per_replica)
         if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(args)):
             return []  # static-batch reported it; XLA cannot compile an unknown shape
         try:
-            step = SingleDeviceStep(self.build_runner(mode, self.single), spec)
+            runner = (
+                self.build_device_trainer(self.single)
+                if device
+                else self.build_runner(mode, self.single)
+            )
+            if runner is None:
+                return []
+            step = SingleDeviceStep(runner, spec)
+            function, args = self.step_call(mode, runner, spec, per_replica)
         except Exception as e:  # noqa: BLE001
             return [trace_failure(self.name, mode, e)]
-        problems = xla.compile_problems(mode, step.runner.replica_step, args, self.scopes)
+        problems = xla.compile_problems(mode, function, args, self.scopes)
         if not problems:
             self.single_device_steps[mode] = step
         return problems
@@ -250,7 +319,8 @@ class StepChecker:
         (for sizing the step of a run that is already under way)."""
         if mode not in self.single_device_steps:
             spec = self.per_replica_spec(mode, self.per_replica_batch(mode))
+            device = self.build_device_trainer(self.single) if self.has_arrays(mode) else None
             self.single_device_steps[mode] = SingleDeviceStep(
-                self.build_runner(mode, self.single), spec
+                device or self.build_runner(mode, self.single), spec
             )
         return self.single_device_steps[mode]

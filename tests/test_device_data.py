@@ -1,0 +1,473 @@
+"""Device data: training arrays in every replica's memory, each replica step gathering its batch.
+
+The batches are tf.data's, in the same order, on 1 and 8 replicas, with and
+without accumulation, compiled by XLA or not; a run that does not fit the budget,
+or sets device_data=false, trains through tf.data and says why; the log line and
+TensorBoard say there is no input wait; what XLA cannot compile runs without it;
+`tpurun check` traces the device-data step and `--target` counts its arrays as its
+input; a resumed run is exact. (Kills:
+tests/test_resume.py, whose Iris runs train on device data.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import assert_ok
+
+from tpurun import config_files, device_data, inputs, strategy
+from tpurun import model as model_lib
+from tpurun.actions.base import LoopStats
+from tpurun.actions.progress import InputBound, LogLines
+from tpurun.check import memory
+from tpurun.check.preflight import Preflight
+from tpurun.check.steps import StepChecker
+from tpurun.cluster import Cluster
+from tpurun.example_order import ExampleOrder
+from tpurun.model import Mode, Model, TrainArrays
+from tpurun.run_config import RunConfig, merge_flags
+
+GLOBAL_BATCH, SEED = 16, 3
+IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
+
+
+class Rows(Model):
+    """`count` examples whose features name them: x = the example's index, labels 10 x."""
+
+    def __init__(self, count: int):
+        super().__init__(None)
+        self.count = count
+
+    def train_arrays(self) -> TrainArrays:
+        x = np.arange(self.count, dtype=np.int32)
+        return TrainArrays(({"x": x, "pair": np.stack([x, -x], axis=1)}, 10 * x))
+
+    def input_fn(self, mode, params):
+        raise AssertionError("TRAIN comes from train_arrays")
+
+    def build(self):
+        raise NotImplementedError
+
+    def loss(self, labels, outputs):
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def eight() -> tf.distribute.Strategy:
+    return strategy.local(8).strategy  # the test process's CPU is split into 8 (conftest)
+
+
+def local(strategy_: tf.distribute.Strategy, per_replica) -> list:
+    """Each replica's part of a distributed value, as numpy, in replica order."""
+    leaves = [strategy_.experimental_local_results(v) for v in tf.nest.flatten(per_replica)]
+    return [
+        tf.nest.pack_sequence_as(per_replica, [np.asarray(parts[i]) for parts in leaves])
+        for i in range(strategy_.num_replicas_in_sync)
+    ]
+
+
+def tf_data_batches(strategy_, model, start: int, steps: int, micro: int) -> list:
+    dataset = inputs.distribute(
+        strategy_, model, Mode.TRAIN, GLOBAL_BATCH, SEED, start_step=start, micro_batches=micro
+    )
+    iterator = iter(dataset)
+    return [local(strategy_, next(iterator)) for _ in range(steps)]
+
+
+def device_batches(strategy_, model, start: int, steps: int, micro: int, jit: bool) -> list:
+    arrays = model.train_arrays()
+    data = device_data.DeviceData(
+        arrays,
+        ExampleOrder(arrays.num_examples, SEED),
+        strategy_.num_replicas_in_sync,
+        GLOBAL_BATCH,
+        micro,
+    )
+    data.place(strategy_)
+    batch = tf.function(
+        lambda step: strategy_.run(data.replica_batch, args=(step, data.values)),
+        jit_compile=jit,
+    )
+    return [local(strategy_, batch(tf.constant(start + s, tf.int64))) for s in range(steps)]
+
+
+@pytest.mark.parametrize("count", [120, 70000], ids=["tabled", "encrypted"])
+@pytest.mark.parametrize("micro", [1, 3], ids=["plain", "accumulating"])
+@pytest.mark.parametrize(
+    "replicas, jit", [(1, True), (1, False), (8, False)], ids=["1-xla", "1", "8"]
+)
+def test_device_data_gives_each_replica_tf_datas_batches(eight, count, micro, replicas, jit):
+    """Resumed at step 37, three steps: every replica's (features, labels), element for element."""
+    strategy_ = eight if replicas == 8 else tf.distribute.get_strategy()
+    model = Rows(count)
+    expected = tf_data_batches(strategy_, model, 37, 3, micro)
+    found = device_batches(strategy_, model, 37, 3, micro, jit)
+    for step_expected, step_found in zip(expected, found, strict=True):
+        for want, got in zip(step_expected, step_found, strict=True):
+            tf.nest.map_structure(np.testing.assert_array_equal, got, want)
+    # The rows are whole: labels follow their features.
+    features, labels = found[0][0]
+    np.testing.assert_array_equal(labels, 10 * features["x"])
+    assert features["x"].shape == ((micro,) if micro > 1 else ()) + (GLOBAL_BATCH // replicas,)
+
+
+def weights(model_dir: Path, step: int) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(str(model_dir / f"ckpt-{step}"))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if not name.startswith("save_counter") and name.endswith("VARIABLE_VALUE")
+    }
+
+
+def test_device_data_false_trains_through_tf_data_on_the_same_batches(tpurun_cli, tmp_path):
+    runs = {}
+    for device in ("true", "false"):
+        runs[device] = assert_ok(
+            tpurun_cli(
+                "train",
+                *IRIS,
+                "--train_steps=100",
+                f"--config.train.device_data={device}",
+                f"--model_dir={tmp_path / device}",
+            )
+        ).stderr
+    assert "Training data on the device (120 examples" in runs["true"]
+    assert "the host loop is compiled by XLA" in runs["true"]
+    assert "input on device (no wait)" in runs["true"] and "input wait" not in runs["true"]
+    assert "Training data" not in runs["false"]  # off by request: nothing to explain
+    assert "input wait" in runs["false"] and "input on device" not in runs["false"]
+    on, off = weights(tmp_path / "true", 100), weights(tmp_path / "false", 100)
+    assert on.keys() == off.keys()
+    # The same batches; XLA only rounds differently.
+    for name in on:
+        np.testing.assert_allclose(on[name], off[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_arrays_over_the_budget_stay_in_tf_data_and_say_why(tpurun_cli, tmp_path):
+    result = assert_ok(
+        tpurun_cli(
+            "train",
+            *IRIS,
+            "--train_steps=20",
+            "--config.train.device_data_mb=0.01",
+            f"--model_dir={tmp_path}",
+        )
+    )
+    lines = [line for line in result.stderr.splitlines() if "stays in tf.data" in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].endswith(
+        "Training data stays in tf.data, not on the device: the arrays take 0.1 MB per replica, "
+        "more than config.train.device_data_mb=0.01; raise it if the device has the memory."
+    ), lines[0]
+    assert "input wait" in result.stderr
+
+
+def test_the_automatic_budget_on_cpu_is_fixed():
+    default = tf.distribute.get_strategy()
+    assert device_data.budget_mb(0.0, default) == device_data.CPU_BUDGET_MB
+    assert device_data.budget_mb(64.0, default) == 64.0
+
+
+def test_with_device_data_the_input_wait_is_zero_and_never_input_bound(caplog):
+    stats = LoopStats(
+        step=200,
+        num_steps=100,
+        loss=0.1,
+        seconds=0.002,
+        input_seconds=0.0,
+        global_batch=32,
+        learning_rate=0.1,
+        device_input=True,
+    )
+    bound = InputBound("Iris")
+    lines = LogLines()
+    lines.start(100, 1000)
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            bound.after_loop(stats)
+        lines.after_loop(stats)
+    assert "input-bound" not in caplog.text
+    assert "input on device (no wait)" in caplog.text
+    assert stats.input_wait_share == 0.0
+
+
+def test_tensorboard_has_zero_input_wait(tpurun_cli, tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=30", f"--model_dir={tmp_path}"))
+    events = event_accumulator.EventAccumulator(
+        str(tmp_path), size_guidance={event_accumulator.TENSORS: 0}
+    ).Reload()
+    shares = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("input_wait_share")]
+    assert shares == [0.0, 0.0, 0.0]
+
+
+UNCOMPILABLE_MODEL = '''
+"""Points above the line y = x; a layer runs Python (tf.numpy_function), which XLA cannot
+compile, or (`in_batch`) the batch function does."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpurun.model import Mode, Model, TrainArrays, register
+
+
+def python_identity(x):
+    y = tf.numpy_function(lambda a: a, [x], x.dtype)
+    y.set_shape(x.shape)
+    return y
+
+
+class Python(keras.layers.Layer):
+    def call(self, x):
+        return python_identity(x)
+
+
+@register("uncompilable")
+class Uncompilable(Model):
+    def train_arrays(self):
+        xy = np.random.default_rng(0).normal(size=(64, 2)).astype(np.float32)
+        labels = (xy[:, 1] > xy[:, 0]).astype(np.int32)
+        if not self.config.in_batch:
+            return TrainArrays(({"xy": xy}, labels))
+        return TrainArrays(
+            {"xy": xy, "labels": labels},
+            count=64,
+            batch=lambda a, rows: (
+                {"xy": python_identity(tf.gather(a["xy"], rows))},
+                tf.gather(a["labels"], rows),
+            ),
+        )
+
+    def input_fn(self, mode, params):
+        xy = np.random.default_rng(1).normal(size=(16, 2)).astype(np.float32)
+        labels = (xy[:, 1] > xy[:, 0]).astype(np.int32)
+        if mode is Mode.PREDICT:
+            return tf.data.Dataset.from_tensor_slices({"xy": xy}).batch(params.batch_size)
+        return tf.data.Dataset.from_tensor_slices(({"xy": xy}, labels)).batch(params.batch_size)
+
+    def build(self):
+        inputs = {"xy": keras.Input(shape=(2,), name="xy")}
+        hidden = inputs["xy"] if self.config.in_batch else Python()(inputs["xy"])
+        return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+
+    def loss(self, labels, outputs):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)
+'''
+
+UNCOMPILABLE_CONFIG = '''
+"""uncompilable: a model XLA cannot compile (tests)."""
+
+from tpurun import config_defaults
+
+
+def get_config():
+    config = config_defaults.base_config(model="uncompilable")
+    config.model_module = "uncompilable"
+    config.in_batch = False
+    config.train.batch_size = 16
+    config.train.steps = 20
+    config.train.iterations = 10
+    config.eval.batch_size = 16
+    config.predict.batch_size = 16
+    return config
+'''
+
+
+@pytest.fixture
+def uncompilable(tmp_path) -> Path:
+    (tmp_path / "uncompilable.py").write_text(UNCOMPILABLE_MODEL)
+    (tmp_path / "uncompilable_config.py").write_text(UNCOMPILABLE_CONFIG)
+    return tmp_path / "uncompilable_config.py"
+
+
+def test_what_xla_cannot_compile_runs_without_it_and_says_so(tpurun_cli, uncompilable):
+    result = assert_ok(
+        tpurun_cli(
+            "train",
+            f"--config={uncompilable}",
+            "--use_tpu=false",
+            f"--model_dir={uncompilable.parent / 'model'}",
+        )
+    )
+    lines = [line for line in result.stderr.splitlines() if "runs without XLA" in line]
+    assert len(lines) == 1, result.stderr
+    assert "The host loop runs without XLA, which failed on Uncompilable's step: " in lines[0]
+    assert "PyFunc" in lines[0]
+    assert "step 20/20" in result.stderr
+
+
+def test_check_traces_and_compiles_the_device_data_step(tpurun_cli, uncompilable, tmp_path):
+    """Python in the batch function: tf.data runs it, but the step on device data cannot."""
+    work = tmp_path / "work"
+    work.mkdir()
+    result = tpurun_cli("check", f"--config={uncompilable}", "--config.in_batch=true", cwd=work)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stdout.splitlines() if "] error: " in line]
+    assert errors and all(line.startswith("[xla-unsupported] error: ") for line in errors), (
+        result.stdout + result.stderr
+    )
+    assert any("(PyFunc" in line and "train step" in line for line in errors), errors
+    assert list(work.iterdir()) == []
+
+
+def test_a_resumed_run_on_2_replicas_with_accumulation_is_exact(tpurun_cli, tmp_path):
+    common = (*IRIS, "--num_shards=2", "--config.train.accumulate_steps=2", "--batch_size=16")
+    assert_ok(tpurun_cli("train", *common, "--train_steps=60", f"--model_dir={tmp_path / 'a'}"))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=25", f"--model_dir={tmp_path / 'b'}"))
+    resumed = assert_ok(
+        tpurun_cli("train", *common, "--train_steps=60", f"--model_dir={tmp_path / 'b'}")
+    )
+    assert "Resuming from" in resumed.stderr and "Training data on the device" in resumed.stderr
+    whole, pieces = weights(tmp_path / "a", 60), weights(tmp_path / "b", 60)
+    assert whole.keys() == pieces.keys()
+    differ = [name for name in whole if not np.array_equal(whole[name], pieces[name])]
+    assert not differ, differ
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        ("--precision=mixed_float16",),  # LossScaleOptimizer: a cond around the update
+        ("--config.optimizer.clip_norm=0.5", "--config.optimizer.weight_decay=0.01"),
+        ("--config.optimizer.schedule=cosine", "--config.train.ema_decay=0.9"),
+    ],
+    ids=["float16_loss_scaling", "clipping_and_weight_decay", "schedule_and_ema"],
+)
+def test_xla_compiles_the_recipes(tpurun_cli, tmp_path, recipe):
+    result = assert_ok(
+        tpurun_cli("train", *IRIS, *recipe, "--train_steps=20", f"--model_dir={tmp_path}")
+    )
+    assert "the host loop is compiled by XLA" in result.stderr
+    assert "runs without XLA" not in result.stderr
+
+
+DROPOUT_MODEL = """
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpurun.model import Classifier, TrainArrays, register
+
+
+@register("dropout_arrays")
+class DropoutArrays(Classifier):
+    def train_arrays(self):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(200, 4)).astype(np.float32)
+        return TrainArrays((x, (x.sum(axis=1) > 0).astype(np.int32)))
+
+    def input_fn(self, mode, params):
+        x, y = self.train_arrays().arrays
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(params.batch_size)
+
+    def build(self):
+        inputs = keras.Input(shape=(4,))
+        hidden = keras.layers.Dropout(0.5, seed=1)(keras.layers.Dense(16, "relu")(inputs))
+        return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+"""
+
+DROPOUT_CONFIG = """
+from tpurun import config_defaults
+
+
+def get_config():
+    config = config_defaults.base_config(model="dropout_arrays")
+    config.model_module = "dropout_arrays"
+    config.train.batch_size = 16
+    config.train.iterations = 10
+    return config
+"""
+
+
+def test_dropout_under_xla_resumes_bit_identically(tpurun_cli, tmp_path):
+    """Dropout's random state (a variable) is drawn in the compiled loop and checkpointed."""
+    (tmp_path / "dropout_arrays.py").write_text(DROPOUT_MODEL)
+    (tmp_path / "dropout_config.py").write_text(DROPOUT_CONFIG)
+    common = (f"--config={tmp_path / 'dropout_config.py'}", "--use_tpu=false")
+    whole = assert_ok(
+        tpurun_cli("train", *common, "--train_steps=40", f"--model_dir={tmp_path / 'a'}")
+    )
+    assert "the host loop is compiled by XLA" in whole.stderr
+    assert_ok(tpurun_cli("train", *common, "--train_steps=20", f"--model_dir={tmp_path / 'b'}"))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=40", f"--model_dir={tmp_path / 'b'}"))
+    first, second = weights(tmp_path / "a", 40), weights(tmp_path / "b", 40)
+    assert [n for n in first if not np.array_equal(first[n], second[n])] == []
+
+
+def test_xla_false_runs_the_plain_loop_and_resumes_from_a_compiled_one(tpurun_cli, tmp_path):
+    """config.train.xla is resumable: the same batches, a plain tf.function, one line."""
+    common = (*IRIS, f"--model_dir={tmp_path}")
+    compiled = assert_ok(tpurun_cli("train", *common, "--train_steps=20"))
+    assert "the host loop is compiled by XLA" in compiled.stderr
+    plain = assert_ok(tpurun_cli("train", *common, "--train_steps=40", "--config.train.xla=false"))
+    assert "Resuming from" in plain.stderr and "step 40/40" in plain.stderr
+    lines = [line for line in plain.stderr.splitlines() if "Training data on the device" in line]
+    assert len(lines) == 1, plain.stderr
+    assert lines[0].endswith(
+        "each replica step gathers its own batch; "
+        "the host loop is not compiled by XLA (config.train.xla=false)."
+    ), lines[0]
+    assert "runs without XLA" not in plain.stderr
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
+    result = tpurun_cli("train", *IRIS, f"--config.train.xla={value}", f"--model_dir={tmp_path}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpurun train: error: "), result.stderr
+    assert "--config.train.xla" in lines[0] and "true or false" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path):
+    """--target estimates the device-data train step: its input is the arrays and the
+    order's table each replica holds (no prefetched batch); device_data=false: 2 batches."""
+    iris = model_lib.create(config_files.load(config_files.resolve("iris")))
+    arrays = iris.train_arrays()
+    held = device_data.nbytes(arrays, ExampleOrder(arrays.num_examples, 0))
+    found = {}
+    for device in ("true", "false"):
+        report = tmp_path / f"{device}.json"
+        result = tpurun_cli(
+            "check",
+            "--config=iris",
+            "--target=v5e-8",
+            f"--config.train.device_data={device}",
+            f"--report={report}",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        found[device] = (result.stdout, json.loads(report.read_text())["steps"])
+    text, steps = found["true"]
+    assert steps["train"]["device_data"] is True and "device_data" not in steps["eval"]
+    # Tile padding only adds; the step's int64 index is the rest.
+    assert held <= steps["train"]["input_bytes"] < 2 * held
+    assert "\n  input " in text and "input of train: the training arrays" in text
+    text, steps_off = found["false"]
+    assert "device_data" not in steps_off["train"] and "\n  input (2 batches) " in text
+    assert steps_off["train"]["input_bytes"] < held
+    assert steps_off["eval"] == steps["eval"]
+
+
+def test_the_device_data_steps_estimate_grows_with_its_batch_not_its_input():
+    """The batch search compiles the device-data step at each batch: the arrays stay."""
+    config = merge_flags(config_files.load(config_files.resolve("iris")), {})
+    run = RunConfig(command="check", config_name="iris", config=config, model_dir="unused")
+    checker = StepChecker(
+        run, Cluster(tf.distribute.get_strategy(), "1 CPU"), model_lib.create(config)
+    )
+    runner, _ = checker.single_device_step(Mode.TRAIN)
+    assert runner.device_data is not None
+    preflight = Preflight(checker, hbm_bytes=10**9)
+    small, large = preflight.estimate(Mode.TRAIN, 4), preflight.estimate(Mode.TRAIN, 4096)
+    assert small.input_batches == 1
+    assert small.bytes(memory.INPUT) == large.bytes(memory.INPUT)
+    assert large.bytes(memory.OTHER) > small.bytes(memory.OTHER) + 4000 * 4 * 4  # the batch
