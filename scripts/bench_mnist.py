@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from offline_env import run_json_worker  # scripts/offline_env.py
+from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
 
 BATCH = 128
 ITERATIONS = 50  # configs/mnist.py's iterations per loop
@@ -150,15 +150,7 @@ def time_fit(run, cluster, model, args) -> list[float]:
     params = inputs.input_params(tf.distribute.InputContext(), BATCH, run.seed)
     dataset = model.input_fn(Mode.TRAIN, params)  # repeats forever
 
-    class Stamps(keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stamps: list[float] = []
-
-        def on_train_batch_end(self, batch, logs=None) -> None:
-            self.stamps.append(time.perf_counter())
-
-    stamps = Stamps()
+    stamps = execution_stamps()
     calls = args.steps // ITERATIONS
     warmup = 2
     keras_model.fit(

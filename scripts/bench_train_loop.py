@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 
-from offline_env import run_json_worker  # scripts/offline_env.py
+from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
 
 ITERATIONS = (1, 100)
 # Steps timed per repeat, by iterations. At iterations=1 each step is one host call
@@ -265,17 +265,7 @@ class FitLoops:
 
     def steady(self, iterations: int, calls: int, repeats: int) -> float:
         """Median us/step of one long fit(), stamped after every execution from inside."""
-        import keras
-
-        class Stamps(keras.callbacks.Callback):
-            def __init__(self) -> None:
-                super().__init__()
-                self.stamps: list[float] = []
-
-            def on_train_batch_end(self, batch, logs=None) -> None:
-                self.stamps.append(time.perf_counter())
-
-        timer = Stamps()
+        timer = execution_stamps()
         steps = (WARMUP_CALLS + repeats * calls) * iterations
         self.keras_model.fit(
             self.dataset, epochs=1, steps_per_epoch=steps, callbacks=[timer], verbose=0

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 OFFLINE_ENV = {
     "NO_GCE_CHECK": "true",
@@ -46,3 +47,19 @@ def run_json_worker(command: list[str]) -> object:
         sys.stderr.write(result.stderr)
         raise SystemExit(f"{' '.join(command[1:3])} failed (exit {result.returncode})")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def execution_stamps():
+    """A Keras callback whose `stamps` are the perf_counter() at the end of every
+    execution of `fit` (`steps_per_execution` steps): timing fit from inside."""
+    import keras  # here: only the benchmarks that time fit import Keras
+
+    class ExecutionStamps(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stamps: list[float] = []
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            self.stamps.append(time.perf_counter())
+
+    return ExecutionStamps()
