@@ -78,17 +78,7 @@ class Flops(Model):
         return rng.standard_normal((rows, self.config.flops.n), dtype=np.float32)
 
     def train_arrays(self) -> TrainArrays:
-        flops, batch = self.config.flops, self.config.train.batch_size
-        logging.info(
-            "flops: a training step is %.1f GFLOP over all replicas (3 x %d matmuls of "
-            "[%d x %d] x [%d x %d]).",
-            6 * flops.matmuls * batch * flops.n**2 / 1e9,
-            flops.matmuls,
-            batch,
-            flops.n,
-            flops.n,
-            flops.n,
-        )
+        batch = self.config.train.batch_size
 
         def inputs_as_targets(arrays, rows):  # W^K should become I
             x = tf.gather(arrays[FEATURE], rows)
@@ -109,6 +99,20 @@ class Flops(Model):
     def build(self) -> keras.Model:
         flops = self.config.flops
         dtypes_of(flops.dtype)  # fail before training, not after
+        # Built in the strategy's scope: the replicas --batch_size is split over.
+        per_replica = (
+            self.config.train.batch_size // tf.distribute.get_strategy().num_replicas_in_sync
+        )
+        logging.info(
+            "flops: a training step is %.1f GFLOP per replica (3 x %d matmuls of "
+            "[%d x %d] x [%d x %d]).",
+            6 * flops.matmuls * per_replica * flops.n**2 / 1e9,
+            flops.matmuls,
+            per_replica,
+            flops.n,
+            flops.n,
+            flops.n,
+        )
         inputs = {FEATURE: keras.Input(shape=(flops.n,), dtype="float32", name=FEATURE)}
         chain = MatmulChain(flops.n, flops.matmuls, name="matmuls")
         return keras.Model(inputs=inputs, outputs=chain(inputs[FEATURE]), name="flops")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_ok
+from conftest import assert_ok, capture_info_logs
 
 from tpurun import config_files, device_data, inputs, strategy
 from tpurun import model as model_lib
@@ -187,10 +187,10 @@ def test_with_device_data_the_input_wait_is_zero_and_never_input_bound(caplog):
     bound = InputBound("Iris")
     lines = LogLines()
     lines.start(100, 1000)
-    with caplog.at_level("INFO"):
-        for _ in range(3):
-            bound.after_loop(stats)
-        lines.after_loop(stats)
+    capture_info_logs(caplog)
+    for _ in range(3):
+        bound.after_loop(stats)
+    lines.after_loop(stats)
     assert "input-bound" not in caplog.text
     assert "input on device (no wait)" in caplog.text
     assert stats.input_wait_share == 0.0
