@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from tpurun.bounds import is_number
 from tpurun.errors import UsageError
 
 SCHEDULES = ("constant", "exponential", "piecewise", "cosine", "linear")
@@ -73,10 +74,6 @@ KERAS_ARGUMENTS_NOT_PASSED = {
 NEEDS_WEIGHT_DECAY = ("adamw",)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -101,7 +98,7 @@ def validate(config: Mapping[str, Any], train_steps: int) -> None:
         raise _fail(
             "optimizer.schedule", schedule, f"is not a schedule; use one of {', '.join(SCHEDULES)}"
         )
-    if not _is_number(optimizer["learning_rate"]) or optimizer["learning_rate"] < 0:
+    if not is_number(optimizer["learning_rate"]) or optimizer["learning_rate"] < 0:
         raise _fail("optimizer.learning_rate", optimizer["learning_rate"], "must be a number >= 0")
     if not _is_int(optimizer["base_batch_size"]) or optimizer["base_batch_size"] < 0:
         raise _fail(
@@ -135,14 +132,14 @@ def validate(config: Mapping[str, Any], train_steps: int) -> None:
                 f"does not apply to {name} (only to {', '.join(takers)}); remove it",
             )
     momentum = optimizer["momentum"]
-    if not _is_number(momentum) or not 0 <= momentum < 1:
+    if not is_number(momentum) or not 0 <= momentum < 1:
         raise _fail("optimizer.momentum", momentum, "must be a number in [0, 1) (0 = none)")
     if not isinstance(optimizer["nesterov"], bool):
         raise _fail("optimizer.nesterov", optimizer["nesterov"], "must be true or false")
     if optimizer["nesterov"] and not momentum:
         raise _fail("optimizer.nesterov", True, "needs config.optimizer.momentum > 0 (e.g. 0.9)")
     weight_decay = optimizer["weight_decay"]
-    if not _is_number(weight_decay) or weight_decay < 0:
+    if not is_number(weight_decay) or weight_decay < 0:
         raise _fail("optimizer.weight_decay", weight_decay, "must be a number >= 0 (0 = none)")
     if name in NEEDS_WEIGHT_DECAY and not weight_decay:
         raise _fail(
@@ -156,10 +153,10 @@ def validate(config: Mapping[str, Any], train_steps: int) -> None:
     except (re.error, TypeError) as e:
         raise _fail("optimizer.weight_decay_exclude", exclude, f"is not a regex: {e}") from None
     clip_norm = optimizer["clip_norm"]
-    if not _is_number(clip_norm) or clip_norm < 0:
+    if not is_number(clip_norm) or clip_norm < 0:
         raise _fail("optimizer.clip_norm", clip_norm, "must be a number >= 0 (0 = no clipping)")
     ema_decay = config["train"]["ema_decay"]
-    if not _is_number(ema_decay) or not 0 <= ema_decay < 1:
+    if not is_number(ema_decay) or not 0 <= ema_decay < 1:
         raise _fail(
             "train.ema_decay", ema_decay, "must be a number in [0, 1) (0 = no moving average)"
         )
@@ -182,7 +179,7 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
                 "must be an integer >= 1 with schedule='exponential' "
                 "(the rate is multiplied by decay_rate every decay_steps steps)",
             )
-        if not _is_number(decay_rate) or decay_rate <= 0:
+        if not is_number(decay_rate) or decay_rate <= 0:
             raise _fail(
                 "optimizer.decay_rate",
                 decay_rate,
@@ -201,7 +198,7 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
                 "must be increasing step numbers > 0, e.g. (30000, 60000)",
             )
         if len(multipliers) != len(boundaries) + 1 or not all(
-            _is_number(m) and m >= 0 for m in multipliers
+            is_number(m) and m >= 0 for m in multipliers
         ):
             raise _fail(
                 "optimizer.multipliers",
@@ -211,7 +208,7 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
             )
     elif schedule == "cosine":
         alpha = optimizer["alpha"]
-        if not _is_number(alpha) or not 0 <= alpha <= 1:
+        if not is_number(alpha) or not 0 <= alpha <= 1:
             raise _fail(
                 "optimizer.alpha",
                 alpha,
@@ -219,5 +216,5 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
             )
     elif schedule == "linear":
         end = optimizer["end_learning_rate"]
-        if not _is_number(end) or end < 0:
+        if not is_number(end) or end < 0:
             raise _fail("optimizer.end_learning_rate", end, "must be a number >= 0")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import platform
 import re
 from typing import Any
 
 import ml_collections
 
-from tpurun import __version__, optimization_config
+from tpurun import __version__, bounds, optimization_config
 from tpurun.errors import UsageError
 
 COMMANDS = ("train", "eval", "predict", "export", "check")
@@ -258,7 +257,7 @@ def _validate(run: RunConfig) -> None:
                 )
             node = node[part]
 
-    _check_sizes(config)
+    bounds.check_sizes(config)
     optimization_config.validate(config, train_steps=config.train.steps)
     if config.precision not in PRECISIONS:
         raise UsageError(
@@ -273,7 +272,7 @@ def _validate(run: RunConfig) -> None:
             f"(is a smaller or a larger {config.eval.best_metric} better?)"
         )
     for name in ("hang_timeout", "eval_timeout"):
-        _seconds(f"--{name}", getattr(run, name), 0, MAX_SECONDS, " (0 = never)")
+        bounds.seconds(f"--{name}", getattr(run, name), 0, bounds.MAX_SECONDS, " (0 = never)")
     if run.profile_steps is not None:
         first, last = run.profile_steps
         if not 1 <= first <= last:
@@ -281,16 +280,16 @@ def _validate(run: RunConfig) -> None:
                 f"--profile_steps={first},{last} must be START,END with 1 <= START <= END"
             )
     if run.num_shards is not None:
-        _integer("--num_shards", run.num_shards, 1, MAX_REPLICAS)
+        bounds.integer("--num_shards", run.num_shards, 1, bounds.MAX_REPLICAS)
         check_divisible("--batch_size", config.train.batch_size, run.num_shards)
         check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
         check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
     timeout = run.tpu_init_timeout
-    shown = f"{timeout:g}" if _is_number(timeout) else timeout
-    if not (_is_number(timeout) and timeout > 0):  # nan too
+    shown = f"{timeout:g}" if bounds.is_number(timeout) else timeout
+    if not (bounds.is_number(timeout) and timeout > 0):  # nan too
         raise UsageError(f"--tpu_init_timeout={shown} must be a number of seconds > 0")
-    if timeout > MAX_SECONDS:
-        raise UsageError(f"--tpu_init_timeout={shown} must be at most {MAX_SECONDS} seconds")
+    if timeout > bounds.MAX_SECONDS:
+        raise UsageError(f"--tpu_init_timeout={shown} must be at most {bounds.MAX_SECONDS} seconds")
     if run.use_tpu is False and run.tpu:
         raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
     is_tpu_name = run.tpu and run.tpu != "local" and not run.tpu.startswith("grpc://")
@@ -334,88 +333,9 @@ def parse_checkpoint(text: str | None) -> int | None:
     return int(match.group(1))
 
 
-# Bounds of the numbers a run takes: beyond them a value is a typo, not a plan. A
-# global batch of 2^20 is far past the largest TPU pod batches in use; a predict
-# batch past the rows to predict only pads them (and allocates the padding).
-MAX_BATCH = 2**20
-MAX_STEPS = 10**12
-MAX_ITERATIONS = 10**6
-MAX_SECONDS = 30 * 24 * 3600  # 30 days
-MAX_REPLICAS = 2**16
-MAX_SEED = 2**32 - 1  # numpy's seeds
-MAX_ACCUMULATE_STEPS = 4096
-MAX_DEVICE_DATA_MB = 2**20  # 1 TB
-
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 FLOAT16_ON_TPU = (
     "--precision=mixed_float16 does not run on a TPU: TPUs compute in bfloat16, and "
     "float16's loss scaling has no TPU path; use --precision=mixed_bfloat16 (the same "
     "speed-up, no loss scaling needed)"
 )
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _integer(name: str, value: object, low: int, high: int, note: str = "", key: str = "") -> None:
-    """An integer in [low, high], or a UsageError saying the range (`note` after its low end,
-    `key` the config key after the value)."""
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-        return
-    if low == 1:
-        allowed = f"a positive integer{note} (at most {high})"
-    else:
-        allowed = (
-            f"{'an integer ' if note == ' (0 = off)' else ''}>= {low}{note} and at most {high}"
-        )
-    raise UsageError(f"{name}={value}{key} must be {allowed}")
-
-
-def _seconds(name: str, value: object, low: float, high: float, note: str = "") -> None:
-    """A finite number of seconds in [low, high] (nan and inf are neither)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and low <= value <= high:
-            return
-    shown = f"{value:g}" if _is_number(value) else value
-    raise UsageError(f"{name}={shown} must be a number of seconds >= {low:g}{note}, at most {high}")
-
-
-def _check_sizes(config: Any) -> None:
-    """Batch sizes, steps, cadences, retention and seed within their bounds."""
-    for flag, key in (
-        ("--batch_size", "train.batch_size"),
-        ("--eval_batch_size", "eval.batch_size"),
-        ("--predict_batch_size", "predict.batch_size"),
-    ):
-        section, leaf = key.split(".")
-        _integer(f"{flag} (config.{key})", config[section][leaf], 1, MAX_BATCH)
-    _integer("--iterations (config.train.iterations)", config.train.iterations, 1, MAX_ITERATIONS)
-    _integer("--train_steps", config.train.steps, 0, MAX_STEPS)
-    _integer("--eval_steps", config.eval.steps, 0, MAX_STEPS, " (0 = one exact pass)")
-    for name, high in (
-        ("save_checkpoints_steps", MAX_STEPS),
-        ("eval_every", MAX_STEPS),
-        ("save_checkpoints_secs", MAX_SECONDS),
-    ):
-        key = f" (config.train.{name})"
-        _integer(f"--{name}", config.train[name], 0, high, " (0 = off)", key=key)
-    _integer(
-        "--keep_checkpoint_max (config.train.keep_checkpoint_max)",
-        config.train.keep_checkpoint_max,
-        1,
-        10**6,
-    )
-    _integer("--seed (config.seed)", config.seed, 0, MAX_SEED)
-    _integer(
-        "config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS
-    )
-    for key in ("device_data", "xla"):
-        if not isinstance(config.train[key], bool):
-            raise UsageError(f"config.train.{key}={config.train[key]!r} must be true or false")
-    budget = config.train.device_data_mb
-    if not (_is_number(budget) and math.isfinite(budget) and 0 <= budget <= MAX_DEVICE_DATA_MB):
-        raise UsageError(
-            f"config.train.device_data_mb={budget} must be a number of MB >= 0 (0 = automatic), "
-            f"at most {MAX_DEVICE_DATA_MB}"
-        )
