@@ -138,8 +138,27 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
 
 
 def check_same_model(run: RunConfig) -> None:
-    """Fails, before any restore, when model_dir was trained with a config of another model."""
-    _check_model(run, read(run))
+    """Fails, before any restore, when model_dir was trained with a config of another model;
+    warns when it kept moving averages this config does not read."""
+    recorded = read(run)
+    _check_model(run, recorded)
+    if recorded is not None:
+        _warn_of_unread_averages(run, recorded[1])
+
+
+def _warn_of_unread_averages(run: RunConfig, trained: dict[str, Any]) -> None:
+    """eval, predict and export read the moving averages only when their config has
+    train.ema_decay: said, or a run trained with an override silently serves raw weights."""
+    decay = _flatten(trained).get("train.ema_decay")
+    if run.config.train.ema_decay or not isinstance(decay, (int, float)) or not decay:
+        return
+    logging.warning(
+        "%s was trained with config.train.ema_decay=%g, but this config has none: using "
+        "the raw weights; pass --config.train.ema_decay=%g to use their moving averages.",
+        run.model_dir,
+        decay,
+        decay,
+    )
 
 
 def _check_model(run: RunConfig, recorded: tuple[str | None, dict[str, Any]] | None) -> None:
