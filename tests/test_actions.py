@@ -527,9 +527,13 @@ def test_a_failed_best_update_is_a_warning_not_a_failure(tmp_path, monkeypatch, 
         fake_checkpoint(tmp_path, 10), "test", results(10, 0.5)
     )
     assert warnings_in(caplog) == [
-        "Could not write the eval summaries or the best checkpoint: UnavailableError: storage is down"
+        "Could not write the eval summaries or the best checkpoint: UnavailableError: storage "
+        "is down; the results of step 10 are not recorded, so the next evaluation of this "
+        "model_dir evaluates it again"
     ]
     assert "eval at step 10" in capsys.readouterr().out
+    # Not marked evaluated: a sidecar or a resumed run offers step 10 to best/ again.
+    assert not (tmp_path / "eval" / "test" / "results-10.json").exists()
 
 
 def test_evaluate_checkpoint_makes_its_evaluator_at_the_first_evaluation_only():

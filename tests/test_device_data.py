@@ -139,7 +139,10 @@ def test_device_data_false_trains_through_tf_data_on_the_same_batches(tpurun_cli
     assert "Training data on the device (120 examples" in runs["true"]
     assert "the host loop is compiled by XLA" in runs["true"]
     assert "input on device (no wait)" in runs["true"] and "input wait" not in runs["true"]
-    assert "Training data" not in runs["false"]  # off by request: nothing to explain
+    assert (
+        "Training data stays in tf.data, not on the device: config.train.device_data=false."
+        in runs["false"]
+    )
     assert "input wait" in runs["false"] and "input on device" not in runs["false"]
     on, off = weights(tmp_path / "true", 100), weights(tmp_path / "false", 100)
     assert on.keys() == off.keys()
@@ -455,6 +458,22 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
     assert "device_data" not in steps_off["train"] and "\n  input (2 batches) " in text
     assert steps_off["train"]["input_bytes"] < held
     assert steps_off["eval"] == steps["eval"]
+
+
+def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(tpurun_cli, tmp_path):
+    """A v4-32 is 4 hosts: training there keeps tf.data, and so does its estimate."""
+    report = tmp_path / "v4-32.json"
+    batches = [f"--{flag}=128" for flag in ("batch_size", "eval_batch_size", "predict_batch_size")]
+    result = tpurun_cli(
+        "check", "--config=iris", "--target=v4-32", *batches, f"--report={report}", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "Training data stays in tf.data, not on the device: it runs on one host, and this "
+        "cluster feeds its replicas from several." in result.stderr
+    )
+    assert "device_data" not in json.loads(report.read_text())["steps"]["train"]
+    assert "\n  input (2 batches) " in result.stdout
 
 
 def test_the_device_data_steps_estimate_grows_with_its_batch_not_its_input():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -126,6 +127,26 @@ def test_a_linked_directory_tpurun_writes_into_is_refused(tpurun_cli, model_dir,
     result = tpurun_cli("eval", "--config=iris", f"--model_dir={model_dir}")
     assert_fails(result, RUN_FAILURE, "eval is a symbolic link", "writes only inside --model_dir")
     assert untouched(outside)
+
+
+def test_a_step_whose_best_update_was_refused_is_offered_to_best_again(
+    tpurun_cli, model_dir, outside
+):
+    """The results file marks a step evaluated: it is written only once best/ saw the step."""
+    (model_dir / "best").symlink_to(outside, target_is_directory=True)
+    result = tpurun_cli("eval", "--config=iris", f"--model_dir={model_dir}")
+    assert_fails(result, RUN_FAILURE, "best is a symbolic link")
+    assert untouched(outside)
+    assert not (model_dir / "eval" / "test" / "results-20.json").exists()
+    (model_dir / "best").unlink()
+    sidecar = ("--continuous", "--train_steps=20", "--eval_timeout=2")
+    result = assert_ok(tpurun_cli("eval", "--config=iris", f"--model_dir={model_dir}", *sidecar))
+    assert "eval at step 20 on test: " in result.stdout
+    # Step 20 was offered to best/: kept, or compared with the best so far and not.
+    assert re.search(
+        r"New best checkpoint: step 20,|Best checkpoint stays .*; step 20 has", result.stderr
+    )
+    assert json.loads((model_dir / "best" / "best.json").read_text())["step"] in (10, 20)
 
 
 def test_a_linked_damaged_directory_is_refused_before_moving_anything(

@@ -124,6 +124,13 @@ def test_accumulating_four_batches_of_8_is_one_batch_of_32(tpurun_cli, tmp_path,
     )
     one, other = weights(big / "ckpt-50"), weights(accumulated / "ckpt-50")
     assert one.keys() == other.keys()
+    # A step is 32 examples either way, and TensorBoard counts them so.
+    for model_dir in (big, accumulated):
+        found = scalars(model_dir)
+        for (_, examples), (_, steps) in zip(
+            found["examples/sec"], found["global_step/sec"], strict=True
+        ):
+            assert examples == pytest.approx(32 * steps, rel=1e-4)
     numbers = [k for k in one if np.issubdtype(np.asarray(one[k]).dtype, np.number)]
     worst = max(float(np.max(np.abs(one[k] - other[k]))) for k in numbers)
     assert worst <= 1e-5, worst

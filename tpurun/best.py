@@ -134,7 +134,7 @@ def require(run: RunConfig) -> Best:
         raise RunError(
             f"no best checkpoint in {storage.join(run.model_dir, DIR)} yet; evaluate first "
             f"(tpurun eval {where}, or tpurun train {where} --eval_every=N), "
-            "or export the latest checkpoint without --best"
+            f"or {run.command} the latest checkpoint without --best"
         )
     return best
 

@@ -131,6 +131,9 @@ def hosts(strategy: tf.distribute.Strategy) -> int:
     return len({(spec.job, spec.task) for spec in map(tf.DeviceSpec.from_string, devices)})
 
 
+SEVERAL_HOSTS = "it runs on one host, and this cluster feeds its replicas from several"
+
+
 def why_not(
     arrays: TrainArrays,
     order: ExampleOrder,
@@ -140,7 +143,7 @@ def why_not(
 ) -> str:
     """Why device data does not apply ("" when it does)."""
     if num_workers > 1 or hosts(strategy) > 1:
-        return "it runs on one host, and this cluster feeds its replicas from several"
+        return SEVERAL_HOSTS
     size, budget = nbytes(arrays, order), budget_mb(configured_mb, strategy)
     if size > budget * 2**20:
         setting = f"={configured_mb:g}" if configured_mb else f" (automatic: {budget:g} MB)"

@@ -246,6 +246,7 @@ class Trainer:
         `place`: put them in the replicas' memory (`tpurun check` only traces the step).
         """
         if not self.run.config.train.device_data:
+            device_data.log_fallback("config.train.device_data=false")
             return False
         order = ExampleOrder(arrays.num_examples, self.run.seed)
         reason = device_data.why_not(
@@ -312,7 +313,7 @@ class Trainer:
                 loss=loss_value,
                 seconds=time.perf_counter() - start,
                 input_seconds=0.0,
-                global_batch=self.global_batch,
+                global_batch=self.global_batch * self.micro_batches,
                 learning_rate=float(rate),
                 weights_finite=bool(finite),
                 device_input=True,
@@ -325,7 +326,7 @@ class Trainer:
             loss=loss_value,
             seconds=time.perf_counter() - start,
             input_seconds=float(waited),
-            global_batch=self.global_batch,
+            global_batch=self.global_batch * self.micro_batches,
             learning_rate=self.learning_rate,
             weights_finite=bool(finite),
         )

@@ -14,7 +14,7 @@ class LoopStats:
     loss: float  # mean loss over the loop's steps
     seconds: float  # wall time of the loop call
     input_seconds: float  # part of it spent waiting for the next batch
-    global_batch: int
+    global_batch: int  # examples per step: the global batch x accumulated micro-batches
     learning_rate: float
     weights_finite: bool = True  # every trainable weight finite after the loop
     # The batches were gathered on the device (tpurun.device_data): no input to wait for.

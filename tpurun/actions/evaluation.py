@@ -67,7 +67,9 @@ class ReportEval:
 
     def __call__(self, checkpoint_path: str, split: str, results: dict[str, float]) -> None:
         if self._summaries is not None:
-            logging.info("Wrote %s.", write_results(self._run.model_dir, results, split))
+            # The results file comes last: it is what marks the step evaluated (a sidecar
+            # or a resumed run skips it), so a step whose best update failed is offered
+            # to best/ again by the next evaluation instead of never.
             try:
                 self._summaries.write(split, results)
                 if split == self._splits.best:
@@ -76,9 +78,14 @@ class ReportEval:
                 # The chief alone does this: failing here would leave the other
                 # workers of a train --eval_every blocked in their next all-reduce.
                 logging.warning(
-                    "Could not write the eval summaries or the best checkpoint: %s",
+                    "Could not write the eval summaries or the best checkpoint: %s; the "
+                    "results of step %d are not recorded, so the next evaluation of this "
+                    "model_dir evaluates it again",
                     storage.failure(e),
+                    int(results["global_step"]),
                 )
+            else:
+                logging.info("Wrote %s.", write_results(self._run.model_dir, results, split))
         print(summary_line(results, split), flush=True)
         if split != self._splits.best and split not in self._said_unchanged:
             self._said_unchanged.add(split)  # once: a sidecar evaluates many checkpoints

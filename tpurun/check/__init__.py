@@ -92,7 +92,8 @@ def run_checks(
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
-        checker = StepChecker(run, cluster, model, replicas=replicas)
+        hosts = target.hosts if target else 1
+        checker = StepChecker(run, cluster, model, replicas=replicas, hosts=hosts)
         problems = checker.batch_split()
         for mode in Mode:
             problems += checker.check_mode(mode)

@@ -65,15 +65,19 @@ class StepChecker:
     """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU replicas).
 
     `replicas`: the replicas the batches are split over, when not the cluster's own
-    (a large TPU slice, traced on fewer logical CPU devices).
+    (a large TPU slice, traced on fewer logical CPU devices); `hosts`: the hosts that
+    feed them (a multi-host slice trains through tf.data, never on device data).
     """
 
-    def __init__(self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0):
+    def __init__(
+        self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0, hosts: int = 1
+    ):
         self.run = run
         self.cluster = cluster
         self.model = model
         self.name = type(model).__name__
         self.replicas = replicas or cluster.num_replicas
+        self.hosts = hosts
         # The eval step is checked on the split that chooses the best checkpoint.
         self.eval_split = splits.resolve(type(model), run.config).best
         self.single = Cluster(tf.distribute.get_strategy(), "1 CPU (XLA compile)")
@@ -142,6 +146,10 @@ class StepChecker:
         arrays = inputs.train_arrays(self.model)
         if arrays is None or self._tf_data_only:
             return None  # (the line said once)
+        if self.hosts > 1:
+            self._tf_data_only = True
+            device_data.log_fallback(device_data.SEVERAL_HOSTS)
+            return None
         trainer = self.build_runner(Mode.TRAIN, cluster)
         assert isinstance(trainer, Trainer)
         if not trainer.prepare_device_data(arrays, place=False):
