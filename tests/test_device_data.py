@@ -172,8 +172,21 @@ def test_arrays_over_the_budget_stay_in_tf_data_and_say_why(tpurun_cli, tmp_path
 
 def test_the_automatic_budget_on_cpu_is_fixed():
     default = tf.distribute.get_strategy()
-    assert device_data.budget_mb(0.0, default) == device_data.CPU_BUDGET_MB
-    assert device_data.budget_mb(64.0, default) == 64.0
+    assert device_data.budget_mb(0.0, device_data.device_kind(default)) == device_data.CPU_BUDGET_MB
+    assert device_data.budget_mb(64.0, device_data.device_kind(default)) == 64.0
+
+
+def test_a_stand_in_cluster_is_judged_as_what_it_stands_for():
+    """tpurun check traces a TPU slice on CPU devices: its hosts and kind decide."""
+    from tpurun.cluster import Cluster
+
+    arrays = TrainArrays(({"x": np.zeros((8, 2), np.float32)}, np.zeros(8, np.int32)))
+    order = ExampleOrder(arrays.num_examples, 0)
+    default = tf.distribute.get_strategy()
+    assert device_data.why_not(arrays, order, Cluster(default, "1 CPU"), 0.0) == ""
+    slice_of_4 = Cluster(default, "v4-32", hosts=4, device_kind="TPU")
+    assert device_data.why_not(arrays, order, slice_of_4, 0.0) == device_data.SEVERAL_HOSTS
+    assert device_data.budget_mb(0.0, "TPU") == device_data.ACCELERATOR_BUDGET_MB
 
 
 def test_with_device_data_the_input_wait_is_zero_and_never_input_bound(caplog):

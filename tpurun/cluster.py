@@ -28,6 +28,11 @@ class Cluster:
     is_chief: bool = True
     task: str = "chief"  # "<type>-<index>" in a TF_CONFIG cluster
     num_workers: int = 1
+    # What a stand-in cluster stands for (`tpurun check` traces a TPU slice on CPU
+    # devices): the hosts feeding the replicas and the device kind ("TPU", "GPU",
+    # "CPU"); 0 and "" when the strategy's own devices say.
+    hosts: int = 0
+    device_kind: str = ""
 
     @property
     def num_replicas(self) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tpurun.cluster import Cluster
 from tpurun.example_order import ExampleOrder
 from tpurun.model import TrainArrays
 
@@ -106,11 +107,11 @@ def nbytes(arrays: TrainArrays, order: ExampleOrder) -> int:
     return sum(sizes) + (0 if order.table is None else order.table.nbytes)
 
 
-def budget_mb(configured: float, strategy: tf.distribute.Strategy) -> float:
-    """The budget per device: the configured one, or the automatic one for its kind."""
+def budget_mb(configured: float, kind: str) -> float:
+    """The budget per device: the configured one, or the automatic one for its `kind`."""
     if configured:
         return configured
-    return CPU_BUDGET_MB if device_kind(strategy) == "CPU" else ACCELERATOR_BUDGET_MB
+    return CPU_BUDGET_MB if kind == "CPU" else ACCELERATOR_BUDGET_MB
 
 
 def device_kind(strategy: tf.distribute.Strategy) -> str:
@@ -135,16 +136,13 @@ SEVERAL_HOSTS = "it runs on one host, and this cluster feeds its replicas from s
 
 
 def why_not(
-    arrays: TrainArrays,
-    order: ExampleOrder,
-    strategy: tf.distribute.Strategy,
-    num_workers: int,
-    configured_mb: float,
+    arrays: TrainArrays, order: ExampleOrder, cluster: Cluster, configured_mb: float
 ) -> str:
-    """Why device data does not apply ("" when it does)."""
-    if num_workers > 1 or hosts(strategy) > 1:
+    """Why device data does not apply on `cluster` ("" when it does)."""
+    if cluster.num_workers > 1 or (cluster.hosts or hosts(cluster.strategy)) > 1:
         return SEVERAL_HOSTS
-    size, budget = nbytes(arrays, order), budget_mb(configured_mb, strategy)
+    kind = cluster.device_kind or device_kind(cluster.strategy)
+    size, budget = nbytes(arrays, order), budget_mb(configured_mb, kind)
     if size > budget * 2**20:
         setting = f"={configured_mb:g}" if configured_mb else f" (automatic: {budget:g} MB)"
         return (

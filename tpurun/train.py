@@ -250,11 +250,7 @@ class Trainer:
             return False
         order = ExampleOrder(arrays.num_examples, self.run.seed)
         reason = device_data.why_not(
-            arrays,
-            order,
-            self.strategy,
-            self.cluster.num_workers,
-            self.run.config.train.device_data_mb,
+            arrays, order, self.cluster, self.run.config.train.device_data_mb
         )
         if reason:
             device_data.log_fallback(reason)

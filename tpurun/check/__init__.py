@@ -37,6 +37,7 @@ runs on the CPU and neither reads nor writes a model_dir.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging as std_logging
 import sys
 from collections.abc import Iterator
@@ -92,8 +93,9 @@ def run_checks(
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
-        hosts = target.hosts if target else 1
-        checker = StepChecker(run, cluster, model, replicas=replicas, hosts=hosts)
+        if target:  # a TPU slice, traced on CPU devices
+            cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
+        checker = StepChecker(run, cluster, model, replicas=replicas)
         problems = checker.batch_split()
         for mode in Mode:
             problems += checker.check_mode(mode)

@@ -65,22 +65,26 @@ class StepChecker:
     """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU replicas).
 
     `replicas`: the replicas the batches are split over, when not the cluster's own
-    (a large TPU slice, traced on fewer logical CPU devices); `hosts`: the hosts that
-    feed them (a multi-host slice trains through tf.data, never on device data).
+    (a large TPU slice, traced on fewer logical CPU devices). Whether the run would
+    train on device data is decided for what `cluster` stands for (its `hosts` and
+    `device_kind`), on the traced clusters too.
     """
 
-    def __init__(
-        self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0, hosts: int = 1
-    ):
+    def __init__(self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0):
         self.run = run
         self.cluster = cluster
         self.model = model
         self.name = type(model).__name__
         self.replicas = replicas or cluster.num_replicas
-        self.hosts = hosts
         # The eval step is checked on the split that chooses the best checkpoint.
         self.eval_split = splits.resolve(type(model), run.config).best
-        self.single = Cluster(tf.distribute.get_strategy(), "1 CPU (XLA compile)")
+        self.single = Cluster(
+            tf.distribute.get_strategy(),
+            "1 CPU (XLA compile)",
+            num_workers=cluster.num_workers,
+            hosts=cluster.hosts or device_data.hosts(cluster.strategy),
+            device_kind=cluster.device_kind or device_data.device_kind(cluster.strategy),
+        )
         self.scopes = LayerScopes()
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
         self._uids = KerasNames()
@@ -146,10 +150,6 @@ class StepChecker:
         arrays = inputs.train_arrays(self.model)
         if arrays is None or self._tf_data_only:
             return None  # (the line said once)
-        if self.hosts > 1:
-            self._tf_data_only = True
-            device_data.log_fallback(device_data.SEVERAL_HOSTS)
-            return None
         trainer = self.build_runner(Mode.TRAIN, cluster)
         assert isinstance(trainer, Trainer)
         if not trainer.prepare_device_data(arrays, place=False):
