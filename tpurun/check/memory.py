@@ -152,7 +152,6 @@ def estimate(
     *,
     weights: Iterable[Any],
     optimizer_variables: Iterable[Any] = (),
-    tile_rows: Mapping[int, int] = TILE_ROWS,
 ) -> MemoryEstimate:
     """Compiles `fn(*args)` for `args_specs` with XLA and classifies its buffers.
 
@@ -164,8 +163,8 @@ def estimate(
     structure of fully defined `tf.TensorSpec`s per positional argument.
     `weights` are the model's variables (`keras_model.variables`, non-trainable
     ones included), `optimizer_variables` the optimizer's (`optimizer.variables`);
-    any other variable the step reads counts as OTHER. `tile_rows` gives the rows
-    of a TPU tile by element bit width (TILE_ROWS holds for v2 to v6e).
+    any other variable the step reads counts as OTHER. Arrays are padded to the
+    TPU tiles of TILE_ROWS (v2 to v6e).
     """
     flat_specs = tf.nest.flatten(list(args_specs))
     for path, spec in zip(buffers.arg_names(args_specs), flat_specs, strict=True):
@@ -202,7 +201,7 @@ def estimate(
                 shape=shape,
                 dtype=dtype.name,
                 bytes=size,
-                padded_bytes=tpu_padded_bytes(shape, dtype, tile_rows) if known else size,
+                padded_bytes=tpu_padded_bytes(shape, dtype) if known else size,
             )
         )
     return MemoryEstimate(

@@ -174,10 +174,8 @@ class Target:
     name: str  # canonical accelerator type: "v5litepod-16" (for "v5e-16" too)
     generation: str  # "v5e"
     chips: int
-    tensorcores: int
     replicas: int  # TPUStrategy.num_replicas_in_sync
     hosts: int  # full hosts, at least 1 (a v5litepod-4 uses half of one)
-    hbm_bytes_per_chip: int
     hbm_bytes_per_replica: int
 
 
@@ -203,10 +201,8 @@ def parse(type_name: str) -> Target:
         name=f"{generation.prefix}-{number}",
         generation=generation.name,
         chips=chips,
-        tensorcores=tensorcores,
         replicas=replicas,
         hosts=max(1, chips // generation.chips_per_host),
-        hbm_bytes_per_chip=generation.hbm_bytes_per_chip,
         hbm_bytes_per_replica=generation.hbm_bytes_per_replica,
     )
 
