@@ -17,7 +17,6 @@ from tpurun.check.targets import GENERATIONS, Target, larger_slice
 from tpurun.errors import RunError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
 
 _ROWS = (
     ("weights", WEIGHTS),
@@ -312,6 +311,6 @@ def write_report(path: str, data: dict[str, Any]) -> None:
         storage.write_atomically(path, json.dumps(data, indent=2) + "\n")
     except Exception as e:  # noqa: BLE001 - tf.errors.OpError or OSError: the path is the user's
         raise RunError(
-            f"cannot write --report={path} ({one_line(e, 200)}); choose a file in a "
+            f"cannot write --report={path} ({storage.failure(e)}); choose a file in a "
             "directory you can write"
         ) from None
