@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import tempfile
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -29,7 +30,7 @@ from tpurun.check.graph_walk import GraphWalker
 from tpurun.check.introspection import KerasNames, LayerScopes
 from tpurun.cluster import Cluster
 from tpurun.evaluate import Evaluator
-from tpurun.model import InputParams, Mode, Model
+from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import user_code_line
@@ -140,14 +141,20 @@ class StepChecker:
                 problems.append(problem)
         return problems
 
+    @functools.cached_property
+    def arrays(self) -> TrainArrays | None:
+        """The model's training arrays, read once: a model's `train_arrays` may read its
+        files (a failure is not kept: each use reports it where it is read)."""
+        return inputs.train_arrays(self.model)
+
     def has_arrays(self, mode: Mode) -> bool:
         """Whether `mode`'s step may train on device data: TRAIN of a model with arrays."""
-        return mode is Mode.TRAIN and inputs.train_arrays(self.model) is not None
+        return mode is Mode.TRAIN and self.arrays is not None
 
     def build_device_trainer(self, cluster: Cluster) -> Trainer | None:
         """The Trainer as `tpurun train` builds it on device data, its arrays not placed;
         None when the run would train through tf.data (said in one line, as it would)."""
-        arrays = inputs.train_arrays(self.model)
+        arrays = self.arrays
         if arrays is None or self._tf_data_only:
             return None  # (the line said once)
         trainer = self.build_runner(Mode.TRAIN, cluster)
@@ -188,7 +195,7 @@ class StepChecker:
         """
         params = self.input_params(mode, per_replica)
         if mode is Mode.TRAIN:
-            dataset = inputs.train_dataset(self.model, params)
+            dataset = inputs.train_dataset(self.model, params, self.arrays)
         else:
             dataset = self.model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
@@ -245,6 +252,7 @@ class StepChecker:
                 exact_pass=not (mode is Mode.EVAL and self.run.config.eval.steps),
                 micro_batches=self.run.config.train.accumulate_steps,
                 split=self.eval_split,
+                arrays=self.arrays if mode is Mode.TRAIN else None,
             )
         except Exception as e:  # noqa: BLE001 - reported, the other checks still run
             step = STEP_NAMES[mode]
