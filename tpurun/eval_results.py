@@ -61,7 +61,7 @@ def evaluated_before(model_dir: str, step: int, split: str, best_split: str) -> 
     results of the one split that chose best/ then, read as the selecting split's.
     """
     paths = [results_path(model_dir, step, split)]
-    if split == best_split:
+    if split == best_split and split != splits.LEGACY:  # (LEGACY's path is the first)
         paths.append(results_path(model_dir, step, splits.LEGACY))
     return next((path for path in paths if tf.io.gfile.exists(path)), None)
 

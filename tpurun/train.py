@@ -18,6 +18,7 @@ them), and on a TPU XLA compiles the replicated step anyway.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Collection
 from typing import Any
@@ -225,7 +226,7 @@ class Trainer:
         """
         if self._iterator is not None or self.device_data is not None:
             return
-        arrays = inputs.train_arrays(self.model)
+        arrays = self.arrays
         if arrays is not None and self.prepare_device_data(arrays, place=True):
             return
         dataset = inputs.distribute(
@@ -239,6 +240,11 @@ class Trainer:
             arrays=arrays,
         )
         self._iterator = iter(dataset)
+
+    @functools.cached_property
+    def arrays(self) -> TrainArrays | None:
+        """The model's training arrays, read once: `train_arrays` may read the model's files."""
+        return inputs.train_arrays(self.model)
 
     def prepare_device_data(self, arrays: TrainArrays, place: bool) -> bool:
         """Trains on device data from `arrays`, unless off or too large (said in one line).
@@ -353,7 +359,7 @@ class Trainer:
         """The model's forward pass, traced (not run) on one replica's training features."""
         ctx = tf.distribute.InputContext(num_replicas_in_sync=self.strategy.num_replicas_in_sync)
         params = inputs.input_params(ctx, self.global_batch, self.run.seed)
-        features_spec, _ = inputs.train_dataset(self.model, params).element_spec
+        features_spec, _ = inputs.train_dataset(self.model, params, self.arrays).element_spec
         if isinstance(features_spec, dict):  # the graph's inputs named after the features
             features_spec = {
                 k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
