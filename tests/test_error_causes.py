@@ -164,6 +164,24 @@ def test_predict_refuses_a_non_finite_input_with_its_row_and_column(tpurun_cli, 
     assert_fails(result, RUN_FAILURE, "line 2: column SepalWidth is 'inf'", "not a finite number")
 
 
+@pytest.mark.parametrize("value", ["1e39", "-1e39"])
+def test_predict_refuses_a_value_past_float32_with_its_row_and_column(
+    tpurun_cli, trained, tmp_path, value
+):
+    """Finite to pandas (float64), infinite as the float32 feature the model would get."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("\n".join([ROWS[0], ROWS[1], f"6.9,3.1,{value},2.1"]) + "\n")
+    result = tpurun_cli("predict", f"--model_dir={trained}", f"--input={rows}")
+    line = assert_fails(
+        result,
+        RUN_FAILURE,
+        f"line 3: column PetalLength is '{value}', past float32's range (magnitudes up to 3.4e+38)",
+        "give every value as a finite float32 number",
+    )
+    assert "overflow" not in result.stderr.replace(line, "")  # no numpy warning before it
+    assert "Prediction" not in result.stdout
+
+
 def test_predictions_are_strict_json_even_when_not_finite():
     import numpy as np
 
