@@ -12,10 +12,15 @@ from typing import Any
 
 from tpurun.errors import UsageError
 
-# Bounds of the numbers a run takes: beyond them a value is a typo, not a plan. A
-# global batch of 2^20 is far past the largest TPU pod batches in use; a predict
-# batch past the rows to predict only pads them (and allocates the padding).
-MAX_BATCH = 2**20
+# Bounds of the numbers a run takes: beyond them a value is a typo, not a plan.
+# The global train and eval batches have none of their own: a v4-4096 at 1,024 per
+# replica is 2,097,152, and what a slice holds is `tpurun check --target`'s answer
+# (its memory per replica), not a constant's. They must only be numbers TensorFlow
+# can hold as a dimension (int64). A predict batch past the rows to predict only pads
+# them (and allocates the padding): `tpurun predict` reads rows a file holds, so past
+# 2^20 it is absurdly larger than any input it takes.
+MAX_DIMENSION = 2**63 - 1
+MAX_PREDICT_BATCH = 2**20
 MAX_STEPS = 10**12
 MAX_ITERATIONS = 10**6
 MAX_SECONDS = 30 * 24 * 3600  # 30 days
@@ -44,6 +49,19 @@ def integer(name: str, value: object, low: int, high: int, note: str = "", key: 
     raise UsageError(f"{name}={value}{key} must be {allowed}")
 
 
+def batch(name: str, value: object) -> None:
+    """A global train or eval batch: a positive integer, with no cap of its own (a slice's
+    memory bounds it: `tpurun check --target`), that TensorFlow can hold as a dimension."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DIMENSION:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIMENSION:
+        raise UsageError(
+            f"{name}={value} must be a positive integer of at most 2^63-1 (TensorFlow's "
+            "int64); `tpurun check --target=<TPU type>` says which batches a slice holds"
+        )
+    raise UsageError(f"{name}={value} must be a positive integer")
+
+
 def seconds(name: str, value: object, low: float, high: float, note: str = "") -> None:
     """A finite number of seconds in [low, high] (nan and inf are neither)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -58,10 +76,15 @@ def check_sizes(config: Any) -> None:
     for flag, key in (
         ("--batch_size", "train.batch_size"),
         ("--eval_batch_size", "eval.batch_size"),
-        ("--predict_batch_size", "predict.batch_size"),
     ):
         section, leaf = key.split(".")
-        integer(f"{flag} (config.{key})", config[section][leaf], 1, MAX_BATCH)
+        batch(f"{flag} (config.{key})", config[section][leaf])
+    integer(
+        "--predict_batch_size (config.predict.batch_size)",
+        config.predict.batch_size,
+        1,
+        MAX_PREDICT_BATCH,
+    )
     integer("--iterations (config.train.iterations)", config.train.iterations, 1, MAX_ITERATIONS)
     integer("--train_steps", config.train.steps, 0, MAX_STEPS)
     integer("--eval_steps", config.eval.steps, 0, MAX_STEPS, " (0 = one exact pass)")
