@@ -264,6 +264,12 @@ def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None
             model_splits.every_eval(),
         )
     trainer = Trainer(run, where, model)
+    # What `tpurun check` warns of (rule batch-norm), said once where the run's log begins.
+    replicas_differ = check.batch_norm_warning(
+        trainer.keras_model, where.num_replicas, run.train_batch_size
+    )
+    if replicas_differ:
+        logging.warning(replicas_differ)
     watching = actions.for_training(
         run,
         is_chief=where.is_chief,

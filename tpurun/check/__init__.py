@@ -14,7 +14,10 @@ then only traces each replica step (`steps.StepChecker`):
 * the replicated step's graph, walked op by op, nested functions (while bodies,
   cond branches, inner tf.functions) included (`dynamic-shape`, `summary`,
   `dtype`, `xla-unsupported`);
-* the replica step compiled by XLA for the CPU (`xla-unsupported`, `xla-compile`).
+* the replica step compiled by XLA for the CPU (`xla-unsupported`, `xla-compile`);
+* the train step's model on more than one replica: BatchNormalization that
+  normalises by each replica's own statistics (`batch-norm`, a warning:
+  `replica_rules`).
 
 With `--target=TYPE` (a Cloud TPU accelerator type, `tpurun.check.targets`),
 the replicas are the slice's, and each step's memory per replica is estimated
@@ -53,6 +56,7 @@ from tpurun.check import fit_report, preflight, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.preflight import TargetMemory
+from tpurun.check.replica_rules import batch_norm_warning
 from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
 from tpurun.cluster import Cluster
@@ -63,6 +67,7 @@ from tpurun.run_config import RunConfig
 __all__ = [
     "DEFAULT_REPLICAS",
     "Finding",
+    "batch_norm_warning",
     "main",
     "out_of_memory",
     "record_memory",

@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import device_data, inputs, splits
-from tpurun.check import input_rules, xla
+from tpurun.check import input_rules, replica_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
 from tpurun.check.graph_walk import GraphWalker
@@ -274,7 +274,8 @@ class StepChecker:
         self._uids.reset()  # layer names as in a real run, whichever build this is
         return RUNNERS[mode](self.run, cluster, self.model)
 
-    # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel registry).
+    # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel
+    # registry); batch-norm on the train step's model (replica_rules).
     def check_graph(self, mode: Mode, spec: Any, device: bool = False) -> list[Problem]:
         strategy = self.cluster.strategy
         try:
@@ -304,7 +305,12 @@ class StepChecker:
                 writer.close()
         except Exception as e:  # noqa: BLE001 - the user's model: any failure is a finding
             return [trace_failure(self.name, mode, e)]
-        return graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
+        problems = graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
+        if isinstance(built, Trainer):
+            problems += replica_rules.batch_norm_problems(
+                built.keras_model, self.replicas, self.global_batch(mode)
+            )
+        return problems
 
     # Rules: xla-unsupported and xla-compile, from a real XLA compile of one replica's step.
     def check_xla(
