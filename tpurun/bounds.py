@@ -22,6 +22,7 @@ from tpurun.errors import UsageError
 MAX_DIMENSION = 2**63 - 1
 MAX_PREDICT_BATCH = 2**20
 MAX_STEPS = 10**12
+MAX_EPOCHS = 10**9
 MAX_ITERATIONS = 10**6
 MAX_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_REPLICAS = 2**16
@@ -87,6 +88,13 @@ def check_sizes(config: Any) -> None:
     )
     integer("--iterations (config.train.iterations)", config.train.iterations, 1, MAX_ITERATIONS)
     integer("--train_steps", config.train.steps, 0, MAX_STEPS)
+    epochs = config.train.epochs
+    if not (is_number(epochs) and math.isfinite(epochs) and 0 <= epochs <= MAX_EPOCHS):
+        shown = f"{epochs:g}" if is_number(epochs) else repr(epochs)
+        raise UsageError(
+            f"--train_epochs (config.train.epochs)={shown} must be a number of epochs > 0 "
+            f"(0 = count in --train_steps), at most {MAX_EPOCHS}"
+        )
     integer("--eval_steps", config.eval.steps, 0, MAX_STEPS, " (0 = one exact pass)")
     for name, high in (
         ("save_checkpoints_steps", MAX_STEPS),
@@ -94,7 +102,14 @@ def check_sizes(config: Any) -> None:
         ("save_checkpoints_secs", MAX_SECONDS),
     ):
         key = f" (config.train.{name})"
-        integer(f"--{name}", config.train[name], 0, high, " (0 = off)", key=key)
+        if name == "eval_every" and config.train[name] == "epoch":
+            continue  # at the end of every epoch
+        try:
+            integer(f"--{name}", config.train[name], 0, high, " (0 = off)", key=key)
+        except UsageError as e:
+            if name != "eval_every":
+                raise
+            raise UsageError(f"{e}, or 'epoch' (at the end of every epoch)") from None
     integer(
         "--keep_checkpoint_max (config.train.keep_checkpoint_max)",
         config.train.keep_checkpoint_max,

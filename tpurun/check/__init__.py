@@ -50,8 +50,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tpurun import inputs, precision, strategy, train_config
 from tpurun import model as model_lib
-from tpurun import precision, strategy
 from tpurun.check import fit_report, preflight, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
@@ -95,12 +95,16 @@ def run_checks(
         logging.info("tpurun check traces on the CPU; --use_tpu/--tpu are not used.")
     cluster = cpu_cluster(min(replicas, MAX_TRACED_REPLICAS) if target else replicas)
     model = model_lib.create(run.config)
+    arrays = None
+    if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
+        arrays = inputs.train_arrays(model)
+        run = train_config.resolve_length(run, arrays.num_examples if arrays else None)
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
         if target:  # a TPU slice, traced on CPU devices
             cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
-        checker = StepChecker(run, cluster, model, replicas=replicas)
+        checker = StepChecker(run, cluster, model, replicas=replicas, arrays=arrays)
         problems = checker.batch_split()
         for mode in Mode:
             problems += checker.check_mode(mode)

@@ -66,12 +66,20 @@ class StepChecker:
     """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU replicas).
 
     `replicas`: the replicas the batches are split over, when not the cluster's own
-    (a large TPU slice, traced on fewer logical CPU devices). Whether the run would
+    (a large TPU slice, traced on fewer logical CPU devices); `arrays`: the model's
+    training arrays when the caller read them already. Whether the run would
     train on device data is decided for what `cluster` stands for (its `hosts` and
     `device_kind`), on the traced clusters too.
     """
 
-    def __init__(self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0):
+    def __init__(
+        self,
+        run: RunConfig,
+        cluster: Cluster,
+        model: Model,
+        replicas: int = 0,
+        arrays: TrainArrays | None = None,
+    ):
         self.run = run
         self.cluster = cluster
         self.model = model
@@ -90,6 +98,8 @@ class StepChecker:
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
         self._uids = KerasNames()
         self._tf_data_only = False  # device data does not apply (build_device_trainer)
+        if arrays is not None:
+            self.arrays = arrays  # read already (the cached property below, set)
         xla.populate_xla_registry()
 
     def global_batch(self, mode: Mode) -> int:
