@@ -8,7 +8,8 @@ replicas of a global batch of 32 it normalises groups of 4, a different model
 from the one normalised over all 32. Under MirroredStrategy each replica also
 updates its own copy of the moving mean and variance (Keras gives them no
 aggregation), and a checkpoint keeps the first replica's. `synchronized=True`
-computes the statistics over the global batch (an all-reduce per layer per step):
+computes the statistics over the global batch (three small all-reduces per layer
+per step):
 1 and 8 replicas then train the same weights (tests/test_replica_fidelity.py).
 
 `tpurun check` says it as a warning (the run works; it is another model), and
@@ -60,8 +61,8 @@ def batch_norm_text(layers: list[str], replicas: int, global_batch: int) -> tupl
     fix = (
         f"create {'them' if len(layers) > 1 else 'it'} with "
         "keras.layers.BatchNormalization(..., synchronized=True) "
-        "(statistics over the global batch, as on 1 replica; one all-reduce per layer per "
-        f"step), or give each replica a larger batch (--batch_size={larger * replicas}: "
+        "(statistics over the global batch, as on 1 replica; three small all-reduces per "
+        f"layer per step), or give each replica a larger batch (--batch_size={larger * replicas}: "
         f"{larger} per replica), whose statistics come closer to the global batch's"
     )
     return message, fix
