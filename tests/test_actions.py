@@ -306,6 +306,23 @@ def test_progress_bar_shows_steps_loss_and_eta_and_puts_logs_above_it():
     assert "\rSaved checkpoint /x/ckpt-400.\n" in shown  # on a line of its own
 
 
+def test_log_lines_and_the_progress_bar_show_the_epoch(caplog):
+    from tpurun.train_config import EpochCount
+
+    capture_info_logs(caplog)
+    epochs = EpochCount(examples=6400, per_step=32, total=2)  # 200 steps per epoch
+    lines = progress.LogLines(epochs)
+    lines.start(0, 400)
+    lines.after_loop(loop(100, seconds=2.0))
+    assert infos_in(caplog)[0].startswith("step 100/400  epoch 0.50/2  loss 0.5000  ")
+    stream = io.StringIO()
+    bar = progress.ProgressBar(stream, epochs=epochs)
+    bar.start(200, 400)
+    bar.after_loop(loop(300, seconds=1.0))
+    bar.close()
+    assert "step 300/400, epoch 1.50/2, loss 0.5000, input wait" in stream.getvalue()
+
+
 # --- which actions a training run gets ---------------------------------------------------------
 
 

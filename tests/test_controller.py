@@ -17,7 +17,7 @@ import tensorflow as tf
 from conftest import capture_info_logs
 from fakes import FakeClock
 
-from tpurun import config_files, controller
+from tpurun import config_files, controller, train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller, crossed, loop_cadence, sigterm_notice
@@ -105,23 +105,26 @@ def clock(monkeypatch) -> FakeClock:
     return clock
 
 
-def make_run(model_dir, **flags) -> RunConfig:
-    """Iris's config with flags; no time cadence unless asked for (the default is 600 s)."""
+def make_run(model_dir, examples=None, **flags) -> RunConfig:
+    """Iris's config with flags; no time cadence unless asked for (the default is 600 s).
+
+    `examples`: the training examples counted (as commands.count_examples does)."""
     flags.setdefault("save_checkpoints_secs", 0)
     flags.setdefault("save_checkpoints_steps", 0)
     config = merge_flags(config_files.load(config_files.resolve("iris")), flags)
-    return RunConfig("train", "iris", config, model_dir=str(model_dir))
+    run = RunConfig("train", "iris", config, model_dir=str(model_dir))
+    return train_config.resolve_length(run, examples) if examples else run
 
 
 def train(
-    model_dir, clock, *, evaluate=True, trainer_args=None, **flags
+    model_dir, clock, *, evaluate=True, trainer_args=None, examples=None, **flags
 ) -> tuple[list, FakeTrainer]:
     """Runs a Controller to --train_steps; returns the log of what happened, and the trainer."""
     log: list = []
     trainer = FakeTrainer(log, clock, **(trainer_args or {}))
     cluster = Cluster(tf.distribute.get_strategy(), "1 CPU replica (default strategy)")
     Controller(
-        make_run(model_dir, **flags),
+        make_run(model_dir, examples, **flags),
         cluster,
         trainer,
         actions=[Recorder(log)],
@@ -227,6 +230,23 @@ def test_eval_every_without_an_evaluator_neither_evaluates_nor_saves(tmp_path, c
     log, _ = train(tmp_path, clock, evaluate=False, train_steps=110, iterations=25, eval_every=40)
     assert evaluations(log) == []
     assert saves(log) == [110]
+
+
+def test_eval_every_epoch_ends_host_loops_where_epochs_end_and_evaluates_each(
+    tmp_path, clock, caplog
+):
+    """3 epochs of 120 examples at 25 per step: 15 steps, epochs ending in steps 5 (4.8
+    epochs' worth of steps), 10 (9.6) and 15 (14.4); loops of 4 are cut there."""
+    capture_info_logs(caplog)
+    log, _ = train(
+        tmp_path, clock, examples=120, train_epochs=3, batch_size=25, iterations=4,
+        eval_every="epoch",
+    )  # fmt: skip
+    assert "Training from step 0 to 15 (epoch 0.00 to 3.12), 4 steps per loop." in caplog.messages
+    loops = [entry[2] for entry in log if entry[0] == "action.before_loop"]
+    assert loops == [4, 1, 4, 1, 4, 1]
+    assert evaluations(log) == ["ckpt-5", "ckpt-10", "ckpt-15"]
+    assert saves(log) == [5, 10, 15]
 
 
 def test_a_resumed_run_saves_in_the_loops_that_pass_a_multiple(tmp_path, clock, caplog):

@@ -24,7 +24,7 @@ from tpurun.actions.base import Action, LoopStats
 from tpurun.actions.save import SaveCheckpoint
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
-from tpurun.run_config import RunConfig, aligned_to_loop
+from tpurun.run_config import EPOCH, RunConfig, aligned_to_loop
 from tpurun.train import Trainer
 from tpurun.warm_start import warm_start
 
@@ -106,13 +106,24 @@ class Controller:
         self._restore()
         step, last = trainer.step, run.train_steps
         if step >= last:
-            logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
+            epochs = run.config.train.epochs
+            length = (
+                f"--train_epochs={epochs:g} ({last} steps)" if epochs else f"--train_steps={last}"
+            )
+            logging.info("Already at step %d of %s: nothing to train.", step, length)
             return
         if self.cluster.is_chief:
             train_config.write(run)
         save = SaveCheckpoint(run, trainer.checkpoint, self.cluster)
         trainer.start_input()
-        logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
+        epochs = train_config.epoch_count(run)
+        logging.info(
+            "Training from step %d to %d%s, %d steps per loop.",
+            step,
+            last,
+            f" (epoch {epochs.at(step):.2f} to {epochs.at(last):.2f})" if epochs else "",
+            run.iterations,
+        )
         try:
             for action in self.actions:
                 action.start(step, last)
@@ -156,11 +167,18 @@ class Controller:
     ) -> None:
         run = self.run
         save_every = loop_cadence(run, "save_checkpoints_steps")
-        eval_every = loop_cadence(run, "eval_every") if self.evaluate else 0
+        # --eval_every=epoch: host loops end where epochs end, and each ends with an eval.
+        every_epoch = self.evaluate is not None and run.config.train.eval_every == EPOCH
+        epochs = train_config.epoch_count(run) if every_epoch else None
+        if every_epoch and epochs is None:  # commands.count_examples counts them first
+            raise RunError("--eval_every=epoch: the training examples were not counted")
+        eval_every = loop_cadence(run, "eval_every") if self.evaluate and not every_epoch else 0
         save_secs = run.config.train.save_checkpoints_secs
         last_save = time.monotonic()
         while step < last:
             num_steps = min(run.iterations, last - step)
+            if epochs is not None:
+                num_steps = min(num_steps, epochs.end_after(step) - step)
             for action in self.actions:
                 action.before_loop(step, num_steps)
             stats = self.trainer.train(num_steps)
@@ -168,7 +186,12 @@ class Controller:
             for action in self.actions:
                 action.after_loop(stats)
             self._stop_unless_finite(stats)
-            evaluate = bool(eval_every) and (crossed(step, num_steps, eval_every) or step == last)
+            if epochs is not None:
+                evaluate = epochs.crossed(step, num_steps) or step == last
+            else:
+                evaluate = bool(eval_every) and (
+                    crossed(step, num_steps, eval_every) or step == last
+                )
             time_due, stop = self._agree(
                 bool(save_secs) and time.monotonic() - last_save >= save_secs,
                 preempted.is_set(),

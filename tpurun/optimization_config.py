@@ -82,10 +82,11 @@ def _fail(key: str, value: Any, allowed: str) -> UsageError:
     return UsageError(f"config.{key}={value!r} {allowed}")
 
 
-def validate(config: Mapping[str, Any], train_steps: int) -> None:
+def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
     """Raises UsageError, one line, for the first bad recipe key of `config` (the whole config).
 
-    `train_steps` is the run's final train.steps (the horizon of cosine and linear).
+    `train_steps` is the run's final train.steps (the horizon of cosine and linear); None
+    while it is not known yet (a run counted in epochs, before its examples are counted).
     """
     from tpurun.config_defaults import base_config
 
@@ -109,7 +110,7 @@ def validate(config: Mapping[str, Any], train_steps: int) -> None:
     warmup = optimizer["warmup_steps"]
     if not _is_int(warmup) or warmup < 0:
         raise _fail("optimizer.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
-    if warmup and warmup >= train_steps:
+    if warmup and train_steps is not None and warmup >= train_steps:
         raise _fail(
             "optimizer.warmup_steps",
             warmup,

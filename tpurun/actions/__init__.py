@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tpurun import train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.actions.hang import HangTimeout
 from tpurun.actions.profiler import ProfileSteps
@@ -51,7 +52,8 @@ def for_training(
     actions: list[Action] = []
     if run.hang_timeout:
         actions.append(HangTimeout(run.hang_timeout, run.model_dir, input_seeks=input_seeks))
-    actions.append(ProgressBar() if terminal and is_chief else LogLines())
+    epochs = train_config.epoch_count(run)  # shown when the run counted its examples
+    actions.append(ProgressBar(epochs=epochs) if terminal and is_chief else LogLines(epochs))
     actions.append(InputBound(model_name))
     if is_chief:
         actions.append(TrainSummaries(run.model_dir, graph=graph))

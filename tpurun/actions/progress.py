@@ -13,6 +13,7 @@ import tqdm.contrib
 from absl import logging
 
 from tpurun.actions.base import Action, LoopStats
+from tpurun.train_config import EpochCount
 
 # Above this share of a host loop spent waiting for input, the run is input-bound:
 # the accelerator idles more than it computes...
@@ -24,19 +25,24 @@ INPUT_BOUND_MIN_WAIT = 1e-3  # seconds per step
 
 
 class LogLines(Action):
-    """One absl log line per host loop: for log files and CI, where a live line would be noise."""
+    """One absl log line per host loop: for log files and CI, where a live line would be noise.
 
-    def __init__(self) -> None:
+    `epochs`: how the steps count epochs, when the run counted its examples (the line
+    then shows the epoch)."""
+
+    def __init__(self, epochs: EpochCount | None = None) -> None:
         self._last_step = 0
+        self._epochs = epochs
 
     def start(self, step: int, last_step: int) -> None:
         self._last_step = last_step
 
     def after_loop(self, stats: LoopStats) -> None:
         logging.info(
-            "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec  %s",
+            "step %d/%d  %sloss %.4f  %.1f steps/sec  %.0f examples/sec  %s",
             stats.step,
             self._last_step,
+            f"{self._epochs.text(stats.step)}  " if self._epochs else "",
             stats.loss,
             stats.steps_per_sec,
             stats.examples_per_sec,
@@ -52,16 +58,18 @@ def input_wait(stats: LoopStats) -> str:
 
 
 class ProgressBar(Action):
-    """A live line on a terminal: step/total, loss, input wait, steps/sec and the ETA (tqdm).
+    """A live line on a terminal: step/total, the epoch (`epochs`: as for LogLines), loss,
+    input wait, steps/sec and the ETA (tqdm).
 
     While it shows, stderr goes through tqdm.write, so log lines (a saved
     checkpoint, a warning) print above the line instead of through it.
     """
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, stream: TextIO | None = None, epochs: EpochCount | None = None):
         self._stream = stream or sys.stderr
         self._bar: tqdm.tqdm | None = None
         self._logs_above = LogsAboveBar()
+        self._epochs = epochs
 
     def start(self, step: int, last_step: int) -> None:
         self._bar = tqdm.tqdm(
@@ -77,7 +85,10 @@ class ProgressBar(Action):
     def after_loop(self, stats: LoopStats) -> None:
         if self._bar is None:
             return
-        self._bar.set_postfix_str(f"loss {stats.loss:.4f}, {input_wait(stats)}", refresh=False)
+        epoch = f"{self._epochs.text(stats.step)}, " if self._epochs else ""
+        self._bar.set_postfix_str(
+            f"{epoch}loss {stats.loss:.4f}, {input_wait(stats)}", refresh=False
+        )
         self._bar.update(stats.num_steps)
 
     def close(self) -> None:
