@@ -3,7 +3,7 @@
 Train with cadence and retention, eval and the best checkpoint, export --best,
 predict from and to gs://, warm start from gs://, TensorBoard events read back,
 the eval --continuous sidecar, mnist TFRecords read from gs://, SIGKILL at random
-moments and inside a save then resume bit-identically. In this process where a
+moments while a save is in flight and inside a save, then resume bit-identically. In this process where a
 run needs no process of its own (`tpurun_cli`); kills in subprocesses, with the
 helpers of tests/test_resume.py.
 """
@@ -23,7 +23,7 @@ import tensorflow as tf
 from conftest import REPO, RUN_FAILURE, assert_fails, assert_ok, run_tpurun
 from test_e2e_gcs import iris_on_gcs  # noqa: F401 - a fixture: Iris data copied to the bucket
 from test_resume import IRIS as SAVING_EVERY_LOOP
-from test_resume import assert_bit_identical, train_process
+from test_resume import SAVING, assert_bit_identical, group_survivors, train_process
 
 from tests.synthetic_images import write_digit_records
 
@@ -187,23 +187,31 @@ def reference(tmp_path_factory):
     return model_dir / f"ckpt-{STEPS}"
 
 
-def test_sigkill_at_random_moments_then_resume_is_bit_identical_on_gcs(bucket, gcs, reference):
+def test_sigkill_at_random_moments_while_a_save_is_in_flight_on_gcs_then_resume_is_bit_identical(
+    bucket, gcs, reference
+):
     model_dir = f"{bucket}/iris"
+    gcs.slow(0.02, path="ckpt-")  # every request of a save: one is always being written
     rng = random.Random(7)
     for target in sorted(rng.sample(range(20, STEPS - 10, 10), 3)):
         process = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
         assert process.stderr is not None
         for line in process.stderr:
-            if re.search(rf"\] step {target}/{STEPS} ", line):
-                time.sleep(rng.uniform(0.0, 0.2))  # in a host loop, a save or a deletion
+            saving = SAVING.search(line)
+            if saving and int(saving.group(1)) >= target:
+                time.sleep(rng.uniform(0.0, 0.5))  # in a save's requests, at random
                 process.send_signal(signal.SIGKILL)
                 break
         assert process.wait(timeout=120) == -signal.SIGKILL
+        assert not group_survivors(process), "the killed trainer left a process behind"
+    gcs.clear_faults()
     final = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
     _, err = final.communicate(timeout=180)
     assert final.returncode == 0, err[-3000:]
     assert "Resuming from" in err
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
+    names = [name for _, _, files in tf.io.gfile.walk(model_dir) for name in files]
+    assert not [n for n in names if "_temp" in n or "tempstate" in n or "tpurun-tmp" in n], names
 
 
 def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(bucket, gcs, reference):

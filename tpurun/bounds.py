@@ -80,7 +80,7 @@ def check_sizes(config: Any) -> None:
     )
     integer("--seed (config.seed)", config.seed, 0, MAX_SEED)
     integer("config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS)
-    for key in ("device_data", "xla"):
+    for key in ("device_data", "xla", "async_checkpoint"):
         if not isinstance(config.train[key], bool):
             raise UsageError(f"config.train.{key}={config.train[key]!r} must be true or false")
     budget = config.train.device_data_mb

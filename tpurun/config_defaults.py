@@ -76,6 +76,11 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.train.save_checkpoints_steps = 0
     config.train.save_checkpoints_secs = 600  # TPUEstimator's default
     config.train.keep_checkpoint_max = 5
+    # A save copies the state at its step to host memory (all the loop waits for) and
+    # writes it in the background while training goes on; at most one is in flight.
+    # The last save, one before a stop and one --eval_every evaluates are waited for.
+    # false: the loop waits for every whole save (README, "Checkpoints and resume").
+    config.train.async_checkpoint = True
     config.train.eval_every = 0  # steps between evals in the training process; 0 = never
     # Initialise from another run's checkpoint (ckpt-N or a model_dir), then train
     # from step 0; only variables whose checkpoint key matches the regex are taken.

@@ -31,6 +31,7 @@ RESUMABLE_CHANGES = (
     "train.save_checkpoints_steps",
     "train.save_checkpoints_secs",
     "train.keep_checkpoint_max",
+    "train.async_checkpoint",
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",
