@@ -1,8 +1,8 @@
-"""tpurun.background: the run's writer thread, and what goes through it (the lease's
-renewal, a worker's part in a background save).
+"""tpurun.background: the run's writer thread, TensorBoard events staged in memory, and what
+goes through the writer (the lease's renewal, a worker's part in a background save).
 
 No test waits on the wall clock: the writer's thread is held by a job that waits for an
-event the test sets (`held`).
+event the test sets (`held`), and the events' cadence reads a FakeClock.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import threading
 import pytest
 import tensorflow as tf
 from conftest import capture_info_logs
+from fakes import FakeClock
 from iris_runs import iris_run
 
 from tpurun.actions.base import LoopStats
 from tpurun.actions.lease import RenewLease
-from tpurun.background import Writer
+from tpurun.background import Writer, events
+from tpurun.background.events import StagedEvents
 from tpurun.errors import RunError
 from tpurun.lease import Lease
 
@@ -71,6 +73,63 @@ def test_a_failed_write_is_logged_not_raised_and_the_next_write_of_it_tries_agai
         writer.write(str(record), "kept")
     assert record.read_text() == "kept"
     assert any(f"Could not write {record}" in m for m in caplog.messages), caplog.messages
+
+
+# --- StagedEvents: TensorBoard events uploaded off the loop --------------------------------
+
+
+def loss_events(staged: StagedEvents, clock: FakeClock, steps: range) -> None:
+    """Host loops of 10 fake seconds, each writing a loss."""
+    for step in steps:
+        with staged.summary_writer.as_default(step=step):
+            tf.summary.scalar("loss", 1.0 / step)
+        staged.wrote()
+        clock.advance(10)
+        staged.after_loop()
+
+
+def test_staged_events_upload_at_their_cadence_and_rotate_files_so_bytes_grow_linearly(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(events, "UPLOADS_PER_FILE", 3)
+    clock, uploads = FakeClock(), []
+
+    class Recording(Writer):
+        def write(self, path, data):
+            uploads.append((path.rsplit("/", 1)[1], len(data)))
+            super().write(path, data)
+
+    with Recording() as writer:
+        staged = StagedEvents(str(tmp_path), writer, upload_secs=30, clock=clock.monotonic)
+        loss_events(staged, clock, range(1, 101))  # 100 loops: an upload every 3
+        staged.close()
+    names = [name for name, _ in uploads]
+    assert len(names) == 34  # every 30 fake seconds, and the rest at the end
+    assert names == sorted(names), "files sort in the order they were made (TensorBoard's)"
+    assert len(set(names)) == 12, "a new file after every 3 uploads"
+    on_disk = sorted(p.name for p in tmp_path.iterdir())
+    assert on_disk == sorted(set(names))
+    written = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert sum(size for _, size in uploads) <= 3 * written  # each byte up at most 3 times
+    steps = [
+        event.step
+        for path in sorted(tmp_path.iterdir())
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+        if event.summary.value
+    ]
+    assert steps == list(range(1, 101)), "every loop's scalar, once, in order"
+
+
+def test_staged_events_before_the_cadence_go_up_at_close_only(tmp_path):
+    clock = FakeClock()
+    with Writer() as writer:
+        staged = StagedEvents(str(tmp_path), writer, upload_secs=1e6, clock=clock.monotonic)
+        loss_events(staged, clock, range(1, 4))
+        writer.flush()
+        assert list(tmp_path.iterdir()) == []
+        staged.close()
+    [events_file] = tmp_path.iterdir()
+    assert "tfevents" in events_file.name
 
 
 # --- RenewLease: the lease renewed through the writer ---------------------------------------

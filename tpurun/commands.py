@@ -265,7 +265,8 @@ def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None
             model_splits.every_eval(),
         )
     trainer = Trainer(run, where, model)
-    # The run's one thread for storage: checkpoints written in the background. Closed (everything handed to it written) before the lease is released.
+    # The run's one thread for storage: checkpoints written in the background, events
+    # uploaded. Closed (everything handed to it written) before the lease is released.
     with background.Writer() as writer:
         watching = actions.for_training(
             run,
@@ -273,6 +274,7 @@ def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None
             model_name=type(model).__name__,
             input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
             graph=trainer.forward_graph,
+            writer=writer,
         )
         Controller(
             run,

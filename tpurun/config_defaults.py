@@ -81,6 +81,10 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # The last save, one before a stop and one --eval_every evaluates are waited for.
     # false: the loop waits for every whole save (README, "Checkpoints and resume").
     config.train.async_checkpoint = True
+    # On gs://, TensorBoard events are written in memory and uploaded in the background
+    # every this many seconds and at the end (TensorBoard shows them that late at most);
+    # on a local disk they are written there directly.
+    config.train.summary_upload_secs = 30.0
     config.train.eval_every = 0  # steps between evals in the training process; 0 = never
     # Initialise from another run's checkpoint (ckpt-N or a model_dir), then train
     # from step 0; only variables whose checkpoint key matches the regex are taken.
