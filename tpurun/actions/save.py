@@ -21,12 +21,14 @@ from tpurun.run_config import RunConfig
 @dataclasses.dataclass(frozen=True)
 class Saved:
     """A checkpoint that became the newest: `seconds` from the save's start to then, of which
-    the training loop waited `waited` (the copy to host memory, a previous save)."""
+    the training loop waited `waited` (in the background: the copy to host memory, a
+    previous save, and all of it when it was waited for)."""
 
     step: int
     path: str
     seconds: float
     waited: float
+    background: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,7 @@ class SaveCheckpoint:
         self._in_flight: _InFlight | None = None
         self._saved: list[Saved] = []
         self._last: Saved | None = None
+        self._warned = False
 
     @property
     def state(self) -> SaveState:
@@ -91,11 +94,12 @@ class SaveCheckpoint:
             return self._take_part(step)
         snapshot = self._saver.snapshot(step, host_copy=self._writer is not None)
         if snapshot.tensors is None or self._writer is None:
-            if self._writer is not None:
+            if self._writer is not None and not self._warned:
+                self._warned = True
                 logging.warning(
                     "config.train.async_checkpoint: this checkpoint cannot be copied to host "
                     "memory (an object with a saver of its own, or a TensorFlow without the API "
-                    "tpurun uses); saving it while training waits."
+                    "tpurun uses); saving while training waits."
                 )
             self._commit(snapshot)
             now = time.monotonic()
@@ -115,7 +119,7 @@ class SaveCheckpoint:
             self._finish()
         saved, self._saved = self._saved, []
         for each in saved:
-            if each.waited < each.seconds:
+            if each.background:
                 how = f"written in the background in {each.seconds:.2f}s; training waited "
                 how += f"{each.waited:.2f}s for it"
             else:
@@ -128,7 +132,13 @@ class SaveCheckpoint:
     def wait(self) -> list[Saved]:
         """`poll()` once the save in flight, if any, is written: for a checkpoint that must
         be there before the run goes on (evaluated, the last, before a stop)."""
-        self._finish()
+        started = time.monotonic()
+        if self._in_flight is not None:
+            self._finish()
+            # The loop waited for all of this one: said so in its log line.
+            last = self._saved[-1]
+            waited = last.waited + time.monotonic() - started
+            self._saved[-1] = dataclasses.replace(last, waited=waited)
         return self.poll()
 
     def close(self) -> None:
@@ -137,6 +147,7 @@ class SaveCheckpoint:
         the error that ended training is the one to report."""
         try:
             self._finish()
+            self.poll()  # its log line
         except Exception as e:  # noqa: BLE001 - whatever the save raised; the run's error wins
             logging.warning("The checkpoint being saved in the background failed too: %s", e)
 
@@ -144,9 +155,8 @@ class SaveCheckpoint:
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             ended = flight.done.result()  # its error, raised here
-            self._saved.append(
-                Saved(flight.step, flight.path, ended - flight.started, flight.waited)
-            )
+            seconds = ended - flight.started
+            self._saved.append(Saved(flight.step, flight.path, seconds, flight.waited, True))
 
     def _commit(self, snapshot: checkpoints.Snapshot) -> float:
         assert self._saver is not None
