@@ -68,7 +68,8 @@ class Action:
         """A checkpoint was saved: it is whole, and the newest."""
 
     def saves(self, state: SaveState) -> None:
-        """A save started (in the background) or ended: where the saves stand now."""
+        """Where the checkpoint saves stand, after every host loop and save (one in flight
+        in the background, how long the last took)."""
 
     def close(self) -> None:
         """Training ended (normally or not); release what was opened. Must not raise."""
