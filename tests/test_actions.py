@@ -8,6 +8,7 @@ end-to-end runs that show them in a real training run are in test_train_monitors
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import re
@@ -23,6 +24,7 @@ from fakes import FakeClock, fake_checkpoint
 
 from tpurun import actions, config_defaults, config_files, watchdog
 from tpurun.actions import hang, progress
+from tpurun.actions.base import SaveState
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.summaries import TrainSummaries
 from tpurun.run_config import RunConfig, merge_flags
@@ -87,6 +89,22 @@ def test_log_lines_one_line_per_loop_with_the_last_step(caplog):
     assert infos_in(caplog)[0] == (
         "step 100/300  loss 0.5000  50.0 steps/sec  1600 examples/sec  input wait 25%"
     )
+
+
+def test_log_lines_say_which_save_is_in_flight_or_how_long_the_last_took(caplog):
+    capture_info_logs(caplog)
+    lines = progress.LogLines()
+    lines.start(0, 300)
+    lines.after_loop(loop(100))
+    lines.saves(SaveState(in_flight=100))
+    lines.after_loop(loop(200))
+    lines.saves(SaveState(last_seconds=2.414))
+    lines.after_loop(loop(300))
+    assert [m.split("input wait 0%")[1] for m in infos_in(caplog)] == [
+        "",
+        "  saving ckpt-100",
+        "  last save 2.41s",
+    ]
 
 
 # --- the input-bound warning ----------------------------------------------------------
@@ -218,6 +236,22 @@ def test_hang_timeout_fires_once_with_the_step_and_the_checkpoint(tmp_path, cloc
         "/runs/x/ckpt-100; rerun the same command to resume from it (or raise --hang_timeout "
         "if a host loop really takes that long)"
     ]
+
+
+def test_hang_timeout_names_a_save_written_in_the_background_while_the_loop_hung(tmp_path, clock):
+    hangs = Hangs()
+    watcher = hang.HangTimeout(0.5, str(tmp_path), on_hang=hangs)
+    watcher.start(0, 1000)
+    watcher.after_loop(loop(100))
+    written: concurrent.futures.Future[float] = concurrent.futures.Future()
+    watcher.saves(SaveState(in_flight=100, writing=written))
+    watcher.before_loop(100, 100)
+    written.set_result(0.0)  # whole, but the controller never heard: the loop hangs
+    clock.advance(2.0)
+    assert hangs.fired.wait(60)
+    watcher.close()
+    (message,) = hangs.messages
+    assert f"the latest checkpoint is {tmp_path / 'ckpt-100'};" in message
 
 
 def test_hang_timeout_stays_quiet_while_loops_come(tmp_path, clock):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +40,7 @@ def test_step_cadence_is_rounded_to_the_loop_with_a_notice_and_retention_applies
     assert "save_checkpoints_steps=25 rounded up to 30, a multiple of --iterations=10" in (
         result.stderr
     )
-    saved = [
-        int(line.rsplit("ckpt-", 1)[1].rstrip("."))
-        for line in result.stderr.splitlines()
-        if "Saved checkpoint" in line
-    ]
+    saved = [int(step) for step in re.findall(r"Saved checkpoint \S+ckpt-(\d+)\. ", result.stderr)]
     assert saved == [30, 60, 90, 95]
     assert steps_saved(tmp_path) == [90, 95]
 

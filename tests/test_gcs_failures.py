@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import tensorflow as tf
-from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok
+from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok, tensorboard_scalars
 
 from tpurun import storage_errors
 from tpurun.errors import EXIT_HUNG
@@ -98,6 +98,8 @@ def test_a_failed_save_leaves_no_temporary_and_the_next_run_resumes(bucket, gcs,
     assert_fails(result, RUN_FAILURE, "unreachable or failing", "ckpt-30")
     assert leftovers(model_dir) == []
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
+    # The TensorBoard events pending in memory were uploaded before the exit.
+    assert [step for step, _ in tensorboard_scalars(model_dir)["loss"]][:3] == [10, 20, 30]
     gcs.clear_faults()
     result = assert_ok(tpurun_cli("train", *common, "--train_steps=40"))
     assert f"Resuming from {model_dir}/ckpt-20 (step 20)" in result.stderr

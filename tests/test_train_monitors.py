@@ -205,7 +205,8 @@ def test_on_a_terminal_a_live_progress_line(tmp_path):
     assert not LOG_LINE.search(shown), "a terminal gets the live line, not one line per loop"
     # Other log lines print above the bar, each on a line of its own.
     lines = re.split(r"[\r\n]+", shown)
-    assert any(re.match(r"I\d{4} .*Saved checkpoint .*ckpt-300\.$", line) for line in lines), shown
+    saved = re.compile(r"I\d{4} .*Saved checkpoint .*ckpt-300\. \(written .*\)$")
+    assert any(saved.match(line) for line in lines), shown
 
 
 @pytest.mark.slow

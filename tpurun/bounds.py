@@ -118,9 +118,15 @@ def check_sizes(config: Any) -> None:
     )
     integer("--seed (config.seed)", config.seed, 0, MAX_SEED)
     integer("config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS)
-    for key in ("device_data", "xla"):
+    for key in ("device_data", "xla", "async_checkpoint"):
         if not isinstance(config.train[key], bool):
             raise UsageError(f"config.train.{key}={config.train[key]!r} must be true or false")
+    upload = config.train.summary_upload_secs
+    if not (is_number(upload) and math.isfinite(upload) and 0 <= upload <= MAX_SECONDS):
+        raise UsageError(
+            f"config.train.summary_upload_secs={upload} must be a number of seconds >= 0 "
+            f"(0 = after every host loop), at most {MAX_SECONDS}"
+        )
     budget = config.train.device_data_mb
     if not (is_number(budget) and math.isfinite(budget) and 0 <= budget <= MAX_DEVICE_DATA_MB):
         raise UsageError(

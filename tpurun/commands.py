@@ -16,6 +16,7 @@ from absl import logging
 
 from tpurun import (
     actions,
+    background,
     best,
     check,
     checkpoints,
@@ -296,21 +297,26 @@ def train(
     )
     if replicas_differ:
         logging.warning(replicas_differ)
-    watching = actions.for_training(
-        run,
-        is_chief=where.is_chief,
-        model_name=type(model).__name__,
-        input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
-        graph=trainer.forward_graph,
-    )
-    Controller(
-        run,
-        where,
-        trainer,
-        # ResumeCost: made just before the restore it times.
-        actions=[*watching, *([RenewLease(held)] if held else []), ResumeCost()],
-        evaluate=evaluate_checkpoint,
-    ).train()
+    # The run's one thread for storage: checkpoints written in the background, events
+    # uploaded. Closed (everything handed to it written) before the lease is released.
+    with background.Writer() as writer:
+        watching = actions.for_training(
+            run,
+            is_chief=where.is_chief,
+            model_name=type(model).__name__,
+            input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
+            graph=trainer.forward_graph,
+            writer=writer,
+        )
+        Controller(
+            run,
+            where,
+            trainer,
+            # ResumeCost: made just before the restore it times.
+            actions=[*watching, *([RenewLease(held, writer)] if held else []), ResumeCost()],
+            evaluate=evaluate_checkpoint,
+            writer=writer,
+        ).train()
 
 
 def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:

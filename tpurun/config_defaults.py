@@ -82,6 +82,15 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.train.save_checkpoints_steps = 0
     config.train.save_checkpoints_secs = 600  # TPUEstimator's default
     config.train.keep_checkpoint_max = 5
+    # A save copies the state at its step to host memory (all the loop waits for) and
+    # writes it in the background while training goes on; at most one is in flight.
+    # The last save, one before a stop and one --eval_every evaluates are waited for.
+    # false: the loop waits for every whole save (README, "Checkpoints and resume").
+    config.train.async_checkpoint = True
+    # On gs://, TensorBoard events are written in memory and uploaded in the background
+    # every this many seconds and at the end (TensorBoard shows them that late at most);
+    # on a local disk they are written there directly.
+    config.train.summary_upload_secs = 30.0
     # Steps between evals in the training process, 0 = never; or "epoch": at the end of
     # every epoch. Of type object, so that --config.train.eval_every takes both.
     config.train.eval_every = ml_collections.FieldReference(0, field_type=object)

@@ -21,7 +21,8 @@ from absl import logging
 
 from tpurun import checkpoints, train_config
 from tpurun.actions.base import Action, LoopStats
-from tpurun.actions.save import SaveCheckpoint
+from tpurun.actions.save import SaveCheckpoint, Saved
+from tpurun.background import Writer
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import EPOCH, RunConfig, aligned_to_loop
@@ -76,7 +77,8 @@ class Controller:
 
     `evaluate(path)`, when given, runs on every worker after each checkpoint saved
     at an `--eval_every` step and at the last one; `actions` see every host loop
-    and save.
+    and save. With a `writer`, saves are written in the background (`SaveCheckpoint`);
+    the last one, the one before a stop and an evaluated one are waited for.
     """
 
     def __init__(
@@ -87,8 +89,10 @@ class Controller:
         *,
         actions: Sequence[Action] = (),
         evaluate: Callable[[str], None] | None = None,
+        writer: Writer | None = None,
     ):
         self.run = run
+        self.writer = writer
         self.cluster = cluster
         self.trainer = trainer
         self.actions = list(actions)
@@ -114,7 +118,7 @@ class Controller:
             return
         if self.cluster.is_chief:
             train_config.write(run)
-        save = SaveCheckpoint(run, trainer.checkpoint, self.cluster)
+        save = SaveCheckpoint(run, trainer.checkpoint, self.cluster, self.writer)
         trainer.start_input()
         epochs = train_config.epoch_count(run)
         logging.info(
@@ -129,6 +133,7 @@ class Controller:
                 action.start(step, last)
             self._run_loops(save, step, last, preempted)
         finally:
+            save.close()  # a save still being written ends whole, before the lease goes
             for action in self.actions:
                 action.close()
 
@@ -183,9 +188,10 @@ class Controller:
                 action.before_loop(step, num_steps)
             stats = self.trainer.train(num_steps)
             step = stats.step
+            self._saved(save, save.poll())  # a background save that failed ends the run here
             for action in self.actions:
                 action.after_loop(stats)
-            self._stop_unless_finite(stats)
+            self._stop_unless_finite(stats, save)
             if epochs is not None:
                 evaluate = epochs.crossed(step, num_steps) or step == last
             else:
@@ -200,8 +206,10 @@ class Controller:
             if due or stop:
                 path = save(step)
                 last_save = time.monotonic()
-                for action in self.actions:
-                    action.after_save(step, path)
+                # The last checkpoint, the one before a stop and one to evaluate are whole
+                # before the run goes on; any other is written while it trains.
+                final = step == last or stop or evaluate
+                self._saved(save, save.wait() if final else save.poll())
                 if evaluate and self.evaluate is not None:
                     self.evaluate(path)
             if stop and step < last:
@@ -210,10 +218,19 @@ class Controller:
                     f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
                 )
 
-    def _stop_unless_finite(self, stats: LoopStats) -> None:
-        """Nothing after the last good checkpoint is saved: it stays the latest."""
+    def _saved(self, save: SaveCheckpoint, saved: list[Saved]) -> None:
+        for each in saved:
+            for action in self.actions:
+                action.after_save(each.step, each.path)
+        for action in self.actions:
+            action.saves(save.state)
+
+    def _stop_unless_finite(self, stats: LoopStats, save: SaveCheckpoint) -> None:
+        """Nothing after the last good checkpoint is saved: it stays the latest (a save
+        still being written is finished first)."""
         if math.isfinite(stats.loss) and stats.weights_finite:
             return
+        self._saved(save, save.wait())
         what = (
             f"the loss became {stats.loss}"
             if not math.isfinite(stats.loss)

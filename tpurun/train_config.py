@@ -44,6 +44,8 @@ RESUMABLE_CHANGES = (
     "train.save_checkpoints_steps",
     "train.save_checkpoints_secs",
     "train.keep_checkpoint_max",
+    "train.async_checkpoint",
+    "train.summary_upload_secs",
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",

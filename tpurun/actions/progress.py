@@ -1,5 +1,6 @@
-"""What a training run shows while it runs: a live line on a terminal or log lines, the
-input-bound warning, and what a resume cost."""
+"""What a training run shows while it runs: a live line on a terminal or log lines (with the
+checkpoint save in flight or how long the last took), the input-bound warning, and what a
+resume cost."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tqdm
 import tqdm.contrib
 from absl import logging
 
-from tpurun.actions.base import Action, LoopStats
+from tpurun.actions.base import Action, LoopStats, SaveState
 from tpurun.train_config import EpochCount
 
 # Above this share of a host loop spent waiting for input, the run is input-bound:
@@ -33,13 +34,18 @@ class LogLines(Action):
     def __init__(self, epochs: EpochCount | None = None) -> None:
         self._last_step = 0
         self._epochs = epochs
+        self._saves = SaveState()
 
     def start(self, step: int, last_step: int) -> None:
         self._last_step = last_step
 
+    def saves(self, state: SaveState) -> None:
+        self._saves = state
+
     def after_loop(self, stats: LoopStats) -> None:
+        note = saving(self._saves)
         logging.info(
-            "step %d/%d  %sloss %.4f  %.1f steps/sec  %.0f examples/sec  %s",
+            "step %d/%d  %sloss %.4f  %.1f steps/sec  %.0f examples/sec  %s%s",
             stats.step,
             self._last_step,
             f"{self._epochs.text(stats.step)}  " if self._epochs else "",
@@ -47,7 +53,16 @@ class LogLines(Action):
             stats.steps_per_sec,
             stats.examples_per_sec,
             input_wait(stats),
+            f"  {note}" if note else "",
         )
+
+
+def saving(state: SaveState) -> str:
+    """'saving ckpt-500' while a save is written in the background, else 'last save 2.41s'
+    ('' before the first)."""
+    if state.in_flight is not None:
+        return f"saving ckpt-{state.in_flight}"
+    return "" if state.last_seconds is None else f"last save {state.last_seconds:.2f}s"
 
 
 def input_wait(stats: LoopStats) -> str:
@@ -70,6 +85,7 @@ class ProgressBar(Action):
         self._bar: tqdm.tqdm | None = None
         self._logs_above = LogsAboveBar()
         self._epochs = epochs
+        self._saves = SaveState()
 
     def start(self, step: int, last_step: int) -> None:
         self._bar = tqdm.tqdm(
@@ -82,13 +98,15 @@ class ProgressBar(Action):
         )
         self._logs_above.install(self._stream)
 
+    def saves(self, state: SaveState) -> None:
+        self._saves = state
+
     def after_loop(self, stats: LoopStats) -> None:
         if self._bar is None:
             return
-        epoch = f"{self._epochs.text(stats.step)}, " if self._epochs else ""
-        self._bar.set_postfix_str(
-            f"{epoch}loss {stats.loss:.4f}, {input_wait(stats)}", refresh=False
-        )
+        epoch = self._epochs.text(stats.step) if self._epochs else ""
+        notes = [epoch, f"loss {stats.loss:.4f}", input_wait(stats), saving(self._saves)]
+        self._bar.set_postfix_str(", ".join(n for n in notes if n), refresh=False)
         self._bar.update(stats.num_steps)
 
     def close(self) -> None:
