@@ -39,6 +39,15 @@ from scripts.offline_env import OFFLINE_ENV, free_local_ports  # noqa: F401 - fo
 
 os.environ.update(OFFLINE_ENV)
 os.environ.pop("TPU_NAME", None)
+# Every process of the suite reads gs:// state fresh: TensorFlow's GCS file system
+# otherwise answers a stat, exists or isdir from what it saw up to 5 seconds before
+# (and a glob too where GCS_MATCHING_PATHS_CACHE_MAX_AGE is set), so a test that
+# looks again at a path another process changed would pass or fail with the machine's
+# speed. Read once, when TensorFlow is imported: here, before this process imports it,
+# and inherited by every process a test starts. (tpurun sets the first itself, unless
+# a user set it: README, "Cloud Storage"; the suite's value holds whatever the user's.)
+FRESH_GCS_READS = {"GCS_STAT_CACHE_MAX_AGE": "0", "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0"}
+os.environ.update(FRESH_GCS_READS)
 
 if TYPE_CHECKING:
     from fake_gcs.server import GcsServer
