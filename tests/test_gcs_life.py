@@ -128,7 +128,13 @@ def test_eval_continuous_sidecar_beside_a_trainer_on_gcs(bucket, gcs, iris_on_gc
         text=True,
     )
     try:
-        time.sleep(2)  # started before the trainer: it waits for a first checkpoint
+        assert sidecar.stderr is not None
+        started = []  # its log up to the line that says it waits for a first checkpoint
+        for line in sidecar.stderr:
+            started.append(line)
+            if "Waiting for a checkpoint" in line:
+                break
+        assert sidecar.poll() is None, "".join(started)
         assert_ok(
             tpurun_cli(
                 "train",
