@@ -128,10 +128,10 @@ def group_survivors(process: subprocess.Popen) -> bool:
 
 
 def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_path, reference):
-    """Five attempts killed at random steps (plus 0-20 ms: in a loop, a save or a deletion)."""
+    """Three attempts killed at random steps (plus 0-20 ms: in a loop, a save or a deletion)."""
     rng = random.Random(4)
-    targets = sorted(rng.sample(range(30, 280, 10), 5))
-    starts = []
+    targets = sorted(rng.sample(range(30, 280, 10), 3))
+    starts, last_saved = [], []
     for target in targets:
         process = train_process(tmp_path)
         assert process.stderr is not None
@@ -146,16 +146,20 @@ def test_sigkill_at_random_moments_then_resume_gives_bit_identical_weights(tmp_p
                 break
         assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
         assert not group_survivors(process), "the killed trainer left a process behind"
+        # What it logged until it died (it may have trained on while this process read).
+        log = "".join(lines) + process.stderr.read()
+        last_saved.append(int(re.findall(r"Saved checkpoint \S+/ckpt-(\d+)\.", log)[-1]))
     final = train_process(tmp_path)
     _, err = final.communicate(timeout=120)
     assert final.returncode == 0, err[-3000:]
     # Iris trains on device data, with its host loop compiled by XLA.
     assert "Training data on the device" in err and "compiled by XLA" in err
     starts.append(int(re.search(r"Resuming from \S+ \(step (\d+)\)", err).group(1)))
-    # Every attempt resumed from a checkpoint at most one loop behind where the
-    # previous one was killed: no more than 10 steps of work redone per kill.
-    for target, start in zip(targets, starts[-5:], strict=True):
-        assert target - 10 <= start <= target + 10, (targets, starts)
+    # Every attempt resumed from the last checkpoint the killed one saved (or the one
+    # it completed but was killed before logging): no more than one loop of work redone
+    # per kill, wherever the kill landed (it reached the target's step before).
+    for target, saved, start in zip(targets, last_saved, starts[-3:], strict=True):
+        assert target - 10 <= start and start in (saved, saved + 10), (targets, last_saved, starts)
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
     assert not list(tmp_path.glob("*_temp*"))
 
