@@ -299,14 +299,14 @@ RECIPE = (
 
 
 def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, tmp_path):
-    """bfloat16, a schedule with warmup, EMA and accumulation: killed 3 times at random
-    moments (the tpurun process itself), each resume ends as one uninterrupted run."""
+    """bfloat16, a schedule with warmup, EMA and accumulation: killed twice at random
+    moments (the tpurun process itself), the resumes end as one uninterrupted run."""
     import random
     import re
     import signal
 
     from test_resume import IRIS as RESUME_IRIS
-    from test_resume import assert_bit_identical, train_process
+    from test_resume import assert_bit_identical, group_survivors, train_process
 
     reference = tmp_path / "reference"
     assert_ok(
@@ -321,7 +321,7 @@ def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, t
     )
     model_dir = tmp_path / "killed"
     rng = random.Random(7)
-    for target in sorted(rng.sample(range(40, 280, 10), 3)):
+    for target in sorted(rng.sample(range(40, 280, 10), 2)):
         process = train_process(model_dir, *RECIPE)
         assert process.stderr is not None
         for line in process.stderr:
@@ -330,6 +330,7 @@ def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, t
                 process.send_signal(signal.SIGKILL)
                 break
         assert process.wait(timeout=120) == -signal.SIGKILL
+        assert not group_survivors(process), "the killed trainer left a process behind"
     final = train_process(model_dir, *RECIPE)
     _, err = final.communicate(timeout=180)
     assert final.returncode == 0, err[-3000:]
