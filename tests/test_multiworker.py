@@ -48,10 +48,16 @@ np.savez(sys.argv[1], *[v.numpy() for v in trainer.keras_model.weights])
 print("task", cluster.task, "chief", cluster.is_chief, "replicas", cluster.num_replicas)
 """
 )
-EVAL_WORKER = (
-    PRELUDE
+# ...then `tpurun eval` of what it trained, on the same cluster (a process and cluster
+# fewer than an eval job of its own; the eval command's code all the same).
+TRAIN_THEN_EVAL_WORKER = (
+    TRAIN_WORKER
     + """
-commands.evaluate(run, cluster, model_lib.create(run.config))
+evaluation = cli.parse(
+    "eval",
+    ["tpurun", "--config=iris", "--use_tpu=false", "--eval_batch_size=8", f"--model_dir={run.model_dir}"],
+)
+commands.evaluate(evaluation, cluster, model_lib.create(evaluation.config))
 """
 )
 
@@ -105,7 +111,7 @@ def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> li
 def test_two_workers_train_to_identical_weights_and_eval_exactly(tpurun_cli, tmp_path):
     model_dir = tmp_path / "model"
     outputs = run_workers(
-        TRAIN_WORKER,
+        TRAIN_THEN_EVAL_WORKER,
         "train",
         tmp_path,
         "--train_steps=40",
@@ -136,9 +142,7 @@ def test_two_workers_train_to_identical_weights_and_eval_exactly(tpurun_cli, tmp
     )
     expected = next(line for line in reference.stdout.splitlines() if line.startswith("eval at"))
     assert expected.endswith("(30 examples)")
-    for out, _ in run_workers(
-        EVAL_WORKER, "eval", tmp_path, "--eval_batch_size=8", f"--model_dir={model_dir}"
-    ):
+    for out, _ in outputs:
         assert expected in out
 
 
