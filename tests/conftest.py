@@ -24,6 +24,7 @@ import contextlib
 import logging as std_logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -245,6 +246,29 @@ def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
         tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
         for tag in accumulator.Tags()["tensors"]
     }
+
+
+@contextlib.contextmanager
+def metadata_server_watched() -> Iterator[tuple[dict[str, str], list[bool]]]:
+    """A GCE metadata server on 127.0.0.1 that answers nobody and notes who called.
+
+    Yields (env, asked): the environment that points Google's libraries at it (pass
+    it to the run), and a list that holds, once the block ends, whether anything
+    connected. "Fails without waiting on the metadata server" then holds on a
+    machine of any speed: it never asked.
+    """
+    asked: list[bool] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        address = "{}:{}".format(*server.getsockname())
+        yield {"GCE_METADATA_HOST": address, "GCE_METADATA_IP": address}, asked
+        try:
+            server.accept()[0].close()
+            asked.append(True)
+        except BlockingIOError:  # no connection waits to be accepted
+            asked.append(False)
 
 
 def capture_info_logs(caplog) -> None:

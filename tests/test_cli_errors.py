@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
-from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, contents, error_lines
+from conftest import (
+    RUN_FAILURE,
+    USAGE,
+    assert_fails,
+    assert_ok,
+    contents,
+    error_lines,
+    metadata_server_watched,
+)
 
 # --- Usage errors: exit 2, before TensorFlow is imported (fast, not marked slow). ---
 
@@ -282,22 +289,12 @@ def test_malformed_predict_input_writes_no_output(tpurun_cli, trained_copy, tmp_
 def test_use_tpu_without_a_tpu_fails_fast(tpurun_cli, tmp_path, monkeypatch):
     monkeypatch.delenv("TPU_NAME", raising=False)
     # Fails on what it knows, without asking the metadata server (off GCE: waiting on an
-    # address that never answers): here one on 127.0.0.1 that notes a connection and
-    # answers none.
-    with socket.socket() as metadata:
-        metadata.bind(("127.0.0.1", 0))
-        metadata.listen(8)
-        metadata.setblocking(False)
-        address = "{}:{}".format(*metadata.getsockname())
+    # address that never answers).
+    with metadata_server_watched() as (env, asked):
         result = tpurun_cli(
-            "train",
-            "--use_tpu=true",
-            f"--model_dir={tmp_path / 'model'}",
-            cwd=tmp_path,
-            env={"GCE_METADATA_HOST": address, "GCE_METADATA_IP": address},
+            "train", "--use_tpu=true", f"--model_dir={tmp_path / 'model'}", cwd=tmp_path, env=env
         )
-        with pytest.raises(BlockingIOError):  # no connection waits to be accepted
-            metadata.accept()
+    assert asked == [False]
     assert "TPU_NAME" not in os.environ
     assert_fails(
         result, RUN_FAILURE, "no TPU is configured or detected", "--tpu=", "--use_tpu=false"
