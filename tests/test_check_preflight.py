@@ -20,6 +20,7 @@ from tpurun import config_files
 from tpurun import model as model_lib
 from tpurun.check import memory
 from tpurun.check.steps import StepChecker
+from tpurun.check.tpu_compiler import client
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, merge_flags
@@ -38,16 +39,24 @@ def seed_data(tmp_path_factory) -> dict[str, list[str]]:
 @pytest.fixture
 def checked(tpurun_cli, seed_data, tmp_path_factory):
     """`checked(config, *flags)`: (result, --report JSON or None, seconds) of
-    `tpurun check --config=<config> <data flags> *flags --report=...`, run once per session."""
+    `tpurun check --config=<config> <data flags> *flags --report=...`, run once per session,
+    as without the TPU compiler: these tests are the XLA:CPU estimate's
+    (tests/test_check_tpu_compiler.py has the compiler's)."""
 
     def run(config: str, *flags: str):
         key = (config, *flags)
         if key not in _RUNS:
             report = tmp_path_factory.mktemp("report") / "memory.json"
             start = time.perf_counter()
-            result = tpurun_cli(
-                "check", f"--config={config}", *seed_data[config], *flags, f"--report={report}"
-            )
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(client, "missing_extra", lambda: "jax")
+                result = tpurun_cli(
+                    "check",
+                    f"--config={config}",
+                    *seed_data[config],
+                    *flags,
+                    f"--report={report}",
+                )
             seconds = time.perf_counter() - start
             data = json.loads(report.read_text()) if report.exists() else None
             _RUNS[key] = (result, data, seconds)

@@ -238,6 +238,12 @@ REPORT = flags.DEFINE_string(
     None,
     "check --target: also write the memory estimate as JSON to this file (local or gs://).",
 )
+PRICE_PER_CHIP_HOUR = flags.DEFINE_float(
+    "price_per_chip_hour",
+    None,
+    "check --target: the $ per chip-hour the run's cost bound uses, instead of the "
+    "generation's on-demand list price (e.g. your region's, or a committed-use price).",
+)
 
 COMMON_FLAGS = (
     "config",
@@ -278,7 +284,7 @@ COMMAND_FLAGS = {
     # --num_shards sets the replicas to check for (default 8, a v3-8; --target sets
     # them too); --model_dir, --tpu and --use_tpu are accepted but unused: check
     # always traces on the CPU.
-    "check": (*COMMON_FLAGS, "target", "report"),
+    "check": (*COMMON_FLAGS, "target", "report", "price_per_chip_hour"),
     "list": (),
 }
 # Always accepted: absl's own (logging, flagfile, help).
