@@ -28,6 +28,9 @@ compile fails (`fallbacks`: why), the XLA:CPU estimate sizes the step.
 from __future__ import annotations
 
 import dataclasses
+import time
+
+from absl import logging
 
 from tpurun.check import memory
 from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
@@ -156,12 +159,21 @@ class Preflight:
             variables = runner.optimizer.variables if isinstance(runner, Trainer) else ()
             function, args = self.checker.step_call(mode, runner, spec, batch)
             size = self.sizer.size if self.sizer is not None and self.on_tpu(mode) else None
+            start = time.monotonic()
             found: StepSize = (size or memory.estimate)(
                 function,
                 args,
                 weights=runner.keras_model.variables,
                 optimizer_variables=variables,
             )
+            if size is not None:  # seconds to minutes each: say what the wait is for
+                logging.info(
+                    "The TPU compiler sized the %s step at %d per replica in %.0f s%s.",
+                    mode.value,
+                    batch,
+                    time.monotonic() - start,
+                    "" if found.fits(self.hbm_for(mode)) else " (it does not fit)",
+                )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
             self._estimates[key] = dataclasses.replace(found, input_batches=held)
