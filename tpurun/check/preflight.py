@@ -78,7 +78,7 @@ class StepMemory:
 
     @property
     def compiler(self) -> str:
-        """ "tpu" or "xla:cpu": what sized the step."""
+        """What sized the step: "tpu" or "xla:cpu"."""
         return self.estimate.compiler if isinstance(self.estimate, CompiledStep) else XLA_CPU
 
     @property

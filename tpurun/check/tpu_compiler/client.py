@@ -164,7 +164,7 @@ class TpuCompiler:
         return self._process.pid if self._process and self._process.poll() is None else None
 
     def version_line(self) -> str:
-        """ "libtpu 0.0.52 (jax 0.10.2)", once the child has started."""
+        """The versions, as "libtpu 0.0.52 (jax 0.10.2)", once the child has started."""
         return f"libtpu {self.versions.get('libtpu')} (jax {self.versions.get('jax')})"
 
     def capacity(self, topology: Topology) -> Capacity:

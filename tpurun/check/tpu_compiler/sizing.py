@@ -124,7 +124,8 @@ class TpuSizer:
         return self._capacity
 
     def header(self) -> str:
-        """ "the TPU compiler, libtpu 0.0.52, for TPU v5 lite" (after a first request)."""
+        """What compiled the steps, as the table's header says it: "compiled by the TPU
+        compiler, libtpu 0.0.52 (jax 0.10.2), for TPU v5 lite"."""
         device = self.capacity.device_kind  # first: it starts the compiler's process
         return f"compiled by the TPU compiler, {self.compiler.version_line()}, for {device}"
 
