@@ -14,7 +14,7 @@ A model is a subclass of `Model`, registered by name::
         def predictions(self, outputs): ...     # {name: tensor with a batch dimension}
 
 and selected by a config whose `model` key names it: `configs/<name>.py`, or a
-config file of your own beside your model (README, "Your own model").
+config file of your own beside your model (docs/own-model.md).
 A classifier (logits out, int32 class ids as labels) can subclass `Classifier`,
 which supplies the loss, the accuracy metric and `class_ids`/`probabilities`.
 
