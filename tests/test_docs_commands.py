@@ -170,3 +170,49 @@ def test_a_flag_taken_from_a_command_fails(in_example_project, monkeypatch):
     assert showing
     for command in showing:
         assert "--eval_every does not apply to `tpurun train`" in (parse_error(command) or "")
+
+
+PAGE = """\
+Train with `tpurun train --config=iris
+--batch_size=N ...` or check `tpurun check --target`'s answer.
+
+```sh
+tpurun eval --config=iris \\
+  --model_dir=gs://BUCKET/iris   # a comment
+pip install -e .
+```
+
+```console
+$ tpurun predict --config=iris --input=DATA
+tpurun predict: error: (what it prints)
+```
+
+```text
+tpurun float32    3159
+```
+"""
+
+
+def test_how_a_page_is_read():
+    commands = manual.shown_commands(Path("page.md"), PAGE)
+    assert [(c.where, c.text, c.inline) for c in commands] == [
+        ("page.md:5", "tpurun eval --config=iris --model_dir=gs://BUCKET/iris", False),
+        ("page.md:11", "tpurun predict --config=iris --input=DATA", False),
+        ("page.md:1", "tpurun train --config=iris --batch_size=N ...", True),
+        ("page.md:2", "tpurun check --target", True),
+    ]
+    assert [command_lines(c) for c in commands] == [
+        [["eval", "--config=iris", "--model_dir=gs://BUCKET/iris"]],
+        [["predict", "--config=iris", "--input=DATA"]],
+        [["train", "--config=iris", "--batch_size=8"]],
+        [["check", "--target=v3-8"]],
+    ]
+    assert manual.misplaced_commands(Path("page.md"), PAGE) == []
+    assert manual.misplaced_commands(Path("page.md"), "```\ntpurun eval\n```\n") == [
+        "page.md:1: a code block without a language: ```sh for commands, ```text for output, "
+        "```python for code"
+    ]
+    assert manual.misplaced_commands(Path("page.md"), "```text\ntpurun eval --best\n```\n") == [
+        "page.md:2: a tpurun command in a ```text block, where it is not checked: make it ```sh "
+        "(or ```console, the command after a `$ ` prompt)"
+    ]
