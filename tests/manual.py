@@ -1,7 +1,7 @@
 """The manual (README.md, the front page, and the pages of docs/) as the tests read it.
 
-* `example_project(directory)`: the user's own model and config of the manual's
-  "Your own model" page, its `# my_project/<file>.py` code blocks, written to disk;
+* `example_project(directory)`: a user's own project as a page shows it (the
+  "Your own model" page's `# my_project/<file>.py` code blocks), written to disk;
 * `shown_commands(path)`: every `tpurun ...` command a page shows, for
   tests/test_docs_commands.py to parse.
 
@@ -152,19 +152,21 @@ def _shell_lines(block: CodeBlock) -> Iterator[tuple[int, str]]:
             yield block.line + first, shlex.join(words)
 
 
-def example_project(directory: Path, project: str = "my_project") -> Path:
+def example_project(directory: Path, project: str | None = None) -> Path:
     """Writes the manual's `# <project>/<file>.py` code blocks below `directory`; returns it.
 
     The files of a user's own project that a page shows whole (`my_project/`: a
     model and its config), so the tests run the example as the manual shows it.
+    Without `project`, every such project of the manual (each `my_*/` directory).
     """
+    name_pattern = re.escape(project) if project else r"my_\w+"
     files = {}
     for page in pages():
         for block in code_blocks(page.read_text())[0]:
-            match = re.match(rf"# ({re.escape(project)}/\w+\.py)\n", block.text)
+            match = re.match(rf"# ({name_pattern}/\w+\.py)\n", block.text)
             if block.language == "python" and match:
                 files[match.group(1)] = block.text[match.end() :] + "\n"
-    assert files, f"no `# {project}/<file>.py` code block in {[relative(p) for p in pages()]}"
+    assert files, f"no `# {project or 'my_*'}/<file>.py` code block in the manual"
     for name, code in files.items():
         path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -106,7 +106,7 @@ COMMANDS = shown_commands()
 
 @pytest.fixture
 def in_example_project(tmp_path, monkeypatch) -> Path:
-    """The manual's example project in this test's directory, which is the working one."""
+    """The manual's example projects in this test's directory, which is the working one."""
     manual.example_project(tmp_path)
     monkeypatch.chdir(tmp_path)
     return tmp_path
