@@ -88,6 +88,7 @@ def _run(run: RunConfig) -> None:
             if where.is_tpu and run.config.precision == "mixed_float16":
                 raise UsageError(FLOAT16_ON_TPU)
         model = model_lib.create(run.config)
+        model_lib.check_model_config(model)  # before the record: a config it cannot run
         if run.command in ("train", "eval"):
             splits.resolve(type(model), run.config)  # a bad split name fails before the record
         if where is None or where.is_chief:  # one record per run, not per worker

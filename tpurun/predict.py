@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tpurun import checkpoints, inputs, precision
 from tpurun.cluster import Cluster
-from tpurun.model import Mode, Model, build_keras_model, has_generate
+from tpurun.model import Mode, Model, build_models, has_generate
 from tpurun.run_config import RunConfig
 
 
@@ -24,9 +24,15 @@ class Predictor:
         self.strategy = cluster.strategy
         self.model = model
         with self.strategy.scope():
-            self.keras_model = build_keras_model(model)
-            self._averages = checkpoints.averages_of(self.keras_model, run.config)
+            self.models = build_models(model)
+            self.keras_model = self.models[model.serving_model]  # what predicts
+            self._averages = checkpoints.averages_of(model, self.models, run.config)
         self._step = tf.function(self._host_step)
+
+    @property
+    def weights(self) -> list:
+        """The serving model's variables (what the predict step reads)."""
+        return list(self.keras_model.variables)
 
     def replica_step(self, features, mask):
         """One replica's predict step: named predictions of its padded batch, and the mask."""
@@ -42,7 +48,7 @@ class Predictor:
 
         For a model with its own `generate`: the rows it returns.
         """
-        checkpoints.restore_weights(self.keras_model, checkpoint_path, self._averages)
+        checkpoints.restore_weights(self.models, checkpoint_path, self._averages)
         if has_generate(self.model):
             yield from self.model.generate(self.keras_model, self.strategy)
             return

@@ -34,14 +34,19 @@ class LogLines(Action):
 
     def after_loop(self, stats: LoopStats) -> None:
         logging.info(
-            "step %d/%d  loss %.4f  %.1f steps/sec  %.0f examples/sec  %s",
+            "step %d/%d  %s  %.1f steps/sec  %.0f examples/sec  %s",
             stats.step,
             self._last_step,
-            stats.loss,
+            scalars_text(stats, "  "),
             stats.steps_per_sec,
             stats.examples_per_sec,
             input_wait(stats),
         )
+
+
+def scalars_text(stats: LoopStats, separator: str) -> str:
+    """'loss 0.1234', or a step's named scalars: 'd_loss -1.2030  g_loss 0.4410  gp 0.0210'."""
+    return separator.join(f"{name} {value:.4f}" for name, value in stats.named_scalars().items())
 
 
 def input_wait(stats: LoopStats) -> str:
@@ -52,7 +57,8 @@ def input_wait(stats: LoopStats) -> str:
 
 
 class ProgressBar(Action):
-    """A live line on a terminal: step/total, loss, input wait, steps/sec and the ETA (tqdm).
+    """A live line on a terminal: step/total, the loss (or the step's named scalars), input
+    wait, steps/sec and the ETA (tqdm).
 
     While it shows, stderr goes through tqdm.write, so log lines (a saved
     checkpoint, a warning) print above the line instead of through it.
@@ -77,7 +83,9 @@ class ProgressBar(Action):
     def after_loop(self, stats: LoopStats) -> None:
         if self._bar is None:
             return
-        self._bar.set_postfix_str(f"loss {stats.loss:.4f}, {input_wait(stats)}", refresh=False)
+        self._bar.set_postfix_str(
+            f"{scalars_text(stats, ', ')}, {input_wait(stats)}", refresh=False
+        )
         self._bar.update(stats.num_steps)
 
     def close(self) -> None:

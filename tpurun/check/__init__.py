@@ -90,6 +90,7 @@ def run_checks(
         logging.info("tpurun check traces on the CPU; --use_tpu/--tpu are not used.")
     cluster = cpu_cluster(min(replicas, MAX_TRACED_REPLICAS) if target else replicas)
     model = model_lib.create(run.config)
+    model_lib.check_model_config(model)
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):

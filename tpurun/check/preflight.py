@@ -105,13 +105,13 @@ class Preflight:
         key = (mode, batch)
         if key not in self._estimates:
             runner, spec = self.checker.single_device_steps[mode]
-            variables = runner.optimizer.variables if isinstance(runner, Trainer) else ()
+            variables = runner.optimizer_variables if isinstance(runner, Trainer) else ()
             function, args = self.checker.step_call(mode, runner, spec, batch)
             found = memory.estimate(
                 function,
                 args,
-                weights=runner.keras_model.variables,
-                optimizer_variables=variables,
+                weights=runner.weights,  # every model's: a GAN's step holds both
+                optimizer_variables=variables,  # every named optimizer's
             )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
