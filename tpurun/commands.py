@@ -40,7 +40,7 @@ from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model
-from tpurun.predict import Predictor
+from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import one_line, op_error_line
 from tpurun.train import Trainer
@@ -333,8 +333,7 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
         storage.require_bucket(output, "--output")  # before predicting, not after
     rows = list(Predictor(run, where, model).predict(chosen_checkpoint(run)))
     if output:
-        storage.write_atomically(output, "".join(model_lib.json_line(row) + "\n" for row in rows))
-        print(f"wrote {len(rows)} predictions to {output}")
+        print(write_rows(output, rows))  # JSON lines, .npz or a .png grid, by its extension
         return
     for line in model.format_predictions(rows):
         print(line)

@@ -91,7 +91,8 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.predict = ml_collections.ConfigDict()
     config.predict.batch_size = 128  # global
     config.predict.input = ""  # a file of rows to predict; "" = the model's own examples
-    config.predict.output = ""  # JSON lines; "" = print to stdout
+    # JSON lines, or by the extension .npz (arrays) or .png (a grid of images); "" = stdout
+    config.predict.output = ""
     return config
 
 

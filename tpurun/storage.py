@@ -198,20 +198,26 @@ def temporary_path(path: str) -> str:
     return f"{parent}/{temporary}" if parent else temporary
 
 
-def _create(path: str, text: str) -> None:
-    """Creates a new file with `text`; on a local disk exclusively and never through a link."""
+def _create(path: str, text: str | bytes) -> None:
+    """Creates a new file with `text` (or bytes); on a local disk exclusively and never
+    through a link."""
+    binary = isinstance(text, bytes)
     if not is_local(path):
-        with tf.io.gfile.GFile(path, "w") as f:
+        with tf.io.gfile.GFile(path, "wb" if binary else "w") as f:
             f.write(text)
         return
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     descriptor = os.open(path, flags, 0o644)
+    if isinstance(text, bytes):
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(text)
+        return
     with os.fdopen(descriptor, "w", encoding="utf-8") as f:
         f.write(text)
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Writes `text` to `path` through a temporary of this process and a rename.
+def write_atomically(path: str, text: str | bytes) -> None:
+    """Writes `text` (or bytes) to `path` through a temporary of this process and a rename.
 
     A process killed mid-write leaves the old file (or none), never a truncated
     one. Where `path` is a symbolic link, the link is replaced, not its target.
@@ -220,7 +226,7 @@ def write_atomically(path: str, text: str) -> None:
     file is uploaded in place.
     """
     if path.startswith("gs://"):
-        with tf.io.gfile.GFile(path, "w") as f:
+        with tf.io.gfile.GFile(path, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         return
     temporary = temporary_path(path)
