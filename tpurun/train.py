@@ -125,16 +125,20 @@ class Trainer:
         ([micro_batches, batch, ...]).
         """
         step = self.state.step_of(
-            self.run.seed,
-            self.global_batch,
-            self.strategy.num_replicas_in_sync,
-            self.micro_batches,
+            self.run.seed, self.global_batch, self._rows_of(features), self.micro_batches
         )
         with keyed_random.active(step.random):
             scalars = self.model.train_step(step, features, labels)
         scalars = self._checked_scalars(scalars)
         self.state.global_step.assign_add(1)
         return scalars
+
+    def _rows_of(self, features: Any) -> int:
+        """This replica's (micro-)batch size, from its static shape (`tpurun check` compiles
+        one replica's step of a larger cluster on one device)."""
+        shape = tf.nest.flatten(features)[0].shape
+        rows = shape[1] if self.micro_batches > 1 else shape[0]
+        return rows if rows is not None else self.global_batch // self.strategy.num_replicas_in_sync
 
     def _checked_scalars(self, scalars: Any) -> dict[str, tf.Tensor]:
         """The step's named scalars as float32, their names kept for the host loop."""

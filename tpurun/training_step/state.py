@@ -106,8 +106,9 @@ class TrainState:
     def optimizer_variables(self) -> list[Any]:
         return unique([v for o in self.applying.values() for v in o.variables])
 
-    def step_of(self, seed: int, global_batch: int, replicas: int, micro_batches: int = 1) -> Step:
-        """A `Step` for one replica's trace of the training step."""
+    def step_of(self, seed: int, global_batch: int, rows: int, micro_batches: int = 1) -> Step:
+        """A `Step` for one replica's trace of the training step, on `rows` examples (per
+        micro-batch) of a step of `global_batch`."""
         return Step(
             models=self.models,
             serving=self.serving,
@@ -117,7 +118,7 @@ class TrainState:
             number=self.global_step.read_value(),
             seed=seed,
             global_batch=global_batch,
-            batch_size=global_batch // replicas,
+            batch_size=rows,
             micro_batches=micro_batches,
         )
 
