@@ -324,10 +324,14 @@ def build_models(model: Model) -> dict[str, keras.Model]:
     models = dict(built) if isinstance(built, dict) else {MODEL: built}
     for key, keras_model in models.items():
         if not isinstance(keras_model, keras.Model) or not keras_model.built:
-            what = "build()" if not isinstance(built, dict) else f"build()[{key!r}]"
+            what = (
+                "build() must return"
+                if not isinstance(built, dict)
+                else f"build()[{key!r}] must be"
+            )
             raise RunError(
-                f"{name}.{what} must be a built keras.Model "
-                "(e.g. a functional model starting from keras.Input)"
+                f"{name}.{what} a built keras.Model (e.g. a functional model starting from "
+                "keras.Input)"
             )
     if model.serving_model not in models:
         raise RunError(

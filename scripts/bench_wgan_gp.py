@@ -1,0 +1,211 @@
+"""Benchmark of the WGAN-GP's training step: tpurun's own-step Trainer against keras-io's `fit`.
+
+What it measures: seconds per training step (3 critic updates with a gradient
+penalty, then 1 generator update) of the WGAN-GP of `configs/wgan_gp.py` at its
+CPU-sized defaults (global batch 64), float32, 1 replica, on TFRecords read by the
+model's own input_fn (random 28x28 images: speed does not depend on what they show):
+
+* tpurun:    `Trainer.train(iterations)`, the real host loop running
+             `WganGp.train_step` (`models/wgan_gp.py`);
+* keras fit: keras-io's formulation, a `keras.Model` subclass overriding
+             `train_step` (its own `tf.random.normal` draws, `reduce_mean` losses and
+             two compiled Adams), built from the same generator and critic, fitted
+             with `steps_per_execution` = iterations on the same dataset, compiled
+             with Keras' defaults (`jit_compile="auto"`: the script prints what it
+             resolved to).
+
+Each runs in its own subprocess, warms up (two host calls; the first traces), then
+times `--repeats` repeats of `--steps` steps; the median is reported. The figure
+to read is the ratio of one run: timings on a shared machine move together.
+
+Usage: `.venv/bin/python scripts/bench_wgan_gp.py [--steps=100 --repeats=3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
+
+ITERATIONS = 50  # steps per host call (tpurun) and per execution (fit)
+WORKERS = ("tpurun", "fit")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100, help="steps timed per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats; median reported")
+    parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
+    parser.add_argument("--data_dir", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        print(json.dumps(run_worker(args)))
+        return
+    with tempfile.TemporaryDirectory() as data_dir:
+        write_data(data_dir)
+        found = {name: run_in_subprocess(name, data_dir, args) for name in WORKERS}
+    batch = found["tpurun"]["batch"]
+    print(f"\nWGAN-GP (configs/wgan_gp.py), global batch {batch}, float32, 1 replica")
+    print(f"{'loop':<40} {'ms/step':>10}")
+    for name in WORKERS:
+        label = "tpurun (own train_step)" if name == "tpurun" else "keras-io fit"
+        if name == "fit":
+            label += f" (jit_compile={found['fit']['jit_compile']})"
+        print(f"{label:<40} {1000 * found[name]['seconds_per_step']:>10.1f}")
+    ratio = found["fit"]["seconds_per_step"] / found["tpurun"]["seconds_per_step"]
+    print(f"\nkeras-io fit / tpurun step time = {ratio:.2f}  (> 1: tpurun faster)")
+
+
+def write_data(data_dir: str) -> None:
+    import numpy as np
+    from tpurun.models import image_records
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(4096, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=4096)
+    image_records.write_records(images, labels, data_dir, "train", 1024)
+    image_records.write_records(images[:256], labels[:256], data_dir, "test", 256)
+
+
+def run_in_subprocess(name: str, data_dir: str, args: argparse.Namespace) -> dict:
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        f"--worker={name}",
+        f"--data_dir={data_dir}",
+        f"--steps={args.steps}",
+        f"--repeats={args.repeats}",
+    ]
+    return run_json_worker(command)  # type: ignore[return-value]
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """Seconds per step of one loop (median of the repeats), and what fit compiled with."""
+    import keras
+
+    from tpurun import config_files, strategy
+    from tpurun import model as model_lib
+    from tpurun.run_config import RunConfig, merge_flags
+
+    flags = {"data_dir": args.data_dir, "iterations": ITERATIONS, "precision": "float32"}
+    config = merge_flags(config_files.load(config_files.resolve("wgan_gp")), flags)
+    run = RunConfig("train", "wgan_gp", config, model_dir=tempfile.mkdtemp())
+    cluster = strategy.build(run)
+    model = model_lib.create(run.config)
+    keras.utils.set_random_seed(0)
+    timed = time_tpurun if args.worker == "tpurun" else time_fit
+    seconds, extra = timed(run, cluster, model, args)
+    return {
+        "seconds_per_step": statistics.median(seconds) / args.steps,
+        "batch": run.train_batch_size,
+        **extra,
+    }
+
+
+def time_tpurun(run, cluster, model, args) -> tuple[list[float], dict]:
+    from tpurun.train import Trainer
+
+    trainer = Trainer(run, cluster, model)
+    for _ in range(2):
+        trainer.train(ITERATIONS)
+    seconds = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for _ in range(args.steps // ITERATIONS):
+            trainer.train(ITERATIONS)
+        seconds.append(time.perf_counter() - start)
+    return seconds, {}
+
+
+def keras_io_wgan(generator, critic, config):
+    """keras-io's WGAN: a keras.Model whose train_step trains the critic `critic_steps`
+    times, then the generator, with per-replica random draws and `reduce_mean` losses."""
+    import keras
+    import tensorflow as tf
+
+    class WGAN(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.generator, self.critic = generator, critic
+
+        def compile(self, d_optimizer, g_optimizer, **kwargs):
+            super().compile(**kwargs)
+            self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+
+        def penalty(self, batch, real, fake):
+            alpha = tf.random.uniform([batch, 1, 1, 1])
+            mixed = real + alpha * (fake - real)
+            with tf.GradientTape() as tape:
+                tape.watch(mixed)
+                score = self.critic(mixed, training=True)
+            norm = tf.sqrt(tf.reduce_sum(tf.square(tape.gradient(score, mixed)), axis=[1, 2, 3]))
+            return tf.reduce_mean((norm - 1.0) ** 2)
+
+        def train_step(self, real):
+            batch = tf.shape(real)[0]
+            for _ in range(config.critic_steps):
+                noise = tf.random.normal([batch, config.noise_dim])
+                with tf.GradientTape() as tape:
+                    fake = self.generator({"noise": noise}, training=True)
+                    cost = tf.reduce_mean(self.critic(fake, training=True)) - tf.reduce_mean(
+                        self.critic(real, training=True)
+                    )
+                    d_loss = cost + config.gp_weight * self.penalty(batch, real, fake)
+                weights = self.critic.trainable_variables
+                self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, weights), weights))
+            noise = tf.random.normal([batch, config.noise_dim])
+            with tf.GradientTape() as tape:
+                fake = self.generator({"noise": noise}, training=True)
+                g_loss = -tf.reduce_mean(self.critic(fake, training=True))
+            weights = self.generator.trainable_variables
+            self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights), weights))
+            return {"d_loss": d_loss, "g_loss": g_loss}
+
+    return WGAN()
+
+
+def time_fit(run, cluster, model, args) -> tuple[list[float], dict]:
+    import keras
+    import tensorflow as tf
+    from tpurun.models.wgan_gp import real_images
+
+    from tpurun import inputs
+    from tpurun.model import Mode
+
+    built = model.build()
+    wgan = keras_io_wgan(built["generator"], built["critic"], run.config)
+
+    def adam():
+        return keras.optimizers.Adam(learning_rate=2e-4, beta_1=0.5, beta_2=0.9)
+
+    wgan.compile(d_optimizer=adam(), g_optimizer=adam(), steps_per_execution=ITERATIONS)
+    params = inputs.input_params(tf.distribute.InputContext(), run.train_batch_size, run.seed)
+    dataset = model.input_fn(Mode.TRAIN, params).map(lambda f, labels: real_images(f))
+
+    stamps = execution_stamps()
+    calls = args.steps // ITERATIONS
+    warmup = 2
+    wgan.fit(
+        dataset,
+        steps_per_epoch=ITERATIONS * (warmup + calls * args.repeats),
+        epochs=1,
+        verbose=0,
+        callbacks=[stamps],
+    )
+    times = stamps.stamps[warmup - 1 :]
+    seconds = [times[(i + 1) * calls] - times[i * calls] for i in range(args.repeats)]
+    return seconds, {"jit_compile": str(wgan.jit_compile)}
+
+
+if __name__ == "__main__":
+    main()
