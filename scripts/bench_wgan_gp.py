@@ -162,13 +162,17 @@ def keras_io_wgan(generator, critic, config):
                     )
                     d_loss = cost + config.gp_weight * self.penalty(batch, real, fake)
                 weights = self.critic.trainable_variables
-                self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, weights), weights))
+                self.d_optimizer.apply_gradients(
+                    zip(tape.gradient(d_loss, weights), weights, strict=True)
+                )
             noise = tf.random.normal([batch, config.noise_dim])
             with tf.GradientTape() as tape:
                 fake = self.generator({"noise": noise}, training=True)
                 g_loss = -tf.reduce_mean(self.critic(fake, training=True))
             weights = self.generator.trainable_variables
-            self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights), weights))
+            self.g_optimizer.apply_gradients(
+                zip(tape.gradient(g_loss, weights), weights, strict=True)
+            )
             return {"d_loss": d_loss, "g_loss": g_loss}
 
     return WGAN()
