@@ -154,16 +154,26 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(project, tmp_pat
     assert_bit_identical(model_dir / "ckpt-60", reference / "ckpt-60")
 
 
-def test_mixed_bfloat16_trains_and_exports_float32(project, tmp_path):
+def test_mixed_bfloat16_trains_and_exports_float32_with_the_generators_averages(project, tmp_path):
     common = (CONFIG, f"--model_dir={tmp_path / 'model'}", "--precision=mixed_bfloat16")
-    trained = assert_ok(
-        tpurun(
-            "train", *common, "--use_tpu=false", "--train_steps=20", "--iterations=10", cwd=project
-        )
-    )
+    common += ("--config.train.ema_decay=0.9",)
+    steps = ("--use_tpu=false", "--train_steps=20", "--iterations=10")
+    trained = assert_ok(tpurun("train", *common, *steps, cwd=project))
     assert "step 20/20  d_loss " in trained.stderr
+    # EMA averages the serving model's weights, in its optimizer: Adam's two moments and
+    # an average per generator variable, two moments per critic variable.
+    saved = weights(tmp_path / "model" / "ckpt-20")
+    slots = {
+        name: len([k for k in saved if k.startswith(f"optimizers/{name}/_variables/")])
+        for name in ("critic", "generator")
+    }
+    assert slots == {"critic": 12, "generator": 18}, slots
     export = tmp_path / "export"
-    assert_ok(tpurun("export", *common, f"--export_dir={export}", cwd=project))
+    exported = assert_ok(tpurun("export", *common, f"--export_dir={export}", cwd=project))
+    assert (
+        "Using the moving averages of the weights of generator (config.train.ema_decay=0.9)"
+        in exported.stderr
+    )
     import tensorflow as tf
 
     serving = tf.saved_model.load(str(export)).signatures["serving_default"]
@@ -172,7 +182,6 @@ def test_mixed_bfloat16_trains_and_exports_float32(project, tmp_path):
     assert {k: t.dtype for k, t in serving.structured_outputs.items()} == {"xy": tf.float32}
     served = serving(noise=tf.zeros([3, 2]))["xy"]
     assert served.dtype == tf.float32 and served.shape == (3, 2)
-    saved = weights(tmp_path / "model" / "ckpt-20")
     assert all(np.asarray(v).dtype != np.dtype("bfloat16") for v in saved.values())
 
 
