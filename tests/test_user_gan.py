@@ -218,5 +218,10 @@ def test_check_target_sizes_the_step(project, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert "Memory per replica on a v5litepod-8" in result.stdout
     assert "each step fits a replica's" in result.stdout
-    found = json.loads(report.read_text())
-    assert found, found
+    steps = json.loads(report.read_text())["steps"]
+    train, predict = steps["train"], steps["predict"]
+    assert train["fits"] and train["batch_per_replica"] == 8  # 64 over the 8 replicas
+    # The train step holds both models (predict: the generator alone) and both Adams'
+    # two moments per variable.
+    assert train["weights_bytes"] > predict["weights_bytes"] > 0
+    assert train["optimizer_bytes"] >= 2 * train["weights_bytes"], train
