@@ -19,13 +19,16 @@ and the NaN guard follow d_loss, g_loss and gp. `predict` writes
 in .png); eval reports the critic's Wasserstein loss on the test images against as
 many generated ones (`loss`, higher is better: the best checkpoint is the max).
 
-Cost: these CPU-sized defaults (a quarter of keras-io's filters, noise 64, batch 64)
-are ~0.15 GFLOP per training example: 1500 steps took ~4 minutes on a 2-core x86
-CPU (README, "Your own training step", has the measured figures) and draw
-recognizable garments. `--config=wgan_gp:paper` is keras-io's size (noise 128,
-critic (64, 128, 256, 512), generator 256 -> (128, 64), batch 512, ~2 GFLOP per
-example, 20 epochs = 2,350 steps of 512): about an hour on a TPU v3-8 core's worth of
-compute, days on a CPU.
+Cost (a step is 3 critic updates, each differentiating the critic twice for the
+penalty, and 1 generator update: ~6 generator and ~48 critic forward passes' worth
+per example): these CPU-sized defaults (a quarter of keras-io's filters, noise 64,
+batch 64) are ~0.28 GFLOP per example, 18 GFLOP per step; the 1500 steps took 6.5
+minutes on a loaded 2-core x86 CPU (~190 ms a step, keras-io's `fit` of the same
+model ~206: scripts/bench_wgan_gp.py) and draw garment silhouettes, still blurred.
+`--config=wgan_gp:paper` is keras-io's size (noise 128, critic (64, 128, 256, 512),
+generator 256 -> (128, 64), batch 512): ~4.3 GFLOP per example, 2.2 TFLOP per step,
+5 PFLOP for its 20 epochs (2,350 steps): minutes on a TPU v3-8, most of a day on
+that CPU.
 """
 
 import ml_collections

@@ -16,13 +16,13 @@ example writes it for Fashion-MNIST, on the MNIST TFRecord schema of
   images), then one generator update, each with its own Adam
   (`config.optimizers.critic` and `.generator`).
 
-The paper's and keras-io's sizes (for a TPU: `tpurun check --config=wgan_gp
---config.noise_dim=128 ... --target=v5e-8` sizes them): noise 128, critic filters
-(64, 128, 256, 512), generator 4x4x256 then (128, 64) filters, batch 512 (keras-io;
-the paper: 64), 3 critic steps per generator step (keras-io; the paper: 5), gradient
-penalty weight 10, Adam at 2e-4 with beta_1 0.5 and beta_2 0.9 (keras-io; the paper:
-1e-4, 0.0, 0.9), 20 epochs of 60,000 images. `configs/wgan_gp.py` has CPU-sized
-defaults and that variant.
+The paper's and keras-io's sizes, for a TPU (`configs/wgan_gp.py`'s `paper` variant;
+`tpurun check --config=wgan_gp:paper --data_dir=... --target=v5e-8` sizes it): noise
+128, critic filters (64, 128, 256, 512), generator 4x4x256 then (128, 64) filters,
+batch 512 (keras-io; the paper: 64), 3 critic steps per generator step (keras-io;
+the paper: 5), gradient penalty weight 10, Adam at 2e-4 with beta_1 0.5 and beta_2
+0.9 (keras-io; the paper: 1e-4, 0.0, 0.9), 20 epochs of 60,000 images. The config's
+defaults are a CPU-sized quarter of the filters.
 
 What the launcher adds to keras-io's step, so 1 and 8 replicas train the same model
 and a resume is exact: the losses are per-example and averaged over the global
