@@ -57,6 +57,7 @@ def test_two_optimizers_and_three_critic_updates_per_generator_update(trained):
     for name in ("critic", "generator"):
         moments = [k for k in saved if k.startswith(f"optimizers/{name}/_variables/")]
         assert len(moments) >= 4, moments
+    assert "No model graph" not in trained["train"].stderr  # TensorBoard's: the generator's
     lines = [line for line in trained["train"].stderr.splitlines() if "] step 10/10" in line]
     assert lines and all(f" {name} " in lines[0] for name in ("d_loss", "g_loss", "gp")), lines
     scalars = tensorboard_scalars(trained["model_dir"])
