@@ -106,12 +106,6 @@ class Trainer:
         """Every variable of every optimizer (and loss scale)."""
         return self.state.optimizer_variables
 
-    @property
-    def learning_rate(self) -> float:
-        """The rate the next step uses (a schedule's value at the current step); with named
-        optimizers, the first one's (`learning_rates` has each)."""
-        return next(iter(self.state.learning_rates().values()))
-
     def restored(self) -> None:
         """After a restore: an older checkpoint's step, and this config's constant rates."""
         self.state.restored()
