@@ -45,7 +45,7 @@ class LogLines(Action):
 
 
 def scalars_text(stats: LoopStats, separator: str) -> str:
-    """'loss 0.1234', or a step's named scalars: 'd_loss -1.2030  g_loss 0.4410  gp 0.0210'."""
+    """'loss 0.1234', or a step's named scalars: 'd_loss -6.3530  g_loss -20.7056  gp 0.0898'."""
     return separator.join(f"{name} {value:.4f}" for name, value in stats.named_scalars().items())
 
 
