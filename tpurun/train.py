@@ -112,8 +112,8 @@ class Trainer:
 
     def replica_step(self, features, labels) -> dict[str, tf.Tensor]:
         """One replica's training step on its batch: the model's `train_step` (by default the
-        supervised one), then the global step counted. Returns the step's named scalars,
-        each this replica's share (summed over the replicas).
+        supervised one). Returns the step's named scalars, each this replica's share
+        (summed over the replicas). The host loops count the global step after it.
 
         With accumulation, `features` and `labels` stack the step's micro-batches
         ([micro_batches, batch, ...]).
@@ -123,9 +123,7 @@ class Trainer:
         )
         with keyed_random.active(step.random):
             scalars = self.model.train_step(step, features, labels)
-        scalars = self._checked_scalars(scalars)
-        self.state.global_step.assign_add(1)
-        return scalars
+        return self._checked_scalars(scalars)
 
     def _rows_of(self, features: Any) -> int:
         """This replica's (micro-)batch size, from its static shape (`tpurun check` compiles
@@ -192,6 +190,7 @@ class Trainer:
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
                 waited += tf.timestamp() - before
             total += self._summed(self.strategy.run(self.replica_step, args=batch))
+            self.state.global_step.assign_add(1, read_value=False)  # once, not per replica
         return total / tf.cast(num_steps, tf.float32), waited, self._finite()
 
     def _device_host_loop(self, first_step: tf.Tensor, num_steps: tf.Tensor) -> tuple[Any, ...]:
@@ -207,9 +206,9 @@ class Trainer:
 
         def step(i: tf.Tensor, total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             args = (first_step + tf.cast(i, tf.int64), values)
-            return i + 1, total + self._summed(
-                self.strategy.run(self.device_replica_step, args=args)
-            )
+            summed = self._summed(self.strategy.run(self.device_replica_step, args=args))
+            self.state.global_step.assign_add(1, read_value=False)  # once, not per replica
+            return i + 1, total + summed
 
         # A while_loop without maximum_iterations (a `for` over tf.range sets it): XLA
         # would take that bound as a constant and compile again for every loop length.

@@ -155,7 +155,7 @@ class KeyedRandom:
 
     def __init__(self, seed: int, step: Any, rows: Callable[[], tf.Tensor]):
         self._seed = seed
-        self._step = step
+        self._step = step  # the global step, or a function giving it (read per draw)
         self._rows = rows  # called per draw: the micro-batch may change between draws
         self._counts: dict[str, int] = {}
         self._folded: list[Any] = []
@@ -164,6 +164,9 @@ class KeyedRandom:
     def rows(self) -> tf.Tensor:
         """int64 [batch]: the index in the global batch of each example of this replica's batch."""
         return self._rows()
+
+    def _step_now(self) -> Any:
+        return self._step() if callable(self._step) else self._step
 
     def _key(self, name: str) -> list[Any]:
         count = self._counts.get(name, 0)
@@ -181,7 +184,7 @@ class KeyedRandom:
         """[batch, *shape] uniform in [minval, maxval) for the replica's examples."""
         key = self._key(name)
         return uniform(
-            self._seed, self._step, self._rows(), shape, name, key, minval, maxval, dtype
+            self._seed, self._step_now(), self._rows(), shape, name, key, minval, maxval, dtype
         )
 
     def normal(
@@ -194,7 +197,9 @@ class KeyedRandom:
     ) -> tf.Tensor:
         """[batch, *shape] normal(mean, stddev) for the replica's examples."""
         key = self._key(name)
-        return normal(self._seed, self._step, self._rows(), shape, name, key, mean, stddev, dtype)
+        return normal(
+            self._seed, self._step_now(), self._rows(), shape, name, key, mean, stddev, dtype
+        )
 
     @contextlib.contextmanager
     def fold(self, *values: Any) -> Iterator[None]:

@@ -115,7 +115,7 @@ class TrainState:
             optimizers=self.optimizers,
             applying=self.applying,
             variables=self.variables,
-            number=self.global_step.read_value(),
+            number=self.global_step,
             seed=seed,
             global_batch=global_batch,
             batch_size=rows,

@@ -51,7 +51,7 @@ class Step:
         optimizers: Mapping[str, Any],
         applying: Mapping[str, Any],
         variables: Mapping[str, Sequence[Any]],
-        number: tf.Tensor,
+        number: tf.Variable,
         seed: int,
         global_batch: int,
         batch_size: int,
@@ -62,12 +62,18 @@ class Step:
         self.optimizers = dict(optimizers)
         self._applying = dict(applying)  # the LossScaleOptimizer around each under mixed_float16
         self._variables = {name: list(v) for name, v in variables.items()}
-        self.number = number
+        self._number = number
         self.global_batch = global_batch * micro_batches
         self.batch_size = batch_size
         self.micro_batches = micro_batches
         self._micro_batch: Any = 0
-        self.random = KeyedRandom(seed, number, self._rows)
+        self.random = KeyedRandom(seed, lambda: self.number, self._rows)
+
+    @property
+    def number(self) -> tf.Tensor:
+        """The global step (int64): the steps done before this one. Read when asked: a step
+        that never asks reads nothing."""
+        return tf.convert_to_tensor(self._number)
 
     def _rows(self) -> tf.Tensor:
         """int64 [batch]: each row's index in the step's global batch.
