@@ -23,8 +23,9 @@ Cost (a step is 3 critic updates, each differentiating the critic twice for the
 penalty, and 1 generator update: ~6 generator and ~48 critic forward passes' worth
 per example): these CPU-sized defaults (a quarter of keras-io's filters, noise 64,
 batch 64) are ~0.28 GFLOP per example, 18 GFLOP per step; the 1500 steps took 6.5
-minutes on a loaded 2-core x86 CPU (~190 ms a step, keras-io's `fit` of the same
-model ~206: scripts/bench_wgan_gp.py) and draw garment silhouettes, still blurred.
+minutes on a loaded 2-core x86 CPU (~0.2 s a step, as fast as keras-io's `fit` of
+the same model or 1.13x faster: scripts/bench_wgan_gp.py) and draw garment
+silhouettes, still blurred.
 `--config=wgan_gp:paper` is keras-io's size (noise 128, critic (64, 128, 256, 512),
 generator 256 -> (128, 64), batch 512): ~4.3 GFLOP per example, 2.2 TFLOP per step,
 5 PFLOP for its 20 epochs (2,350 steps): minutes on a TPU v3-8, most of a day on

@@ -14,9 +14,12 @@ model's own input_fn (random 28x28 images: speed does not depend on what they sh
              with Keras' defaults (`jit_compile="auto"`: the script prints what it
              resolved to).
 
-Each runs in its own subprocess, warms up (two host calls; the first traces), then
-times `--repeats` repeats of `--steps` steps; the median is reported. The figure
-to read is the ratio of one run: timings on a shared machine move together.
+Both run in one process (one Keras policy: float32), each warmed up (two host
+calls; the first traces), then take turns, repeat by repeat, so a change in the
+machine's load hits them alike: `--repeats` repeats of `--steps` steps each, the
+median reported. fit is timed per call (`fit(steps_per_epoch=--steps)`), which
+adds what fit does around its steps (milliseconds, against steps of ~0.2 s). The
+figure to read is the ratio of one run.
 
 Usage: `.venv/bin/python scripts/bench_wgan_gp.py [--steps=100 --repeats=3]`.
 """
@@ -31,17 +34,16 @@ import sys
 import tempfile
 import time
 
-from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
+from offline_env import run_json_worker  # scripts/offline_env.py
 
 ITERATIONS = 50  # steps per host call (tpurun) and per execution (fit)
-WORKERS = ("tpurun", "fit")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="steps timed per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; median reported")
-    parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("both",), help=argparse.SUPPRESS)
     parser.add_argument("--data_dir", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -53,16 +55,23 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as data_dir:
         write_data(data_dir)
-        found = {name: run_in_subprocess(name, data_dir, args) for name in WORKERS}
-    batch = found["tpurun"]["batch"]
-    print(f"\nWGAN-GP (configs/wgan_gp.py), global batch {batch}, float32, 1 replica")
+        found = run_json_worker(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker=both",
+                f"--data_dir={data_dir}",
+                f"--steps={args.steps}",
+                f"--repeats={args.repeats}",
+            ]
+        )
+    assert isinstance(found, dict)
+    print(f"\nWGAN-GP (configs/wgan_gp.py), global batch {found['batch']}, float32, 1 replica")
     print(f"{'loop':<40} {'ms/step':>10}")
-    for name in WORKERS:
-        label = "tpurun (own train_step)" if name == "tpurun" else "keras-io fit"
-        if name == "fit":
-            label += f" (jit_compile={found['fit']['jit_compile']})"
-        print(f"{label:<40} {1000 * found[name]['seconds_per_step']:>10.1f}")
-    ratio = found["fit"]["seconds_per_step"] / found["tpurun"]["seconds_per_step"]
+    print(f"{'tpurun (own train_step)':<40} {1000 * found['tpurun']:>10.1f}")
+    label = f"keras-io fit (jit_compile={found['jit_compile']})"
+    print(f"{label:<40} {1000 * found['fit']:>10.1f}")
+    ratio = found["fit"] / found["tpurun"]
     print(f"\nkeras-io fit / tpurun step time = {ratio:.2f}  (> 1: tpurun faster)")
 
 
@@ -77,20 +86,8 @@ def write_data(data_dir: str) -> None:
     image_records.write_records(images[:256], labels[:256], data_dir, "test", 256)
 
 
-def run_in_subprocess(name: str, data_dir: str, args: argparse.Namespace) -> dict:
-    command = [
-        sys.executable,
-        os.path.abspath(__file__),
-        f"--worker={name}",
-        f"--data_dir={data_dir}",
-        f"--steps={args.steps}",
-        f"--repeats={args.repeats}",
-    ]
-    return run_json_worker(command)  # type: ignore[return-value]
-
-
 def run_worker(args: argparse.Namespace) -> dict:
-    """Seconds per step of one loop (median of the repeats), and what fit compiled with."""
+    """Seconds per step of each loop (median of the repeats), and what fit compiled with."""
     import keras
 
     from tpurun import config_files, strategy
@@ -103,28 +100,32 @@ def run_worker(args: argparse.Namespace) -> dict:
     cluster = strategy.build(run)
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(0)
-    timed = time_tpurun if args.worker == "tpurun" else time_fit
-    seconds, extra = timed(run, cluster, model, args)
-    return {
-        "seconds_per_step": statistics.median(seconds) / args.steps,
-        "batch": run.train_batch_size,
-        **extra,
-    }
+    loops = {"tpurun": tpurun_loop(run, cluster, model), "fit": fit_loop(run, model)}
+    for loop in loops.values():
+        for _ in range(2):
+            loop(ITERATIONS)  # the first traces
+    seconds: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.repeats):
+        for name, loop in loops.items():
+            start = time.perf_counter()
+            loop(args.steps)
+            seconds[name].append(time.perf_counter() - start)
+    found: dict = {name: statistics.median(s) / args.steps for name, s in seconds.items()}
+    fit = loops["fit"]
+    return {**found, "batch": run.train_batch_size, "jit_compile": fit.jit_compile}  # type: ignore[attr-defined]
 
 
-def time_tpurun(run, cluster, model, args) -> tuple[list[float], dict]:
+def tpurun_loop(run, cluster, model):
+    """`loop(steps)`: tpurun's Trainer, host loops of ITERATIONS steps."""
     from tpurun.train import Trainer
 
     trainer = Trainer(run, cluster, model)
-    for _ in range(2):
-        trainer.train(ITERATIONS)
-    seconds = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for _ in range(args.steps // ITERATIONS):
+
+    def loop(steps: int) -> None:
+        for _ in range(steps // ITERATIONS):
             trainer.train(ITERATIONS)
-        seconds.append(time.perf_counter() - start)
-    return seconds, {}
+
+    return loop
 
 
 def keras_io_wgan(generator, critic, config):
@@ -178,7 +179,8 @@ def keras_io_wgan(generator, critic, config):
     return WGAN()
 
 
-def time_fit(run, cluster, model, args) -> tuple[list[float], dict]:
+def fit_loop(run, model):
+    """`loop(steps)`: one `fit` call of `steps` steps of keras-io's WGAN on the same data."""
     import keras
     import tensorflow as tf
     from tpurun.models.wgan_gp import real_images
@@ -196,19 +198,11 @@ def time_fit(run, cluster, model, args) -> tuple[list[float], dict]:
     params = inputs.input_params(tf.distribute.InputContext(), run.train_batch_size, run.seed)
     dataset = model.input_fn(Mode.TRAIN, params).map(lambda f, labels: real_images(f))
 
-    stamps = execution_stamps()
-    calls = args.steps // ITERATIONS
-    warmup = 2
-    wgan.fit(
-        dataset,
-        steps_per_epoch=ITERATIONS * (warmup + calls * args.repeats),
-        epochs=1,
-        verbose=0,
-        callbacks=[stamps],
-    )
-    times = stamps.stamps[warmup - 1 :]
-    seconds = [times[(i + 1) * calls] - times[i * calls] for i in range(args.repeats)]
-    return seconds, {"jit_compile": str(wgan.jit_compile)}
+    def loop(steps: int) -> None:
+        wgan.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+
+    loop.jit_compile = str(wgan.jit_compile)  # type: ignore[attr-defined]
+    return loop
 
 
 if __name__ == "__main__":
