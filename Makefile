@@ -42,6 +42,7 @@ test-fast: install
 bench: install
 	$(BIN)/python scripts/bench_train_loop.py
 	$(BIN)/python scripts/bench_mnist.py
+	$(BIN)/python scripts/bench_storage.py
 	$(BIN)/python scripts/bench_help.py
 
 bench-resume: install

@@ -46,6 +46,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.data.eval_files = ""
     config.data.shuffle_buffer = 10_000
     config.data.cycle_length = 4  # training files read in parallel
+    # The training examples an epoch counts (--train_epochs, --eval_every=epoch): the
+    # official training split, which scripts/convert_mnist.py writes. TFRecords do not
+    # say how many they hold; set it for other data.
+    config.data.train_examples = 60_000
     # The exported signature's input: "tf_example" = serialized tf.Example strings of
     # the TFRecord schema (`examples`, parsed inside the SavedModel, as TensorFlow
     # Serving's classify API sends them), or "image" = float32 [batch, 784] pixels

@@ -89,12 +89,20 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     out = pd.DataFrame(index=frame.index)
     for column in columns:
         values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
+        with np.errstate(over="ignore"):  # found and said below, not warned about
+            # Features are float32: 1e39 is finite here and inf there.
+            past_float32 = np.isinf(values.to_numpy(np.float64).astype(np.float32))
         for bad, what in (
             (values.isna(), "not a number (missing or malformed value)"),
             (np.isinf(values), "not a finite number; give every value as a finite number"),
+            (
+                past_float32,
+                f"past float32's range (magnitudes up to {np.finfo(np.float32).max:.3g}), "
+                "where it would become infinite; give every value as a finite float32 number",
+            ),
         ):
             if bad.any():
-                row = int(np.argmax(bad.to_numpy()))
+                row = int(np.argmax(np.asarray(bad)))
                 raise RunError(
                     f"data file {path}, line {row + first_row}: column {column} is "
                     f"{frame[column].iloc[row]!r}, {what}"

@@ -13,8 +13,10 @@ command of its own is the difference of two runs on fresh model_dirs:
               and that minus a fresh run of 1 loop + 1 save: what restoring adds
   eval, predict, export   one command each, on the model_dir at step 30
 
-Counts are as TensorFlow and tpurun make them with TensorFlow's defaults, its
-5-second stat cache included; `--log` writes every request of every run.
+Counts are as tpurun's processes make them: without TensorFlow's stat cache, which
+tpurun turns off (README, "Cloud Storage"); `GCS_STAT_CACHE_MAX_AGE=5 python
+scripts/gcs_requests.py` counts with TensorFlow's default 5-second cache (its hits
+then depend on the machine's speed). `--log` writes every request of every run.
 """
 
 from __future__ import annotations

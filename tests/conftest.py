@@ -24,6 +24,7 @@ import contextlib
 import logging as std_logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,15 @@ from scripts.offline_env import OFFLINE_ENV, free_local_ports  # noqa: F401 - fo
 
 os.environ.update(OFFLINE_ENV)
 os.environ.pop("TPU_NAME", None)
+# Every process of the suite reads gs:// state fresh: TensorFlow's GCS file system
+# otherwise answers a stat, exists or isdir from what it saw up to 5 seconds before
+# (and a glob too where GCS_MATCHING_PATHS_CACHE_MAX_AGE is set), so a test that
+# looks again at a path another process changed would pass or fail with the machine's
+# speed. Read once, when TensorFlow is imported: here, before this process imports it,
+# and inherited by every process a test starts. (tpurun sets the first itself, unless
+# a user set it: README, "Cloud Storage"; the suite's value holds whatever the user's.)
+FRESH_GCS_READS = {"GCS_STAT_CACHE_MAX_AGE": "0", "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0"}
+os.environ.update(FRESH_GCS_READS)
 
 if TYPE_CHECKING:
     from fake_gcs.server import GcsServer
@@ -236,6 +246,29 @@ def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
         tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
         for tag in accumulator.Tags()["tensors"]
     }
+
+
+@contextlib.contextmanager
+def metadata_server_watched() -> Iterator[tuple[dict[str, str], list[bool]]]:
+    """A GCE metadata server on 127.0.0.1 that answers nobody and notes who called.
+
+    Yields (env, asked): the environment that points Google's libraries at it (pass
+    it to the run), and a list that holds, once the block ends, whether anything
+    connected. "Fails without waiting on the metadata server" then holds on a
+    machine of any speed: it never asked.
+    """
+    asked: list[bool] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        address = "{}:{}".format(*server.getsockname())
+        yield {"GCE_METADATA_HOST": address, "GCE_METADATA_IP": address}, asked
+        try:
+            server.accept()[0].close()
+            asked.append(True)
+        except BlockingIOError:  # no connection waits to be accepted
+            asked.append(False)
 
 
 def capture_info_logs(caplog) -> None:

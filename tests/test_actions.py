@@ -8,6 +8,7 @@ end-to-end runs that show them in a real training run are in test_train_monitors
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import re
@@ -23,6 +24,7 @@ from fakes import FakeClock, fake_checkpoint
 
 from tpurun import actions, config_defaults, config_files, watchdog
 from tpurun.actions import hang, progress
+from tpurun.actions.base import SaveState
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.summaries import TrainSummaries
 from tpurun.run_config import RunConfig, merge_flags
@@ -87,6 +89,22 @@ def test_log_lines_one_line_per_loop_with_the_last_step(caplog):
     assert infos_in(caplog)[0] == (
         "step 100/300  loss 0.5000  50.0 steps/sec  1600 examples/sec  input wait 25%"
     )
+
+
+def test_log_lines_say_which_save_is_in_flight_or_how_long_the_last_took(caplog):
+    capture_info_logs(caplog)
+    lines = progress.LogLines()
+    lines.start(0, 300)
+    lines.after_loop(loop(100))
+    lines.saves(SaveState(in_flight=100))
+    lines.after_loop(loop(200))
+    lines.saves(SaveState(last_seconds=2.414))
+    lines.after_loop(loop(300))
+    assert [m.split("input wait 0%")[1] for m in infos_in(caplog)] == [
+        "",
+        "  saving ckpt-100",
+        "  last save 2.41s",
+    ]
 
 
 # --- the input-bound warning ----------------------------------------------------------
@@ -220,6 +238,22 @@ def test_hang_timeout_fires_once_with_the_step_and_the_checkpoint(tmp_path, cloc
     ]
 
 
+def test_hang_timeout_names_a_save_written_in_the_background_while_the_loop_hung(tmp_path, clock):
+    hangs = Hangs()
+    watcher = hang.HangTimeout(0.5, str(tmp_path), on_hang=hangs)
+    watcher.start(0, 1000)
+    watcher.after_loop(loop(100))
+    written: concurrent.futures.Future[float] = concurrent.futures.Future()
+    watcher.saves(SaveState(in_flight=100, writing=written))
+    watcher.before_loop(100, 100)
+    written.set_result(0.0)  # whole, but the controller never heard: the loop hangs
+    clock.advance(2.0)
+    assert hangs.fired.wait(60)
+    watcher.close()
+    (message,) = hangs.messages
+    assert f"the latest checkpoint is {tmp_path / 'ckpt-100'};" in message
+
+
 def test_hang_timeout_stays_quiet_while_loops_come(tmp_path, clock):
     hangs = Hangs()
     messages = hangs.messages
@@ -304,6 +338,23 @@ def test_progress_bar_shows_steps_loss_and_eta_and_puts_logs_above_it():
         r"step 400/400, loss 0\.5000, input wait 20% \[[\d.]+ steps/s, ETA 00:00\]", shown
     )
     assert "\rSaved checkpoint /x/ckpt-400.\n" in shown  # on a line of its own
+
+
+def test_log_lines_and_the_progress_bar_show_the_epoch(caplog):
+    from tpurun.train_config import EpochCount
+
+    capture_info_logs(caplog)
+    epochs = EpochCount(examples=6400, per_step=32, total=2)  # 200 steps per epoch
+    lines = progress.LogLines(epochs)
+    lines.start(0, 400)
+    lines.after_loop(loop(100, seconds=2.0))
+    assert infos_in(caplog)[0].startswith("step 100/400  epoch 0.50/2  loss 0.5000  ")
+    stream = io.StringIO()
+    bar = progress.ProgressBar(stream, epochs=epochs)
+    bar.start(200, 400)
+    bar.after_loop(loop(300, seconds=1.0))
+    bar.close()
+    assert "step 300/400, epoch 1.50/2, loss 0.5000, input wait" in stream.getvalue()
 
 
 # --- which actions a training run gets ---------------------------------------------------------

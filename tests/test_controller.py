@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import math
 import signal
+import threading
 
 import pytest
 import tensorflow as tf
 from conftest import capture_info_logs
 from fakes import FakeClock
 
-from tpurun import config_files, controller
+from tpurun import checkpoints, config_files, controller, train_config
 from tpurun.actions.base import Action, LoopStats
+from tpurun.background import Writer
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller, crossed, loop_cadence, sigterm_notice
 from tpurun.errors import Preempted, RunError
@@ -105,29 +107,46 @@ def clock(monkeypatch) -> FakeClock:
     return clock
 
 
-def make_run(model_dir, **flags) -> RunConfig:
-    """Iris's config with flags; no time cadence unless asked for (the default is 600 s)."""
+def make_run(model_dir, examples=None, **flags) -> RunConfig:
+    """Iris's config with flags; no time cadence unless asked for (the default is 600 s).
+
+    `examples`: the training examples counted (as commands.count_examples does)."""
     flags.setdefault("save_checkpoints_secs", 0)
     flags.setdefault("save_checkpoints_steps", 0)
     config = merge_flags(config_files.load(config_files.resolve("iris")), flags)
-    return RunConfig("train", "iris", config, model_dir=str(model_dir))
+    run = RunConfig("train", "iris", config, model_dir=str(model_dir))
+    return train_config.resolve_length(run, examples) if examples else run
 
 
 def train(
-    model_dir, clock, *, evaluate=True, trainer_args=None, **flags
+    model_dir,
+    clock,
+    *,
+    evaluate=True,
+    trainer_args=None,
+    examples=None,
+    writer=None,
+    log=None,
+    **flags,
 ) -> tuple[list, FakeTrainer]:
-    """Runs a Controller to --train_steps; returns the log of what happened, and the trainer."""
-    log: list = []
+    """Runs a Controller to --train_steps; returns the log of what happened, and the trainer.
+
+    With a `writer`, saves are written in the background."""
+    log = [] if log is None else log
     trainer = FakeTrainer(log, clock, **(trainer_args or {}))
     cluster = Cluster(tf.distribute.get_strategy(), "1 CPU replica (default strategy)")
+
+    def evaluated(path: str) -> None:
+        assert tf.io.gfile.exists(path + ".index"), "evaluated before the checkpoint is whole"
+        log.append(("evaluate", path.rsplit("/", 1)[1]))
+
     Controller(
-        make_run(model_dir, **flags),
+        make_run(model_dir, examples, **flags),
         cluster,
         trainer,
         actions=[Recorder(log)],
-        evaluate=(lambda path: log.append(("evaluate", path.rsplit("/", 1)[1])))
-        if evaluate
-        else None,
+        evaluate=evaluated if evaluate else None,
+        writer=writer,
     ).train()
     return log, trainer
 
@@ -227,6 +246,23 @@ def test_eval_every_without_an_evaluator_neither_evaluates_nor_saves(tmp_path, c
     log, _ = train(tmp_path, clock, evaluate=False, train_steps=110, iterations=25, eval_every=40)
     assert evaluations(log) == []
     assert saves(log) == [110]
+
+
+def test_eval_every_epoch_ends_host_loops_where_epochs_end_and_evaluates_each(
+    tmp_path, clock, caplog
+):
+    """3 epochs of 120 examples at 25 per step: 15 steps, epochs ending in steps 5 (4.8
+    epochs' worth of steps), 10 (9.6) and 15 (14.4); loops of 4 are cut there."""
+    capture_info_logs(caplog)
+    log, _ = train(
+        tmp_path, clock, examples=120, train_epochs=3, batch_size=25, iterations=4,
+        eval_every="epoch",
+    )  # fmt: skip
+    assert "Training from step 0 to 15 (epoch 0.00 to 3.12), 4 steps per loop." in caplog.messages
+    loops = [entry[2] for entry in log if entry[0] == "action.before_loop"]
+    assert loops == [4, 1, 4, 1, 4, 1]
+    assert evaluations(log) == ["ckpt-5", "ckpt-10", "ckpt-15"]
+    assert saves(log) == [5, 10, 15]
 
 
 def test_a_resumed_run_saves_in_the_loops_that_pass_a_multiple(tmp_path, clock, caplog):
@@ -350,6 +386,95 @@ def test_non_finite_before_any_save_says_nothing_was_saved(tmp_path, clock):
         ).train()
     assert checkpoints_in(tmp_path) == []
     assert log[-2:] == [("action.after_loop", 10), ("action.close",)]  # closed all the same
+
+
+# --- saves written in the background ----------------------------------------------------
+
+
+def held(writer: Writer) -> threading.Event:
+    """Holds the writer's thread until the returned event is set: saves stay in flight."""
+    gate = threading.Event()
+    writer.submit(lambda: gate.wait(60))
+    return gate
+
+
+def release_at(gate: threading.Event, step: int, then=None):
+    """A trainer's on_loop: lets the writer go on at the end of the loop that ends at `step`."""
+
+    def on_loop(at: int) -> None:
+        if at == step:
+            gate.set()
+            if then is not None:
+                then(at)
+
+    return on_loop
+
+
+def test_a_background_save_is_written_while_the_next_loops_train(tmp_path, clock):
+    log: list = []
+    with Writer() as writer:
+        gate = held(writer)
+        train(
+            tmp_path, clock, writer=writer, log=log, trainer_args={"on_loop": release_at(gate, 30)},
+            train_steps=55, iterations=10, save_checkpoints_steps=20, eval_every=40,
+        )  # fmt: skip
+    # ckpt-20 was being written during the loops to 30; reported once whole (Recorder
+    # checks); the one to evaluate (40) and the last (55) were waited for.
+    assert saves(log) == [20, 40, 55]
+    assert log.index(("action.after_save", 20, "ckpt-20")) > log.index(("train", 30))
+    assert evaluations(log) == ["ckpt-40", "ckpt-55"]
+    assert log[-2:] == [("evaluate", "ckpt-55"), ("action.close",)]
+    assert checkpoints.latest(str(tmp_path)) == str(tmp_path / "ckpt-55")
+
+
+def test_non_finite_loss_waits_for_the_save_in_flight_and_names_it(tmp_path, clock):
+    with Writer() as writer, pytest.raises(RunError) as raised:
+        gate = held(writer)
+        train(
+            tmp_path, clock, writer=writer,
+            trainer_args={"bad_loss": 30, "on_loop": release_at(gate, 30)},
+            train_steps=100, iterations=10, save_checkpoints_steps=20,
+        )  # fmt: skip
+    assert f"the latest checkpoint is still {tmp_path / 'ckpt-20'};" in str(raised.value)
+    assert checkpoints_in(tmp_path) == [20]
+
+
+def test_sigterm_waits_for_the_save_in_flight_and_its_own(tmp_path, clock):
+    log: list = []
+    with Writer() as writer, pytest.raises(Preempted):
+        gate = held(writer)
+        on_loop = release_at(gate, 30, then=sigterm_at(30))
+        train(
+            tmp_path, clock, writer=writer, log=log, trainer_args={"on_loop": on_loop},
+            train_steps=100, iterations=10, save_checkpoints_steps=20,
+        )  # fmt: skip
+    assert saves(log) == [20, 30]
+    assert checkpoints.latest(str(tmp_path)) == str(tmp_path / "ckpt-30")
+
+
+def test_a_failed_background_save_ends_the_run_at_the_next_loop_with_its_error(
+    tmp_path, clock, monkeypatch
+):
+    full = tf.errors.ResourceExhaustedError(None, None, "ckpt-10_temp/...; No space left on device")
+    commit = checkpoints.Saver.commit
+
+    def failing(self, snapshot):
+        if snapshot.path.endswith("ckpt-10"):
+            raise full
+        return commit(self, snapshot)
+
+    monkeypatch.setattr(checkpoints.Saver, "commit", failing)
+    log: list = []
+    with Writer() as writer, pytest.raises(tf.errors.ResourceExhaustedError) as raised:
+        gate = held(writer)
+        train(
+            tmp_path, clock, writer=writer, log=log, trainer_args={"on_loop": release_at(gate, 20)},
+            train_steps=100, iterations=10, save_checkpoints_steps=10,
+        )  # fmt: skip
+    assert raised.value is full  # the error a save the loop waited for raises: the same line
+    assert ("train", 30) not in log, "ended at the loop after the failed save"
+    assert saves(log) == [] and checkpoints_in(tmp_path) == []
+    assert log[-1] == ("action.close",)
 
 
 # --- SIGTERM: save at the current step, then "preempted, restart me" ---------------------

@@ -1,10 +1,11 @@
 """Iris end to end on gs://: model_dir, data and predictions in a bucket of the test GCS server.
 
-The CLI runs in subprocesses, as a user runs it, and once in this process through
-`tpurun.cli.main` (the proxy is a process of its own, so TensorFlow holding the
-GIL during gs:// I/O cannot stall it). Every storage request goes through the
-proxy: none may be refused (a host other than Google's storage API) or ask for a
-token.
+`train` runs in a subprocess, as a user runs it (a fresh process finds its way to the
+bucket from the environment alone, TensorFlow's client and the lease's gcsfs), and
+eval, predict and export in this process through `tpurun.cli.main` (the proxy is a
+process of its own, so TensorFlow holding the GIL during gs:// I/O cannot stall it).
+Every storage request goes through the proxy: none may be refused (a host other than
+Google's storage API) or ask for a token.
 """
 
 from __future__ import annotations
@@ -37,24 +38,24 @@ def iris_on_gcs(bucket) -> list[str]:
     ]
 
 
-def test_train_eval_predict_export_in_subprocesses(bucket, gcs, iris_on_gcs):
+def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs, tpurun_cli):
     model_dir = f"{bucket}/iris"
     result = run_tpurun("train", *iris_on_gcs, "--train_steps=20", "--iterations=10")
     assert_ok(result)
     assert f"Saved checkpoint {model_dir}/ckpt-20." in result.stderr
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
 
-    result = assert_ok(run_tpurun("eval", *iris_on_gcs))
+    result = assert_ok(tpurun_cli("eval", *iris_on_gcs))
     assert "eval at step 20 on test:" in result.stdout and "(30 examples)" in result.stdout
     with tf.io.gfile.GFile(f"{model_dir}/eval/test/results-20.json") as f:
         assert json.load(f)["global_step"] == 20
 
     output = f"{bucket}/out/predictions.jsonl"
-    assert_ok(run_tpurun("predict", *iris_on_gcs, f"--output={output}"))
+    assert_ok(tpurun_cli("predict", *iris_on_gcs, f"--output={output}"))
     with tf.io.gfile.GFile(output) as f:
         assert len(f.read().splitlines()) == 3
 
-    result = assert_ok(run_tpurun("export", *iris_on_gcs))
+    result = assert_ok(tpurun_cli("export", *iris_on_gcs))
     [export_dir] = result.stdout.split()
     assert export_dir.startswith(f"{model_dir}/export/")
     serving = tf.saved_model.load(export_dir).signatures["serving_default"]
@@ -66,8 +67,8 @@ def test_train_eval_predict_export_in_subprocesses(bucket, gcs, iris_on_gcs):
     assert not [name for name in files if ".tmp" in name], files
 
 
-def test_cli_main_in_this_process(bucket, iris_on_gcs):
-    assert_ok(run_tpurun("train", *iris_on_gcs, "--train_steps=10", "--iterations=10"))
+def test_cli_main_in_this_process(bucket, iris_on_gcs, tpurun_cli):
+    assert_ok(tpurun_cli("train", *iris_on_gcs, "--train_steps=10", "--iterations=10"))
     output = f"{bucket}/out/predictions.jsonl"
     level = logging.root.level  # main() sets the level of the progress lines
     try:

@@ -96,6 +96,13 @@ def test_a_bug_of_tpurun_itself_is_still_called_unexpected(tpurun_cli, tmp_path,
             "--predict_batch_size=10000000",
             ["=10000000 must be a positive integer (at most 1048576)"],
         ),
+        ("--batch_size=0", ["--batch_size (config.train.batch_size)=0 must be a positive integer"]),
+        ("--eval_batch_size=-8", ["--eval_batch_size (config.eval.batch_size)=-8", "positive"]),
+        (
+            "--batch_size=10000000000000000000",
+            ["=10000000000000000000 must be a positive integer of at most 2^63-1", "--target"],
+        ),
+        ("--config.train.batch_size=32.5", ["config.train.batch_size", "integer"]),
         ("--iterations=100000000", ["--iterations", "(at most 1000000)"]),
         ("--seed=-1", ["--seed (config.seed)=-1", ">= 0 and at most 4294967295"]),
         ("--num_shards=100000", ["--num_shards=100000", "(at most 65536)"]),
@@ -107,6 +114,26 @@ def test_a_nonsense_value_is_refused_with_its_range(tpurun_cli, tmp_path, flag, 
     result = tpurun_cli(command, flag, f"--model_dir={tmp_path / 'm'}", cwd=tmp_path)
     assert_fails(result, USAGE, *keywords)
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_a_pod_batch_past_2_20_is_sized_not_refused(tpurun_cli, tmp_path):
+    """A v4-4096 (2,048 replicas) at 1,024 per replica: 2,097,152, a real pod job; what a
+    slice holds is check --target's answer, not a constant's."""
+    result = tpurun_cli(
+        "check",
+        "--config=iris",  # a tiny model: the check compiles its steps in seconds
+        "--target=v4-4096",
+        "--batch_size=2097152",
+        "--eval_batch_size=16384",
+        "--predict_batch_size=16384",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert "must be a positive integer" not in result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if line.strip().startswith("batch per")]
+    assert row.split()[3] == "1024", result.stdout  # the train step, sized at 1,024 per replica
+    assert "a TPU with 2048 replicas (a v4-4096)" in result.stdout
 
 
 # --- predict input: one output per data row -------------------------------------------
@@ -162,6 +189,24 @@ def test_predict_refuses_a_non_finite_input_with_its_row_and_column(tpurun_cli, 
     rows.write_text("\n".join([ROWS[0], "5.9,inf,4.2,1.5", ROWS[2]]) + "\n")
     result = tpurun_cli("predict", f"--model_dir={trained}", f"--input={rows}")
     assert_fails(result, RUN_FAILURE, "line 2: column SepalWidth is 'inf'", "not a finite number")
+
+
+@pytest.mark.parametrize("value", ["1e39", "-1e39"])
+def test_predict_refuses_a_value_past_float32_with_its_row_and_column(
+    tpurun_cli, trained, tmp_path, value
+):
+    """Finite to pandas (float64), infinite as the float32 feature the model would get."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("\n".join([ROWS[0], ROWS[1], f"6.9,3.1,{value},2.1"]) + "\n")
+    result = tpurun_cli("predict", f"--model_dir={trained}", f"--input={rows}")
+    line = assert_fails(
+        result,
+        RUN_FAILURE,
+        f"line 3: column PetalLength is '{value}', past float32's range (magnitudes up to 3.4e+38)",
+        "give every value as a finite float32 number",
+    )
+    assert "overflow" not in result.stderr.replace(line, "")  # no numpy warning before it
+    assert "Prediction" not in result.stdout
 
 
 def test_predictions_are_strict_json_even_when_not_finite():

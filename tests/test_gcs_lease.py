@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok
 
-from tpurun import lease
+from tpurun import checkpoints, lease
 from tpurun.errors import EXIT_PREEMPTED
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
@@ -61,13 +61,13 @@ def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(
 ):
     first, lines = start_trainer(model_dir, gcs_env(model_dir, request))
     try:
-        started = time.monotonic()
         second = tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={model_dir}")
         line = assert_fails(
             second, RUN_FAILURE, "is being trained by another tpurun train", f"pid {first.pid}"
         )
         assert "--force_takeover" in line and "since " in line
-        assert time.monotonic() - started < 10
+        # At once: while the first trains (100,000,000 steps), not once it is done.
+        assert first.poll() is None, "".join(lines)
         first.send_signal(signal.SIGTERM)
         rest = first.communicate(timeout=120)[1]
     finally:
@@ -98,6 +98,32 @@ def test_a_killed_trainers_lease_is_taken_over(model_dir, tpurun_cli):
     result = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={model_dir}"))
     assert f"pid {dead.pid}" in result.stderr and "gone" in result.stderr
     assert not lease_exists(path)
+
+
+def test_the_lease_is_released_only_after_the_last_background_save_is_written(
+    tmp_path, tpurun_cli, monkeypatch
+):
+    happened = []
+    commit, release = checkpoints.Saver.commit, lease._LocalLease.release
+
+    def slow_commit(saver, snapshot):
+        time.sleep(0.2)  # a slow bucket: a lease released too early would go before this
+        path = commit(saver, snapshot)
+        happened.append(("saved", checkpoints.step_of(path)))
+        return path
+
+    def recorded_release(held):
+        happened.append(("released",))
+        release(held)
+
+    monkeypatch.setattr(checkpoints.Saver, "commit", slow_commit)
+    monkeypatch.setattr(lease._LocalLease, "release", recorded_release)
+    result = tpurun_cli(
+        "train", *IRIS, "--train_steps=30", "--save_checkpoints_steps=10", f"--model_dir={tmp_path}"
+    )
+    assert_ok(result)
+    assert "written in the background" in result.stderr
+    assert happened == [("saved", 10), ("saved", 20), ("saved", 30), ("released",)]
 
 
 def lease_exists(path: str) -> bool:

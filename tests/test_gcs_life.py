@@ -1,15 +1,17 @@
 """The whole life of a run with its model_dir and data in a gs:// bucket (the test GCS server).
 
 Train with cadence and retention, eval and the best checkpoint, export --best,
-predict from and to gs://, warm start from gs://, TensorBoard events read back,
-the eval --continuous sidecar, mnist TFRecords read from gs://, SIGKILL at random
-moments and inside a save then resume bit-identically. In this process where a
+predict from and to gs://, warm start from gs://, TensorBoard events read back
+(by a real TensorBoard server too, from the files uploaded in the background), the
+eval --continuous sidecar, mnist TFRecords read from gs://, SIGKILL at random
+moments while a save is in flight and inside a save, then resume bit-identically. In this process where a
 run needs no process of its own (`tpurun_cli`); kills in subprocesses, with the
 helpers of tests/test_resume.py.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import re
@@ -17,15 +19,30 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from conftest import REPO, RUN_FAILURE, assert_fails, assert_ok, run_tpurun
+from conftest import (
+    REPO,
+    RUN_FAILURE,
+    assert_fails,
+    assert_ok,
+    free_local_ports,
+    tpurun_in_process,
+)
 from test_e2e_gcs import iris_on_gcs  # noqa: F401 - a fixture: Iris data copied to the bucket
 from test_resume import IRIS as SAVING_EVERY_LOOP
-from test_resume import assert_bit_identical, train_process
+from test_resume import (
+    SAVING,
+    assert_bit_identical,
+    group_survivors,
+    resume_in_process,
+    train_process,
+)
 
 from tests.synthetic_images import write_digit_records
+from tpurun.background import events
 
 pytestmark = pytest.mark.slow
 STEPS = 100  # the killed runs': a save every 10-step loop on gs:// costs ~0.3 s
@@ -41,8 +58,48 @@ def scalars(logdir: str) -> dict[str, list[int]]:
     return found
 
 
-def test_train_eval_best_export_predict_warm_start_on_gcs(bucket, iris_on_gcs, tpurun_cli):  # noqa: F811
+def tensorboard_losses(logdir: str, last: int) -> list[int]:
+    """The steps of `loss` that a real TensorBoard server reading `logdir` shows, once it
+    shows `last` (polled; the 120 s bound only guards against a hang)."""
+    [port] = free_local_ports(1)
+    board = subprocess.Popen(
+        [str(Path(sys.executable).with_name("tensorboard")), f"--logdir={logdir}"]
+        + [f"--port={port}", "--host=127.0.0.1", "--load_fast=false", "--reload_interval=1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, steps = time.monotonic() + 120, []
+        while time.monotonic() < deadline and board.poll() is None:
+            time.sleep(0.5)
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                connection.request("GET", "/data/plugin/scalars/scalars?run=.&tag=loss")
+                answer = connection.getresponse()
+                if answer.status == 200:
+                    steps = [step for _, step, _ in json.loads(answer.read())]
+            except OSError:
+                continue  # not listening yet
+            finally:
+                connection.close()
+            if steps and steps[-1] == last:
+                break
+        return steps
+    finally:
+        board.kill()
+        board.wait()
+
+
+def test_train_eval_best_export_predict_warm_start_on_gcs(
+    bucket,
+    iris_on_gcs,  # noqa: F811
+    tpurun_cli,
+    monkeypatch,
+):
     model_dir = f"{bucket}/iris"
+    # TensorBoard events uploaded in the background after every host loop, each file
+    # twice and then the next one.
+    monkeypatch.setattr(events, "UPLOADS_PER_FILE", 2)
     result = assert_ok(
         tpurun_cli(
             "train",
@@ -52,6 +109,7 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(bucket, iris_on_gcs, t
             "--save_checkpoints_steps=50",
             "--keep_checkpoint_max=2",
             "--eval_every=100",
+            "--config.train.summary_upload_secs=0",
         )
     )
     saved = re.findall(r"Saved checkpoint \S+/ckpt-(\d+)\.", result.stderr)
@@ -67,10 +125,13 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(bucket, iris_on_gcs, t
         tf.io.gfile.listdir(f"{model_dir}/eval/test")
     )
 
-    # TensorBoard on gs://, read back: a loss per host loop, eval metrics at eval steps.
+    # TensorBoard on gs://, read back: a loss per host loop, eval metrics at eval steps;
+    # the graph's events file, then one per 2 loops; what a real TensorBoard shows.
     train_scalars = scalars(model_dir)
     assert train_scalars["loss"] == list(range(10, 201, 10))
     assert scalars(f"{model_dir}/eval_test")["accuracy"] == [100, 200]
+    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 20 // 2
+    assert tensorboard_losses(model_dir, 200) == list(range(10, 201, 10))
 
     # The best checkpoint, kept apart (ckpt-100 is deleted by retention), and exported.
     with tf.io.gfile.GFile(f"{model_dir}/best/best.json") as f:
@@ -128,7 +189,13 @@ def test_eval_continuous_sidecar_beside_a_trainer_on_gcs(bucket, gcs, iris_on_gc
         text=True,
     )
     try:
-        time.sleep(2)  # started before the trainer: it waits for a first checkpoint
+        assert sidecar.stderr is not None
+        started = []  # its log up to the line that says it waits for a first checkpoint
+        for line in sidecar.stderr:
+            started.append(line)
+            if "Waiting for a checkpoint" in line:
+                break
+        assert sidecar.poll() is None, "".join(started)
         assert_ok(
             tpurun_cli(
                 "train",
@@ -177,33 +244,41 @@ def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted Iris run of STEPS on a local disk, saving every loop."""
+    """An uninterrupted Iris run of STEPS on a local disk, saving every loop (in this
+    process: tests/test_resume.py shows it trains as a fresh process does)."""
     model_dir = tmp_path_factory.mktemp("reference")
     assert_ok(
-        run_tpurun(
+        tpurun_in_process(
             "train", *SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}"
         )
     )
     return model_dir / f"ckpt-{STEPS}"
 
 
-def test_sigkill_at_random_moments_then_resume_is_bit_identical_on_gcs(bucket, gcs, reference):
+def test_sigkill_at_random_moments_while_a_save_is_in_flight_on_gcs_then_resume_is_bit_identical(
+    bucket, gcs, reference
+):
     model_dir = f"{bucket}/iris"
+    gcs.slow(0.02, path="ckpt-")  # every request of a save: one is always being written
     rng = random.Random(7)
-    for target in sorted(rng.sample(range(20, STEPS - 10, 10), 3)):
+    # At least 3 loops and saves before the end: the kill (0-0.2 s later) finds it running.
+    for target in sorted(rng.sample(range(20, STEPS - 20, 10), 2)):
         process = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
         assert process.stderr is not None
         for line in process.stderr:
-            if re.search(rf"\] step {target}/{STEPS} ", line):
-                time.sleep(rng.uniform(0.0, 0.2))  # in a host loop, a save or a deletion
+            saving = SAVING.search(line)
+            if saving and int(saving.group(1)) >= target:
+                time.sleep(rng.uniform(0.0, 0.5))  # in a save's requests, at random
                 process.send_signal(signal.SIGKILL)
                 break
         assert process.wait(timeout=120) == -signal.SIGKILL
-    final = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
-    _, err = final.communicate(timeout=180)
-    assert final.returncode == 0, err[-3000:]
-    assert "Resuming from" in err
+        assert not group_survivors(process), "the killed trainer left a process behind"
+    gcs.clear_faults()
+    resumed = resume_in_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
+    assert "Resuming from" in resumed.stderr
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
+    names = [name for _, _, files in tf.io.gfile.walk(model_dir) for name in files]
+    assert not [n for n in names if "_temp" in n or "tempstate" in n or "tpurun-tmp" in n], names
 
 
 def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(bucket, gcs, reference):
@@ -218,7 +293,7 @@ def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(bucket, gcs, 
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")  # what the kill left
-    result = assert_ok(run_tpurun("train", *common))
+    result = assert_ok(tpurun_in_process("train", *common))
     assert f"Resuming from {model_dir}/ckpt-50 (step 50)" in result.stderr
     assert not tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]

@@ -247,12 +247,24 @@ def test_fail_the_nth_upload(bucket, gcs):
 
 
 def test_unavailable_for_a_while(bucket, gcs):
+    """Every request fails for `seconds` from the rule's making, by the server's clock: the
+    machine's monotonic clock, as this process's, so what a request meets follows from
+    when it was sent and answered, whatever the machine's speed."""
     write(f"{bucket}/file.txt", "x")
-    gcs.unavailable(0.5)
-    with pytest.raises(tf.errors.AbortedError, match="503"):
+    seconds = 1.0
+    asked = time.monotonic()
+    fault = gcs.unavailable(seconds)
+    made_by = time.monotonic()  # the server made the rule between `asked` and now
+    try:
         read(f"{bucket}/file.txt")
-    time.sleep(0.6)
+        failure = None
+    except tf.errors.AbortedError as e:
+        failure = str(e)
+    if time.monotonic() - asked < seconds:  # sent and answered within the window
+        assert failure is not None and "503" in failure
+    time.sleep(max(0.0, made_by + seconds - time.monotonic()))  # past the window
     assert read(f"{bucket}/file.txt") == b"x"
+    assert fault.hits == (1 if failure else 0)
 
 
 def test_connection_dropped_mid_upload(bucket, gcs):

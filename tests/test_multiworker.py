@@ -48,10 +48,16 @@ np.savez(sys.argv[1], *[v.numpy() for v in trainer.keras_model.weights])
 print("task", cluster.task, "chief", cluster.is_chief, "replicas", cluster.num_replicas)
 """
 )
-EVAL_WORKER = (
-    PRELUDE
+# ...then `tpurun eval` of what it trained, on the same cluster (a process and cluster
+# fewer than an eval job of its own; the eval command's code all the same).
+TRAIN_THEN_EVAL_WORKER = (
+    TRAIN_WORKER
     + """
-commands.evaluate(run, cluster, model_lib.create(run.config))
+evaluation = cli.parse(
+    "eval",
+    ["tpurun", "--config=iris", "--use_tpu=false", "--eval_batch_size=8", f"--model_dir={run.model_dir}"],
+)
+commands.evaluate(evaluation, cluster, model_lib.create(evaluation.config))
 """
 )
 
@@ -105,7 +111,7 @@ def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> li
 def test_two_workers_train_to_identical_weights_and_eval_exactly(tpurun_cli, tmp_path):
     model_dir = tmp_path / "model"
     outputs = run_workers(
-        TRAIN_WORKER,
+        TRAIN_THEN_EVAL_WORKER,
         "train",
         tmp_path,
         "--train_steps=40",
@@ -136,9 +142,7 @@ def test_two_workers_train_to_identical_weights_and_eval_exactly(tpurun_cli, tmp
     )
     expected = next(line for line in reference.stdout.splitlines() if line.startswith("eval at"))
     assert expected.endswith("(30 examples)")
-    for out, _ in run_workers(
-        EVAL_WORKER, "eval", tmp_path, "--eval_batch_size=8", f"--model_dir={model_dir}"
-    ):
+    for out, _ in outputs:
         assert expected in out
 
 
@@ -158,7 +162,7 @@ def start_worker(
     return process, log
 
 
-def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: float = 120) -> None:
+def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: float = 300) -> None:
     process, log = started
     deadline = time.monotonic() + timeout
     while text not in log.read_text():
@@ -181,7 +185,7 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
     first = [start(i, 0, 100_000_000) for i in range(2)]
     wait_for_line(first[0], "step 50/")
     first[1][0].send_signal(signal.SIGTERM)  # the non-chief worker only
-    codes = wait_all(first, timeout=120)
+    codes = wait_all(first, timeout=300)
     logs = [log.read_text() for _, log in first]
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[0][-3000:] + logs[1][-3000:]
     steps = [int(re.search(r"saved a checkpoint at step (\d+)", log).group(1)) for log in logs]
@@ -193,7 +197,7 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
 
     # The same addresses again, as a restarted job has.
     second = [start(i, 1, saved + 20) for i in range(2)]
-    assert wait_all(second, timeout=120) == [0, 0]
+    assert wait_all(second, timeout=300) == [0, 0]
     resumed = second[0][1].read_text()
     assert f"Resuming from {model_dir / f'ckpt-{saved}'} (step {saved})" in resumed
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved + 20}")
@@ -206,7 +210,7 @@ def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_di
     chief = start_worker(
         workers, 0, tmp_path / "chief.log", f"--model_dir={model_dir}", "--tpu_init_timeout=3"
     )
-    assert wait_all([chief], timeout=120) == [RUN_FAILURE]
+    assert wait_all([chief], timeout=300) == [RUN_FAILURE]
     log = chief[1].read_text()
     (line,) = [line for line in log.splitlines() if ": error: " in line]
     assert "worker-0 waited 3s for the other workers of TF_CONFIG" in line, log[-3000:]
@@ -219,12 +223,18 @@ def test_a_worker_that_dies_mid_run_makes_the_other_fail_with_a_message(tmp_path
     model_dir = tmp_path / "model"
     workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     started = [
-        start_worker(workers, i, tmp_path / f"worker-{i}.log", f"--model_dir={model_dir}")
+        start_worker(
+            workers,
+            i,
+            tmp_path / f"worker-{i}.log",
+            f"--model_dir={model_dir}",
+            "--train_steps=100000000",  # still training when the chief is killed, however fast
+        )
         for i in range(2)
     ]
     wait_for_line(started[0], "step 30/")
     started[0][0].kill()  # the chief, without notice
-    assert wait_all(started[1:], timeout=120) == [RUN_FAILURE]
+    assert wait_all(started[1:], timeout=300) == [RUN_FAILURE]
     log = started[1][1].read_text()
     (line,) = [line for line in log.splitlines() if ": error: " in line]
     assert "lost contact with another worker of the cluster" in line, log[-3000:]

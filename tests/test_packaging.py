@@ -28,6 +28,28 @@ def test_tpu_requirements_are_install_requires_without_tensorflow():
     assert listed == expected
 
 
+def listed_packages() -> list[str]:
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    return [line.strip() for line in parser["options"]["packages"].splitlines() if line.strip()]
+
+
+def tree_packages() -> list[str]:
+    """tpurun and every package under it in the checkout, with configs/ and models/ (installed
+    as tpurun.configs and tpurun.models)."""
+    found = [
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "tpurun").rglob("__init__.py")
+    ]
+    return sorted([*found, "tpurun.configs", "tpurun.models"])
+
+
+def test_setup_cfg_lists_every_package_of_the_tree():
+    """setuptools installs only the packages listed: one left out (tpurun.check, once) makes
+    an installed tpurun fail on its first import of it."""
+    assert sorted(listed_packages()) == tree_packages()
+
+
 def test_tensorflow_range_admits_the_tpu_vm_release():
     assert "tensorflow>=2.20,<2.22" in install_requires()
     assert any(r.startswith("tensorboard") for r in install_requires())
@@ -54,7 +76,9 @@ def test_wheel_carries_configs_models_and_data(tmp_path):
     )
     (wheel,) = tmp_path.glob("tpurun-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    modules = [str(path.relative_to(REPO)) for path in (REPO / "tpurun").rglob("*.py")]
     for expected in (
+        *modules,
         "tpurun/cli.py",
         "tpurun/configs/iris.py",
         "tpurun/models/iris.py",

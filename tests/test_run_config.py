@@ -187,6 +187,10 @@ def test_run_config_accepts_a_complete_tpu_address(tpu, extra):
             "train.keep_checkpoint_max",
             r"\(config.train.keep_checkpoint_max\)=-1 must be a positive",
         ),
+        (
+            "train.summary_upload_secs",
+            r"^config.train.summary_upload_secs=-1.0 must be a number of seconds >= 0",
+        ),
     ],
 )
 def test_run_config_rejects_negative_config_values(key, message):
@@ -223,8 +227,8 @@ def test_run_config_rejects_a_bad_best_mode_and_profile_range():
         make_run(hang_timeout=-1)
 
 
-@pytest.mark.parametrize("key", ["device_data", "xla"])
-def test_run_config_takes_only_a_bool_for_the_device_data_switches(key):
+@pytest.mark.parametrize("key", ["device_data", "xla", "async_checkpoint"])
+def test_run_config_takes_only_a_bool_for_the_switches(key):
     config = config_files.load(config_files.resolve("iris"))
     del config.train[key]  # a config file that sets its own value, of the wrong type
     config.train[key] = "yes"

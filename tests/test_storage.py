@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -284,3 +288,66 @@ def test_rename_dir_of_an_empty_directory(root):
     tf.io.gfile.makedirs(source)
     storage.rename_dir(source, target)
     assert tf.io.gfile.isdir(target) and not tf.io.gfile.exists(source)
+
+
+# --- gs:// read fresh ------------------------------------------------------------------
+
+
+def test_importing_tpurun_turns_tensorflows_gcs_stat_cache_off_unless_the_user_set_it():
+    """Before TensorFlow is imported (it reads the setting once, then), in a fresh process."""
+    show = (
+        "import os, sys, tpurun; "
+        "print(os.environ['GCS_STAT_CACHE_MAX_AGE'], 'tensorflow' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GCS_STAT_CACHE_MAX_AGE"}
+    for setting, shown in ((None, "0 False"), ("7", "7 False")):
+        extra = {"GCS_STAT_CACHE_MAX_AGE": setting} if setting else {}
+        result = subprocess.run(
+            [sys.executable, "-c", show], env={**env, **extra}, capture_output=True, text=True
+        )
+        assert result.stdout.strip() == shown, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "fresh"), [(None, True), ("3600", False)], ids=["tpurun", "users_cache_of_1h"]
+)
+def test_a_tpurun_process_sees_at_once_what_another_process_removed_and_saved(
+    bucket, setting, fresh
+):
+    """A resume's removal of ckpt-60_temp/ and the next save's state file, seen by a process
+    that looked before: fresh with tpurun's setting; a user's own cache age is kept."""
+    from tpurun import checkpoints
+
+    model_dir = f"{bucket}/iris"
+    temp = f"{model_dir}/ckpt-60_temp"
+    with tf.io.gfile.GFile(f"{temp}/part-00000-of-00001.index", "w") as f:
+        f.write("what a killed save left")
+    checkpoints.write_state(model_dir, [f"{model_dir}/ckpt-50"])
+    env = {k: v for k, v in os.environ.items() if k != "GCS_STAT_CACHE_MAX_AGE"}
+    reader = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("reads_again.py")), model_dir],
+        env={**env, **({"GCS_STAT_CACHE_MAX_AGE": setting} if setting else {})},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout is not None and reader.stdin is not None
+        first = json.loads(reader.stdout.readline() or "null")
+        assert first == {
+            "cache_age": setting or "0",
+            "temp_dir": True,
+            "checkpoints": ["ckpt-50"],
+        }, reader.stderr.read() if first is None else first
+        tf.io.gfile.rmtree(temp)
+        checkpoints.write_state(model_dir, [f"{model_dir}/ckpt-50", f"{model_dir}/ckpt-60"])
+        out, err = reader.communicate("\n", timeout=120)
+    finally:
+        reader.kill()
+    assert reader.returncode == 0, err
+    again = json.loads(out)
+    if fresh:
+        assert again == {"cache_age": "0", "temp_dir": False, "checkpoints": ["ckpt-50", "ckpt-60"]}
+    else:  # TensorFlow's answers of an hour ago: what the issue's test tripped on
+        assert again == {"cache_age": "3600", "temp_dir": True, "checkpoints": ["ckpt-50"]}

@@ -18,7 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import OFFLINE_ENV, error_lines, free_local_ports, run_tpurun
+from conftest import OFFLINE_ENV, error_lines, free_local_ports, metadata_server_watched, run_tpurun
 
 from tpurun import config_files
 from tpurun.errors import RunError, UsageError
@@ -513,10 +513,12 @@ def test_cli_unreachable_grpc_address_times_out(tmp_path):
         "compute tpus list`) and that it runs TensorFlow "
         f"{tf_version()} like this machine; a large pod may need a longer --tpu_init_timeout"
     )
-    # 3 s of waiting plus TensorFlow's start-up (slower on a loaded machine); and the
-    # connect still hung in its daemon thread must not keep the process alive.
-    assert 3 <= elapsed < 45, f"took {elapsed:.1f}s"
-    assert lingered < 10, f"exited {lingered:.1f}s after its error"
+    # It gave up on its own 3 s (the line says so), not sooner; and the connect still
+    # hung in its daemon thread does not keep the process alive: it exits in less time
+    # after its error line than it took to get there (start-up and 3 s of waiting),
+    # however busy the machine.
+    assert elapsed - lingered >= 3, f"took {elapsed:.1f}s"
+    assert lingered < elapsed - lingered, f"exited {lingered:.1f}s after its error"
     assert not (tmp_path / "model").exists()
 
 
@@ -547,21 +549,20 @@ def test_cli_ready_node_with_other_tensorflow_times_out_naming_the_mismatch(fake
         "this VM can reach the TPU's workers on port 8470 (same VPC network, firewall); a large "
         "pod may need a longer --tpu_init_timeout"
     )
-    assert elapsed < 45, f"took {elapsed:.1f}s"
+    assert elapsed >= 3, f"took {elapsed:.1f}s"  # it waited, and gave up on its own (the line)
 
 
 @pytest.mark.slow
 def test_cli_use_tpu_without_a_tpu_fails_fast(tpurun_cli, tmp_path, monkeypatch):
     monkeypatch.delenv("TPU_NAME", raising=False)
-    start = time.monotonic()
-    result = tpurun_cli(
-        "train", f"--model_dir={tmp_path / 'model'}", "--use_tpu=true", cwd=tmp_path
-    )
-    elapsed = time.monotonic() - start
+    with metadata_server_watched() as (env, asked):  # fast: it asks no metadata server
+        result = tpurun_cli(
+            "train", f"--model_dir={tmp_path / 'model'}", "--use_tpu=true", cwd=tmp_path, env=env
+        )
     assert result.returncode == 1, result.stderr
     lines = error_lines(result)
     assert len(lines) == 1 and "no TPU is configured or detected" in lines[0], result.stderr
-    assert elapsed < 45, f"took {elapsed:.1f}s"
+    assert asked == [False]
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan"])

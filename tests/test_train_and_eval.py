@@ -147,7 +147,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     tpurun_cli, tmp_path
 ):
     model_dir = tmp_path / "model"
-    steps = ("--train_steps=1500", "--iterations=5")
+    steps = ("--train_steps=500", "--iterations=5")
     sidecar_err = tmp_path / "sidecar.stderr"
     with open(tmp_path / "sidecar.stdout", "w") as out, open(sidecar_err, "w") as err:
         sidecar = subprocess.Popen(
@@ -183,7 +183,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     stdout, stderr = (tmp_path / "sidecar.stdout").read_text(), sidecar_err.read_text()
     assert sidecar.returncode == 0, stderr
     saved = [int(s) for s in re.findall(r"Saved checkpoint .*ckpt-(\d+)\.", train.stderr)]
-    assert saved == list(range(100, 1501, 100))
+    assert saved == list(range(100, 501, 100))
     evaluated = printed_steps(stdout)
     assert evaluated == saved, "each checkpoint exactly once, in step order"
     assert {p.name for p in (model_dir / "eval" / "test").glob("results-*.json")} == {
@@ -191,8 +191,8 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     }
     assert [step for step, _ in tensorboard_scalars(model_dir / "eval_test")["loss"]] == saved
     assert stdout.splitlines()[-1] == (
-        "eval --continuous: stopped after the checkpoint of the final step 1500 "
-        "(--train_steps=1500); evaluated 15 checkpoint(s) in this run"
+        "eval --continuous: stopped after the checkpoint of the final step 500 "
+        "(--train_steps=500); evaluated 5 checkpoint(s) in this run"
     )
     assert (model_dir / "best" / "best.json").exists()
 

@@ -8,6 +8,18 @@ Model authors need `tpurun.model`: the `Model` base class, `Mode`, `InputParams`
 and the `register` decorator.
 """
 
+import os
+
 __version__ = "0.2.0"
 
 __all__ = ["__version__"]
+
+# gs:// metadata read fresh. TensorFlow's GCS file system keeps what a stat, an
+# exists or an isdir found for 5 seconds (GCS_STAT_CACHE_MAX_AGE, read once, when
+# TensorFlow is imported), and it forgets an entry only on its own writes: a sidecar
+# would take a rewritten `checkpoint` state file for the old one, a resume or an
+# eval a removed file or directory for present, and GFile.read() reads a rewritten
+# file to its old length. tpurun's processes read what other processes write, so
+# none keeps such answers; set before anything imports TensorFlow, and a value the
+# user set wins (README, "Cloud Storage": what it costs).
+os.environ.setdefault("GCS_STAT_CACHE_MAX_AGE", "0")

@@ -15,6 +15,7 @@ lists), is rebuilt from the checkpoint files present.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,19 @@ _CHECKPOINT_FILE = re.compile(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint's state at one step, to be written as `path` (`Saver.commit`).
+
+    `tensors`: its values in host memory (`tf_internals.host_copy`), which another
+    thread can write while training goes on; None for a save written from the
+    checkpoint's live variables, on the training thread.
+    """
+
+    path: str
+    tensors: Any | None
+
+
 class Saver:
     """`save(step)` writes ckpt-<step> into model_dir and keeps the newest `keep_checkpoint_max`.
 
@@ -64,6 +78,10 @@ class Saver:
     checkpoints the state does not name: a resume goes by the files, lists them
     again, and the next save deletes them. Make it after `restore_newest_intact`,
     which leaves a state file that names what is there.
+
+    A background save is `snapshot(step)` on the training thread (the state copied
+    to host memory: all the loop waits for), then `commit(snapshot)` on another
+    thread, one at a time, in step order; `discard(snapshot)` after a failed commit.
     """
 
     def __init__(self, checkpoint: tf.train.Checkpoint, model_dir: str, keep_checkpoint_max: int):
@@ -73,16 +91,48 @@ class Saver:
         self._kept = state(model_dir) or []
 
     def save(self, step: int) -> str:
+        """Writes ckpt-<step> from the live variables; returns its path."""
+        return self.commit(self.snapshot(step, host_copy=False))
+
+    def snapshot(self, step: int, host_copy: bool = True) -> Snapshot:
+        """The state at `step`; with `host_copy`, in host memory where TensorFlow can copy it
+        (else `tensors` is None, and `commit` must run before training goes on)."""
         # Counted as TensorFlow's manager counts (checkpoint.save_counter is saved).
         self._checkpoint.save_counter.assign_add(1)
-        path = self._checkpoint.write(path_of(self._model_dir, step))
+        tensors = tf_internals.host_copy(self._checkpoint) if host_copy else None
+        return Snapshot(path_of(self._model_dir, step), tensors)
+
+    def commit(self, snapshot: Snapshot) -> str:
+        """Writes `snapshot` as its checkpoint, then makes it the newest: the state file
+        names it, and the checkpoints beyond `keep_checkpoint_max` are deleted."""
+        if snapshot.tensors is None:
+            path = self._checkpoint.write(snapshot.path)
+        else:
+            tf_internals.write_host_copy(snapshot.tensors, snapshot.path)
+            path = snapshot.path
         kept = [p for p in self._kept if p != path] + [path]
-        dropped, self._kept = kept[: -self._keep], kept[-self._keep :]
-        write_state(self._model_dir, self._kept)
+        dropped, keep = kept[: -self._keep], kept[-self._keep :]
+        write_state(self._model_dir, keep)
+        self._kept = keep
         for old in dropped:
             for file in sorted(files_of(old), key=lambda f: not f.endswith(".index")):
                 storage.remove_file(self._model_dir, file, _CHECKPOINT_FILE)
         return path
+
+    def discard(self, snapshot: Snapshot) -> None:
+        """After a failed commit: leaves model_dir as it was before the save, so that
+        `keep_checkpoint_max` holds. Removes what the save left (`ckpt-<step>_temp/`, a
+        .data without its .index) and, unless the state file names it, the checkpoint
+        itself (complete, but never made the newest). A storage that still fails is
+        logged; the next run removes the rest."""
+        remove_partial_saves_quietly(self._model_dir)
+        try:
+            if snapshot.path in (state(self._model_dir) or []):
+                return  # the state file was written: the save happened, only a deletion failed
+            for file in sorted(files_of(snapshot.path), key=lambda f: not f.endswith(".index")):
+                storage.remove_file(self._model_dir, file, _CHECKPOINT_FILE)
+        except (tf.errors.OpError, OSError, records.DamagedRecord) as e:
+            logging.warning("Could not remove what the failed save left (the next run will): %s", e)
 
 
 def write_state(model_dir: str, paths: list[str]) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from absl import flags, logging
 from absl.logging import converter
+from ml_collections import config_flags
 
 from tpurun import __version__, cli_flags, config_files, terminal
 from tpurun.errors import TpurunError, UsageError
@@ -194,7 +195,8 @@ def parse(command: str, argv: list[str]) -> RunConfig:
             )
 
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
-    config = merge_flags(cli_flags.CONFIG.value, flag_values)
+    overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
+    config = merge_flags(cli_flags.CONFIG.value, flag_values, overridden)
     model_dir = cli_flags.MODEL_DIR.value
     if model_dir is None:
         model_dir = os.path.join(os.getcwd(), source.name)

@@ -84,6 +84,13 @@ TRAIN_STEPS = flags.DEFINE_integer(
     None,
     "Total training steps (max_steps: a resumed run continues up to it). Config key train.steps.",
 )
+TRAIN_EPOCHS = flags.DEFINE_float(
+    "train_epochs",
+    None,
+    "How long to train in epochs instead of --train_steps (one of them): the steps are "
+    "ceil(epochs x training examples / (batch size x accumulate_steps)), counted from "
+    "the model's train_arrays or config.data.train_examples. Config key train.epochs.",
+)
 EVAL_STEPS = flags.DEFINE_integer(
     "eval_steps",
     None,
@@ -150,12 +157,12 @@ PROFILE_STEPS = flags.DEFINE_string(
     "START,END: capture a TensorFlow profiler trace of these steps (whole host loops) "
     "into model_dir/plugins/profile, for TensorBoard's profile tab.",
 )
-EVAL_EVERY = flags.DEFINE_integer(
+EVAL_EVERY = flags.DEFINE_string(
     "eval_every",
     None,
     "Evaluate (one exact pass) every this many steps and at the end, in the training "
-    "process (rounded up to a multiple of --iterations; 0 = never). "
-    "Config key train.eval_every.",
+    "process (rounded up to a multiple of --iterations; 0 = never), or 'epoch': at the "
+    "end of every epoch (host loops end there). Config key train.eval_every.",
 )
 
 # eval
@@ -254,6 +261,7 @@ COMMON_FLAGS = (
     "eval_batch_size",
     "predict_batch_size",
     "train_steps",
+    "train_epochs",
     "eval_steps",
     "seed",
     "precision",

@@ -16,10 +16,12 @@ from absl import logging
 
 from tpurun import (
     actions,
+    background,
     best,
     check,
     checkpoints,
     cluster,
+    inputs,
     lease,
     precision,
     sidecar,
@@ -39,7 +41,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
-from tpurun.model import Mode, Model
+from tpurun.model import Mode, Model, TrainArrays
 from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import one_line, op_error_line
@@ -91,11 +93,12 @@ def _run(run: RunConfig) -> None:
         model_lib.check_model_config(model)  # before the record: a config it cannot run
         if run.command in ("train", "eval"):
             splits.resolve(type(model), run.config)  # a bad split name fails before the record
+        run, arrays = count_examples(run, model)
         if where is None or where.is_chief:  # one record per run, not per worker
             record = write_record(run)
         tf.keras.utils.set_random_seed(run.seed)
         with precision.policy(run.config.precision):
-            run_command(run, where, model, held)
+            run_command(run, where, model, held, arrays)
             if record is not None and where is not None:
                 # Under the run's policy: the estimate builds the model as the run did.
                 check.record_memory(record, run, where, model)
@@ -164,16 +167,34 @@ def _outputs(run: RunConfig) -> object:
 DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
 
 
+def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays | None]:
+    """The run with its training examples counted (and its steps, when it counts in
+    epochs), where it trains or waits for the final step; the arrays it read, if any."""
+    train = run.command == "train" and run.needs_examples
+    sidecar = run.command == "eval" and run.continuous and bool(run.config.train.epochs)
+    if not (train or sidecar):
+        return run, None
+    arrays = inputs.train_arrays(model)
+    counted = train_config.resolve_length(run, arrays.num_examples if arrays else None)
+    return counted, arrays
+
+
 def run_command(
-    run: RunConfig, where: Cluster | None, model: Model, held: lease.Lease | None = None
+    run: RunConfig,
+    where: Cluster | None,
+    model: Model,
+    held: lease.Lease | None = None,
+    arrays: TrainArrays | None = None,
 ) -> None:
-    """Runs the command; a data error becomes the model's diagnosis when it has one."""
+    """Runs the command; a data error becomes the model's diagnosis when it has one.
+
+    `arrays`: the model's training arrays when they were read already (`count_examples`)."""
     try:
         if run.command == "export":
             export_command(run, model)  # serving has no replicas: no strategy
         elif run.command == "train":
             assert where is not None
-            train(run, where, model, held)
+            train(run, where, model, held, arrays)
         else:
             assert where is not None
             {"eval": evaluate, "predict": predict}[run.command](run, where, model)
@@ -248,7 +269,13 @@ def _undo(created_dir: str | None, record: str | None) -> None:
 # --- The commands -------------------------------------------------------------------
 
 
-def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None = None) -> None:
+def train(
+    run: RunConfig,
+    where: Cluster,
+    model: Model,
+    held: lease.Lease | None = None,
+    arrays: TrainArrays | None = None,
+) -> None:
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
         run.train_batch_size,
@@ -264,22 +291,33 @@ def train(run: RunConfig, where: Cluster, model: Model, held: lease.Lease | None
             ReportEval(run, where.is_chief, model_splits),
             model_splits.every_eval(),
         )
-    trainer = Trainer(run, where, model)
-    watching = actions.for_training(
-        run,
-        is_chief=where.is_chief,
-        model_name=type(model).__name__,
-        input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
-        graph=trainer.forward_graph,
+    trainer = Trainer(run, where, model, arrays)
+    # What `tpurun check` warns of (rule batch-norm), said once where the run's log begins.
+    replicas_differ = check.batch_norm_warning(
+        trainer.keras_model, where.num_replicas, run.train_batch_size
     )
-    Controller(
-        run,
-        where,
-        trainer,
-        # ResumeCost: made just before the restore it times.
-        actions=[*watching, *([RenewLease(held)] if held else []), ResumeCost()],
-        evaluate=evaluate_checkpoint,
-    ).train()
+    if replicas_differ:
+        logging.warning(replicas_differ)
+    # The run's one thread for storage: checkpoints written in the background, events
+    # uploaded. Closed (everything handed to it written) before the lease is released.
+    with background.Writer() as writer:
+        watching = actions.for_training(
+            run,
+            is_chief=where.is_chief,
+            model_name=type(model).__name__,
+            input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
+            graph=trainer.forward_graph,
+            writer=writer,
+        )
+        Controller(
+            run,
+            where,
+            trainer,
+            # ResumeCost: made just before the restore it times.
+            actions=[*watching, *([RenewLease(held, writer)] if held else []), ResumeCost()],
+            evaluate=evaluate_checkpoint,
+            writer=writer,
+        ).train()
 
 
 def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:

@@ -38,13 +38,30 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.train = ml_collections.ConfigDict()
     config.train.batch_size = 128  # global: split evenly across replicas
     config.train.steps = 1000  # total (max_steps): a resumed run continues to it
+    # Or how long in epochs (--train_epochs), 0 = off: train.steps is then derived when
+    # the run starts, ceil(epochs x training examples / examples per step), where a step
+    # takes batch_size x accumulate_steps examples and the training examples are the
+    # model's train_arrays, else config.data.train_examples (a key a config with a
+    # tf.data input adds). Exclusive with train.steps on the command line.
+    config.train.epochs = 0.0
     config.train.iterations = 100  # steps per host loop (iterations_per_loop)
     # A checkpoint every N steps (rounded up to a multiple of iterations) or every
     # N seconds, whichever comes first; 0 turns one off. Always one at the end.
     config.train.save_checkpoints_steps = 0
     config.train.save_checkpoints_secs = 600  # TPUEstimator's default
     config.train.keep_checkpoint_max = 5
-    config.train.eval_every = 0  # steps between evals in the training process; 0 = never
+    # A save copies the state at its step to host memory (all the loop waits for) and
+    # writes it in the background while training goes on; at most one is in flight.
+    # The last save, one before a stop and one --eval_every evaluates are waited for.
+    # false: the loop waits for every whole save (README, "Checkpoints and resume").
+    config.train.async_checkpoint = True
+    # On gs://, TensorBoard events are written in memory and uploaded in the background
+    # every this many seconds and at the end (TensorBoard shows them that late at most);
+    # on a local disk they are written there directly.
+    config.train.summary_upload_secs = 30.0
+    # Steps between evals in the training process, 0 = never; or "epoch": at the end of
+    # every epoch. Of type object, so that --config.train.eval_every takes both.
+    config.train.eval_every = ml_collections.FieldReference(0, field_type=object)
     # Initialise from another run's checkpoint (ckpt-N or a model_dir), then train
     # from step 0; only variables whose checkpoint key matches the regex are taken.
     config.train.warm_start_from = ""

@@ -21,10 +21,11 @@ from absl import logging
 
 from tpurun import checkpoints, train_config
 from tpurun.actions.base import Action, LoopStats
-from tpurun.actions.save import SaveCheckpoint
+from tpurun.actions.save import SaveCheckpoint, Saved
+from tpurun.background import Writer
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
-from tpurun.run_config import RunConfig, aligned_to_loop
+from tpurun.run_config import EPOCH, RunConfig, aligned_to_loop
 from tpurun.train import Trainer
 from tpurun.warm_start import warm_start
 
@@ -76,7 +77,8 @@ class Controller:
 
     `evaluate(path)`, when given, runs on every worker after each checkpoint saved
     at an `--eval_every` step and at the last one; `actions` see every host loop
-    and save.
+    and save. With a `writer`, saves are written in the background (`SaveCheckpoint`);
+    the last one, the one before a stop and an evaluated one are waited for.
     """
 
     def __init__(
@@ -87,8 +89,10 @@ class Controller:
         *,
         actions: Sequence[Action] = (),
         evaluate: Callable[[str], None] | None = None,
+        writer: Writer | None = None,
     ):
         self.run = run
+        self.writer = writer
         self.cluster = cluster
         self.trainer = trainer
         self.actions = list(actions)
@@ -106,18 +110,30 @@ class Controller:
         self._restore()
         step, last = trainer.step, run.train_steps
         if step >= last:
-            logging.info("Already at step %d of --train_steps=%d: nothing to train.", step, last)
+            epochs = run.config.train.epochs
+            length = (
+                f"--train_epochs={epochs:g} ({last} steps)" if epochs else f"--train_steps={last}"
+            )
+            logging.info("Already at step %d of %s: nothing to train.", step, length)
             return
         if self.cluster.is_chief:
             train_config.write(run)
-        save = SaveCheckpoint(run, trainer.checkpoint, self.cluster)
+        save = SaveCheckpoint(run, trainer.checkpoint, self.cluster, self.writer)
         trainer.start_input()
-        logging.info("Training from step %d to %d, %d steps per loop.", step, last, run.iterations)
+        epochs = train_config.epoch_count(run)
+        logging.info(
+            "Training from step %d to %d%s, %d steps per loop.",
+            step,
+            last,
+            f" (epoch {epochs.at(step):.2f} to {epochs.at(last):.2f})" if epochs else "",
+            run.iterations,
+        )
         try:
             for action in self.actions:
                 action.start(step, last)
             self._run_loops(save, step, last, preempted)
         finally:
+            save.close()  # a save still being written ends whole, before the lease goes
             for action in self.actions:
                 action.close()
 
@@ -156,19 +172,32 @@ class Controller:
     ) -> None:
         run = self.run
         save_every = loop_cadence(run, "save_checkpoints_steps")
-        eval_every = loop_cadence(run, "eval_every") if self.evaluate else 0
+        # --eval_every=epoch: host loops end where epochs end, and each ends with an eval.
+        every_epoch = self.evaluate is not None and run.config.train.eval_every == EPOCH
+        epochs = train_config.epoch_count(run) if every_epoch else None
+        if every_epoch and epochs is None:  # commands.count_examples counts them first
+            raise RunError("--eval_every=epoch: the training examples were not counted")
+        eval_every = loop_cadence(run, "eval_every") if self.evaluate and not every_epoch else 0
         save_secs = run.config.train.save_checkpoints_secs
         last_save = time.monotonic()
         while step < last:
             num_steps = min(run.iterations, last - step)
+            if epochs is not None:
+                num_steps = min(num_steps, epochs.end_after(step) - step)
             for action in self.actions:
                 action.before_loop(step, num_steps)
             stats = self.trainer.train(num_steps)
             step = stats.step
+            self._saved(save, save.poll())  # a background save that failed ends the run here
             for action in self.actions:
                 action.after_loop(stats)
-            self._stop_unless_finite(stats)
-            evaluate = bool(eval_every) and (crossed(step, num_steps, eval_every) or step == last)
+            self._stop_unless_finite(stats, save)
+            if epochs is not None:
+                evaluate = epochs.crossed(step, num_steps) or step == last
+            else:
+                evaluate = bool(eval_every) and (
+                    crossed(step, num_steps, eval_every) or step == last
+                )
             time_due, stop = self._agree(
                 bool(save_secs) and time.monotonic() - last_save >= save_secs,
                 preempted.is_set(),
@@ -177,8 +206,10 @@ class Controller:
             if due or stop:
                 path = save(step)
                 last_save = time.monotonic()
-                for action in self.actions:
-                    action.after_save(step, path)
+                # The last checkpoint, the one before a stop and one to evaluate are whole
+                # before the run goes on; any other is written while it trains.
+                final = step == last or stop or evaluate
+                self._saved(save, save.wait() if final else save.poll())
                 if evaluate and self.evaluate is not None:
                     self.evaluate(path)
             if stop and step < last:
@@ -187,11 +218,20 @@ class Controller:
                     f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
                 )
 
-    def _stop_unless_finite(self, stats: LoopStats) -> None:
-        """Nothing after the last good checkpoint is saved: it stays the latest."""
+    def _saved(self, save: SaveCheckpoint, saved: list[Saved]) -> None:
+        for each in saved:
+            for action in self.actions:
+                action.after_save(each.step, each.path)
+        for action in self.actions:
+            action.saves(save.state)
+
+    def _stop_unless_finite(self, stats: LoopStats, save: SaveCheckpoint) -> None:
+        """Nothing after the last good checkpoint is saved: it stays the latest (a save
+        still being written is finished first)."""
         bad = {name: v for name, v in stats.named_scalars().items() if not math.isfinite(v)}
         if not bad and stats.weights_finite:
             return
+        self._saved(save, save.wait())
         if not bad:
             what = "a weight became NaN or Inf"
         elif list(bad) == ["loss"]:

@@ -115,6 +115,10 @@ def _refusal(model_dir: str, holder: Holder | None) -> LeaseHeld:
 class Lease:
     """The lease of a trainer: `renew()` after host loops, `release()` at the end."""
 
+    def renew_due(self) -> bool:
+        """Whether `renew` would make a request now (on gs://, RENEW_SECONDS after the last)."""
+        return False
+
     def renew(self) -> None:
         """Keeps the lease fresh (a request at most every RENEW_SECONDS, on gs:// only)."""
 
@@ -177,8 +181,11 @@ class _GcsLease(Lease):
         self._generation, self._renewed = generation, time.monotonic()
         self._lost = False
 
+    def renew_due(self) -> bool:
+        return time.monotonic() - self._renewed >= RENEW_SECONDS
+
     def renew(self) -> None:
-        if time.monotonic() - self._renewed < RENEW_SECONDS:
+        if not self.renew_due():
             return
         holder = dataclasses.replace(self._holder, renewed=time.time())
         try:

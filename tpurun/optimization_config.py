@@ -82,10 +82,11 @@ def _fail(key: str, value: Any, allowed: str) -> UsageError:
     return UsageError(f"config.{key}={value!r} {allowed}")
 
 
-def validate(config: Mapping[str, Any], train_steps: int) -> None:
+def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
     """Raises UsageError, one line, for the first bad recipe key of `config` (the whole config).
 
-    `train_steps` is the run's final train.steps (the horizon of cosine and linear).
+    `train_steps` is the run's final train.steps (the horizon of cosine and linear); None
+    while it is not known yet (a run counted in epochs, before its examples are counted).
     Checks config.optimizer, and each named recipe of config.optimizers; with named
     ones, config.optimizer must stay at its defaults (it would not be read).
     """
@@ -135,7 +136,7 @@ def _validate_names(
 
 
 def _validate_recipe(
-    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any], train_steps: int
+    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any], train_steps: int | None
 ) -> None:
     """The checks of one recipe; its keys are named `config.<prefix>.<key>`."""
     name = str(optimizer["name"]).lower()
@@ -156,7 +157,7 @@ def _validate_recipe(
     warmup = optimizer["warmup_steps"]
     if not _is_int(warmup) or warmup < 0:
         raise _fail(f"{prefix}.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
-    if warmup and warmup >= train_steps:
+    if warmup and train_steps is not None and warmup >= train_steps:
         raise _fail(
             f"{prefix}.warmup_steps",
             warmup,

@@ -12,6 +12,7 @@ import datetime
 import json
 import platform
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -47,6 +48,9 @@ class RunConfig:
     eval_timeout: float = 3600  # eval --continuous: seconds to wait for a new checkpoint
     target: str | None = None  # check: a Cloud TPU type whose memory each step must fit
     report: str | None = None  # check --target: where to write the estimate as JSON
+    # The training examples an epoch counts (train_config.resolve_length sets it when the
+    # run counts in epochs or evaluates every epoch); 0 = not counted.
+    train_examples: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -76,6 +80,12 @@ class RunConfig:
     def seed(self) -> int:
         return self.config.seed
 
+    @property
+    def needs_examples(self) -> bool:
+        """Whether the run needs its training examples counted: it counts in epochs
+        (--train_epochs), or evaluates every epoch (--eval_every=epoch)."""
+        return bool(self.config.train.epochs) or self.config.train.eval_every == EPOCH
+
     def to_dict(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields["config"] = self.config.to_dict()
@@ -98,10 +108,14 @@ class RunConfig:
         )
 
 
+EPOCH = "epoch"  # --eval_every=epoch
+
+
 # Flag name -> dotted config key it overrides (None = leave the config value).
 FLAG_TO_CONFIG_KEY = {
     "batch_size": "train.batch_size",
     "train_steps": "train.steps",
+    "train_epochs": "train.epochs",
     "iterations": "train.iterations",
     "eval_batch_size": "eval.batch_size",
     "eval_steps": "eval.steps",
@@ -125,14 +139,25 @@ MODEL_SPECIFIC_FLAGS = ("prompt", "data_dir")
 
 
 def merge_flags(
-    config: ml_collections.ConfigDict, flag_values: dict[str, Any]
+    config: ml_collections.ConfigDict,
+    flag_values: dict[str, Any],
+    overridden: Mapping[str, Any] | None = None,
 ) -> ml_collections.FrozenConfigDict:
-    """Applies the flags that were given (not None) to their config keys, then freezes."""
+    """Applies the flags that were given (not None) to their config keys, then freezes.
+
+    `overridden`: the config keys given as `--config.<key>=...` and their values (already
+    in `config`).
+    How long to train is said once: in steps or in epochs. Given on the command line,
+    it replaces the config file's choice; both there is an error.
+    """
+    length = _length_given(flag_values, overridden or {})
     config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy; caller's stays intact
     for flag_name, key in FLAG_TO_CONFIG_KEY.items():
         value = flag_values.get(flag_name)
         if value is None:
             continue
+        if flag_name == "eval_every":
+            value = _eval_every(value)
         section, _, leaf = key.rpartition(".")
         node = config if not section else config.get(section)
         if flag_name in MODEL_SPECIFIC_FLAGS and (node is None or leaf not in node):
@@ -145,8 +170,52 @@ def merge_flags(
                 f"--{flag_name} sets config key {key}, which this config does not have; "
                 "start the config from tpurun.config_defaults.base_config()"
             )
-        node[leaf] = value
+        if flag_name == "eval_every":
+            with node.ignore_type():  # a number of steps, or "epoch"
+                node[leaf] = value
+        else:
+            node[leaf] = value
+    if length == "steps":
+        config.train.epochs = 0.0  # the config file's epochs give way to the command line
+    elif config.train.epochs:
+        config.train.steps = 0  # derived from the epochs when the run starts
     return ml_collections.FrozenConfigDict(config)
+
+
+def _length_given(flag_values: dict[str, Any], overridden: Mapping[str, Any]) -> str:
+    """ "steps", "epochs" or "" (neither): how long to train, as the command line says it."""
+    given: dict[str, str | None] = {}
+    for name, flag, key in (
+        ("steps", "train_steps", "train.steps"),
+        ("epochs", "train_epochs", "train.epochs"),
+    ):
+        if flag_values.get(flag) is not None:
+            given[name] = f"--{flag}={flag_values[flag]:g}"
+        elif key in overridden:
+            given[name] = f"--config.{key}={overridden[key]:g}"
+        else:
+            given[name] = None
+    if given["steps"] and given["epochs"]:
+        raise UsageError(
+            f"{given['epochs']} and {given['steps']} both say how long to train: give one "
+            "(in epochs, the steps are ceil(epochs x training examples / examples per step))"
+        )
+    return "steps" if given["steps"] else "epochs" if given["epochs"] else ""
+
+
+def _eval_every(text: str | int) -> int | str:
+    """--eval_every: a number of steps or "epoch" (the flag is a string)."""
+    if not isinstance(text, str):
+        return text  # a number already (a caller's flag values); bounds checks it
+    if text.strip().lower() == EPOCH:
+        return EPOCH
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(
+            f"--eval_every={text} must be a number of steps (0 = never) or 'epoch' (at the "
+            "end of every epoch)"
+        ) from None
 
 
 def split_fix(batch_size: int, num_replicas: int, flag: str = "") -> str | None:
@@ -258,7 +327,9 @@ def _validate(run: RunConfig) -> None:
             node = node[part]
 
     bounds.check_sizes(config)
-    optimization_config.validate(config, train_steps=config.train.steps)
+    # A run counted in epochs knows its steps once its examples are counted.
+    unresolved = bool(config.train.epochs) and not run.train_examples
+    optimization_config.validate(config, train_steps=None if unresolved else config.train.steps)
     if config.precision not in PRECISIONS:
         raise UsageError(
             f"--precision={config.precision} (config.precision) is not a precision; use one of "

@@ -113,6 +113,8 @@ def evaluate_continuously(
     side. One deleted by keep_checkpoint_max before it was read is skipped too.
     """
     final, timeout = run.train_steps, run.eval_timeout
+    epochs = run.config.train.epochs
+    of_epochs = f"--train_epochs={epochs:g}: {final} steps" if epochs else ""
     seen: set[int] = set()
     evaluated: list[int] = []
     deadline = time.monotonic() + timeout
@@ -137,14 +139,16 @@ def evaluate_continuously(
         if seen and max(seen) >= final:
             return (
                 f"eval --continuous: stopped after the checkpoint of the final step {max(seen)} "
-                f"(--train_steps={final}); evaluated {len(evaluated)} checkpoint(s) in this run"
+                f"({of_epochs or f'--train_steps={final}'}); evaluated {len(evaluated)} "
+                "checkpoint(s) in this run"
             )
         if time.monotonic() >= deadline:
             if not seen:
                 raise _nothing_appeared(run)
             return (
                 f"eval --continuous: stopped: no new checkpoint in {run.model_dir} for "
-                f"{timeout:g}s (--eval_timeout) and the final step {final} (--train_steps) is "
+                f"{timeout:g}s (--eval_timeout) and the final step {final} "
+                f"({of_epochs or '--train_steps'}) is "
                 f"not reached; evaluated {len(evaluated)} checkpoint(s) in this run, the newest "
                 f"is step {max(seen)}"
             )

@@ -199,20 +199,15 @@ def temporary_path(path: str) -> str:
 
 
 def _create(path: str, text: str | bytes) -> None:
-    """Creates a new file with `text` (or bytes); on a local disk exclusively and never
-    through a link."""
-    binary = isinstance(text, bytes)
+    """Creates a new file with `text`; on a local disk exclusively and never through a link."""
+    mode = "wb" if isinstance(text, bytes) else "w"
     if not is_local(path):
-        with tf.io.gfile.GFile(path, "wb" if binary else "w") as f:
+        with tf.io.gfile.GFile(path, mode) as f:
             f.write(text)
         return
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     descriptor = os.open(path, flags, 0o644)
-    if isinstance(text, bytes):
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(text)
-        return
-    with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+    with os.fdopen(descriptor, mode, encoding=None if "b" in mode else "utf-8") as f:
         f.write(text)
 
 
@@ -226,8 +221,7 @@ def write_atomically(path: str, text: str | bytes) -> None:
     file is uploaded in place.
     """
     if path.startswith("gs://"):
-        with tf.io.gfile.GFile(path, "wb" if isinstance(text, bytes) else "w") as f:
-            f.write(text)
+        _create(path, text)
         return
     temporary = temporary_path(path)
     try:

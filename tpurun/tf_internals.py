@@ -3,10 +3,12 @@
 Some things tpurun needs have no public TensorFlow API: the values a
 `tf.distribute.CrossDeviceOps` takes and returns (for the packed all-reduce of
 `tpurun.packed_reduction`), a registration deadline for the workers of a
-MultiWorkerMirroredStrategy, and the proto of the `checkpoint` state file (public
-only through a deprecated helper). Each adapter falls back to TensorFlow's stock
-behaviour when the private API moves (a slower all-reduce; workers that wait as
-long as TensorFlow waits; a deprecation notice), and `missing()` names the ones that fell back:
+MultiWorkerMirroredStrategy, the proto of the `checkpoint` state file (public
+only through a deprecated helper), and a checkpoint's values copied to host memory
+to be written by another thread (the background save). Each adapter falls back to
+TensorFlow's stock behaviour when the private API moves (a slower all-reduce;
+workers that wait as long as TensorFlow waits; a deprecation notice; saves the
+loop waits for), and `missing()` names the ones that fell back:
 tests/test_tf_internals.py asserts it is empty, so a TensorFlow upgrade that
 moves them fails CI instead of silently degrading a run.
 
@@ -30,6 +32,13 @@ try:  # The `checkpoint` state file's proto (public only through a deprecated he
 except ImportError:  # pragma: no cover
     _checkpoint_state = None  # type: ignore[assignment]
 
+try:  # A checkpoint's values in host memory, written by another thread (the background save).
+    from tensorflow.python.checkpoint import checkpoint as _checkpoint
+    from tensorflow.python.checkpoint import functional_saver as _functional_saver
+    from tensorflow.python.training.saving import saveable_object as _saveable_object
+except ImportError:  # pragma: no cover
+    _checkpoint = _functional_saver = _saveable_object = None  # type: ignore[assignment]
+
 try:  # The coordination service's configuration, set before MultiWorkerMirroredStrategy.
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination
     from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
@@ -47,6 +56,8 @@ def missing() -> list[str]:
         absent.append("the coordination service's configuration (the bounded multi-worker start)")
     if not hasattr(_checkpoint_state, "CheckpointState"):
         absent.append("the CheckpointState proto (the state file's format)")
+    if not host_copy_available():
+        absent.append("a checkpoint's values gathered for another thread (the background save)")
     return absent
 
 
@@ -128,3 +139,52 @@ def bound_worker_registration(cluster_spec: tf.train.ClusterSpec, timeout_second
     except (AttributeError, TypeError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
     return ""
+
+
+# --- A checkpoint copied to host memory, written by another thread --------------------
+
+
+def host_copy_available() -> bool:
+    return (
+        hasattr(getattr(_checkpoint, "TrackableSaver", None), "_gather_serialized_tensors")
+        and hasattr(_functional_saver, "MultiDeviceSaver")
+        and hasattr(_saveable_object, "SaveSpec")
+    )
+
+
+def host_copy(checkpoint: tf.train.Checkpoint) -> Any | None:
+    """What `checkpoint.write` would save, read now into host memory: for `write_host_copy`.
+
+    TensorFlow's save gathers every object's tensors (a variable's as a read
+    still to be made), then writes them. Here the reads are made at once: a
+    variable on a TPU is copied to the host, one on the CPU keeps the buffer it has
+    now (an update after this copies it first, as TensorFlow does for any buffer
+    still read). None when this TensorFlow lacks the private API, or an object
+    saves itself (a registered saver): then the checkpoint is written as usual.
+    """
+    saver = getattr(checkpoint, "_saver", None)
+    if not host_copy_available() or saver is None:
+        return None
+    tensors, _, registered_savers, _ = saver._gather_serialized_tensors(None)
+    if registered_savers:
+        return None
+    for values in tensors.values():
+        for key, value in values.items():
+            if isinstance(value, dict):  # {slice_spec: tensor} of a partitioned value
+                values[key] = {spec: _read(part) for spec, part in value.items()}
+            else:
+                values[key] = _read(value)
+    if _context is not None:
+        _context.async_wait()  # the copies are made before training goes on
+    return tensors
+
+
+def _read(value: Any) -> Any:
+    """A tensor to save: a SaveSpec's (a variable's value, read now), or the value itself."""
+    return value.tensor if isinstance(value, _saveable_object.SaveSpec) else value
+
+
+def write_host_copy(copy: Any, prefix: str) -> None:
+    """Writes a `host_copy` as the checkpoint `prefix`, from any thread, as `Checkpoint.write`
+    does: the tensors into `<prefix>_temp/`, then merged into `<prefix>.index` and `.data-*`."""
+    _functional_saver.MultiDeviceSaver(copy).save(prefix)

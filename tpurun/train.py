@@ -49,7 +49,10 @@ MAX_SCALARS = 16
 class Trainer:
     """Holds the models, optimizers and compiled host loop of one training run."""
 
-    def __init__(self, run: RunConfig, cluster: Cluster, model: Model):
+    def __init__(
+        self, run: RunConfig, cluster: Cluster, model: Model, arrays: TrainArrays | None = None
+    ):
+        """`arrays`: the model's training arrays when the caller read them already."""
         self.run = run
         self.cluster = cluster
         self.strategy = cluster.strategy
@@ -82,6 +85,8 @@ class Trainer:
         self._device_loop: Any = None
         self._compiled = False  # whether _device_loop is the XLA-compiled one
         self._position = 0  # device data: the steps its stream has given
+        if arrays is not None:
+            self.arrays = arrays  # read once (the cached property below, set)
 
     def fresh_checkpoint(self, present: Collection[str] | None = None) -> tf.train.Checkpoint:
         """A new checkpoint object over what the run owns (a restore attempt takes one).

@@ -4,16 +4,25 @@ Written by every `tpurun train` before its first save; read before a checkpoint
 is restored, so that a run resumed, evaluated or exported with another config
 fails at once with both config names and what differs, instead of deep inside
 a restore.
+
+It also keeps how long a run trains when it counts in epochs: `resolve_length`
+turns `train.epochs` into `train.steps` from the training examples, and the
+examples an epoch counted are recorded here, so a resumed run keeps counting in
+the same steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fractions
 import json
+import math
 from typing import Any
 
+import ml_collections
 from absl import logging
 
-from tpurun import optimization_config, records, storage
+from tpurun import bounds, optimization_config, records, storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
@@ -21,16 +30,22 @@ from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
 FILE = "train_config.json"
 # The config's name, beside its keys in the record: a key no config has.
 NAME_KEY = "__config_name__"
+# The training examples an epoch counted (a run counted in epochs, or evaluating every
+# epoch): a resumed run counts in them, whatever its data now hold.
+EXAMPLES_KEY = "__train_examples__"
 
 # Config keys a resumed run may change: how long, how often and from where, not the
 # model, its optimizer, the seed or the batch size. The learning rate and train.steps
 # depend on the schedule: `resumable_changes`.
 RESUMABLE_CHANGES = (
     "train.steps",
+    "train.epochs",
     "train.iterations",
     "train.save_checkpoints_steps",
     "train.save_checkpoints_secs",
     "train.keep_checkpoint_max",
+    "train.async_checkpoint",
+    "train.summary_upload_secs",
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",
@@ -65,7 +80,7 @@ def resumable_changes(trained: dict) -> tuple[str, ...]:
     changes = [*RESUMABLE_CHANGES]
     changes += [f"{key}.learning_rate" for key, s in schedules.items() if s == "constant"]
     if any(s in optimization_config.SCHEDULES_ENDING_AT_TRAIN_STEPS for s in schedules.values()):
-        changes.remove("train.steps")
+        changes = [key for key in changes if key not in ("train.steps", "train.epochs")]
     return tuple(changes)
 
 
@@ -110,6 +125,8 @@ def _with_new_defaults(recorded: dict) -> dict:
 def write(run: RunConfig) -> None:
     """Records the config the checkpoints in model_dir are trained with (atomically)."""
     record = {**run.config.to_dict(), NAME_KEY: run.config_name}
+    if run.train_examples:
+        record[EXAMPLES_KEY] = run.train_examples
     storage.write_atomically(
         storage.join(run.model_dir, FILE),
         json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
@@ -138,6 +155,7 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
             "a backup, or pass --force_resume to go on without the check (train rewrites it)"
         ) from None
     name = record.pop(NAME_KEY, None)  # tpurun 0.2 recorded the config alone
+    record.pop(EXAMPLES_KEY, None)  # not a config key: `recorded_examples`
     return (name if isinstance(name, str) else None), record
 
 
@@ -207,3 +225,145 @@ def check_resume(run: RunConfig) -> None:
         "Use a new --model_dir (or --warm_start_from to start from these weights), or pass "
         "--force_resume to continue anyway"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochCount:
+    """Epochs in steps: `examples` per epoch, `per_step` examples per optimizer step (the
+    global batch x accumulate_steps), `total` the epochs the run trains (0: it counts in
+    steps). After s steps the input has given s x per_step examples: the epoch of step s
+    is s x per_step / examples, as the input stream's own position (tpurun.example_order)."""
+
+    examples: int
+    per_step: int
+    total: float = 0.0
+
+    def at(self, step: int) -> float:
+        """The epochs done after `step` steps."""
+        return step * self.per_step / self.examples
+
+    def end_after(self, step: int) -> int:
+        """The step that completes the next epoch after `step`: the first step s > `step`
+        with s x per_step >= k x examples for the next whole k."""
+        finished = step * self.per_step // self.examples
+        return -(-(finished + 1) * self.examples // self.per_step)
+
+    def crossed(self, step: int, num_steps: int) -> bool:
+        """Whether the loop of `num_steps` that ended at `step` finished an epoch."""
+        return (
+            step * self.per_step // self.examples
+            > (step - num_steps) * self.per_step // self.examples
+        )
+
+    def text(self, step: int) -> str:
+        """ "epoch 1.60/2" (counting in epochs) or "epoch 1.60" (in steps)."""
+        done = f"epoch {self.at(step):.2f}"
+        return f"{done}/{self.total:g}" if self.total else done
+
+
+def steps_for_epochs(epochs: float, examples: int, per_step: int) -> int:
+    """ceil(epochs x examples / per_step), in exact arithmetic: 0.3 epochs of 100 examples at
+    10 per step is 3 steps, not the 4 that float rounding (3.0000000000000004) would give."""
+    exact = fractions.Fraction(repr(float(epochs))) * examples / per_step
+    return math.ceil(exact)
+
+
+def epoch_count(run: RunConfig) -> EpochCount | None:
+    """How `run`'s steps count epochs, once its training examples are counted."""
+    if not run.train_examples:
+        return None
+    train = run.config.train
+    return EpochCount(run.train_examples, train.batch_size * train.accumulate_steps, train.epochs)
+
+
+def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
+    """The run with its training examples counted, and its train.steps when it counts in
+    epochs (ceil(epochs x examples / examples per step)); `run` itself when it needs
+    neither (see RunConfig.needs_examples).
+
+    `counted`: the model's in-memory training examples (TrainArrays.num_examples), None
+    for a tf.data input, whose examples only `config.data.train_examples` says: TRAIN
+    repeats forever, and the cardinality under its `.repeat()` counts batches, shards or
+    windows as often as examples. A model_dir whose record counted examples keeps
+    counting those: with the same batch, a resumed run trains to the same step as the
+    first one did, even if its data moved to files of another size. A batch changed on
+    resume (--force_resume) counts its epochs in the new batch, as the input stream does
+    (step s is at example s x global batch).
+    """
+    if not run.needs_examples:
+        return run
+    config = run.config
+    declared = (config.get("data") or {}).get("train_examples") or 0
+    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 0:
+        raise UsageError(
+            f"config.data.train_examples={declared!r} must be an integer >= 0: the number of "
+            "training examples an epoch counts (0 = unknown)"
+        )
+    if counted and declared and counted != declared:
+        logging.warning(
+            "config.data.train_examples=%d, but the model's train_arrays hold %d examples: "
+            "epochs count the %d.",
+            declared,
+            counted,
+            counted,
+        )
+    examples = counted or declared
+    # check neither reads nor writes a model_dir.
+    recorded = recorded_examples(run) if run.command != "check" else None
+    if recorded and examples and recorded != examples:
+        logging.warning(
+            "%s counted epochs of %d training examples (%s), and the data now have %d: "
+            "epochs keep counting %d, so a resumed run trains to the same step (a new "
+            "--model_dir counts the new data).",
+            run.model_dir,
+            recorded,
+            FILE,
+            examples,
+            recorded,
+        )
+    examples = recorded or examples
+    why = f"--train_epochs={config.train.epochs:g}" if config.train.epochs else "--eval_every=epoch"
+    if not examples:
+        raise UsageError(
+            f"{why} needs the number of training examples, and {run.config_name}'s model has "
+            "no train_arrays to count them in: add `config.data.train_examples = <N>` to the "
+            "config (or pass --config.data.train_examples=N if it has the key), or count in "
+            "--train_steps"
+        )
+    if not config.train.epochs:
+        return dataclasses.replace(run, train_examples=examples)
+    train = config.train
+    per_step = train.batch_size * train.accumulate_steps
+    steps = steps_for_epochs(train.epochs, examples, per_step)
+    if steps > bounds.MAX_STEPS:
+        raise UsageError(
+            f"{why} of {examples} examples at {per_step} per step is {steps} steps, "
+            f"more than {bounds.MAX_STEPS}: fewer epochs"
+        )
+    logging.info(
+        "%s: %d steps (ceil(%g epochs x %d training examples / %d examples per step)).",
+        why,
+        steps,
+        train.epochs,
+        examples,
+        per_step,
+    )
+    with_steps = ml_collections.ConfigDict(config.to_dict())
+    with_steps.train.steps = steps
+    try:  # validated again, now with its steps (a warmup must end before them)
+        return dataclasses.replace(
+            run, config=ml_collections.FrozenConfigDict(with_steps), train_examples=examples
+        )
+    except UsageError as e:
+        raise UsageError(f"{e}; {why} is {steps} steps") from None
+
+
+def recorded_examples(run: RunConfig) -> int | None:
+    """The training examples model_dir's epochs counted, if its record kept them."""
+    path = storage.join(run.model_dir, FILE)
+    try:
+        record = records.read_json(path)
+    except records.DamagedRecord:
+        return None  # said where the record is read for the resume (check_resume)
+    examples = record.get(EXAMPLES_KEY) if isinstance(record, dict) else None
+    return examples if isinstance(examples, int) and examples > 0 else None

@@ -185,7 +185,7 @@ class _Connection:
         request = Request(method, self.host, target, *classify(method, self.host, target))
         rule = self.proxy.traffic.rule_for(request)
 
-        def log(status: int | None) -> None:
+        def log(status: int | None, body_bytes: int = 0) -> None:
             self.proxy.traffic.record(
                 dataclasses.replace(
                     request,
@@ -193,6 +193,7 @@ class _Connection:
                     time=start,
                     seconds=time.monotonic() - started,
                     fault=rule is not None,
+                    body_bytes=body_bytes,
                 )
             )
 
@@ -212,10 +213,11 @@ class _Connection:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
             raise _Dropped
-        answer = self._answer(request, method, target, headers, self._read_body(headers))
+        body = self._read_body(headers)
+        answer = self._answer(request, method, target, headers, body)
         close = headers.get("Connection", "").lower() == "close"
         self._send(answer, close=close)
-        log(answer.status)
+        log(answer.status, len(body))
         return not close
 
     def _answer(

@@ -39,6 +39,7 @@ class Request:
     time: float = 0.0  # time.time() at the start
     seconds: float = 0.0  # from the request's first line to the end of the answer
     fault: bool = False  # answered, dropped or slowed by an injected fault
+    body_bytes: int = 0  # the request body's length as received (an upload's data)
 
     def __str__(self) -> str:
         answer = "dropped" if self.status is None else self.status
@@ -114,6 +115,14 @@ class RequestLog(Sequence[Request]):
     ) -> int:
         """How many requests match (see Request.matches)."""
         return sum(r.matches(kind=kind, method=method, path=path) for r in self._requests)
+
+    def body_bytes(
+        self, kind: str | None = None, method: str | None = None, path: str | None = None
+    ) -> int:
+        """The request bodies' bytes of the requests that match (see Request.matches)."""
+        return sum(
+            r.body_bytes for r in self._requests if r.matches(kind=kind, method=method, path=path)
+        )
 
     def objects(self, kind: str) -> list[str]:
         """The objects that requests of `kind` named, in order (with repeats)."""

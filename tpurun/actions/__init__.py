@@ -3,7 +3,8 @@
 * `save.SaveCheckpoint`: a checkpoint at a step (the controller decides when);
 * `evaluation`: evaluate a checkpoint, then its results file, TensorBoard, the best, a line;
 * `progress`: a live line on a terminal or log lines, the input-bound warning, the resume cost;
-* `summaries.TrainSummaries`: TensorBoard scalars per loop and the model's graph;
+* `summaries.TrainSummaries`: TensorBoard scalars per loop and the model's graph (on gs://
+  uploaded in the background: `tpurun.background`);
 * `profiler.ProfileSteps`: `--profile_steps`;
 * `hang.HangTimeout`: `--hang_timeout`.
 
@@ -18,11 +19,13 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tpurun import train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.actions.hang import HangTimeout
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.progress import InputBound, LogLines, ProgressBar
 from tpurun.actions.summaries import TrainSummaries
+from tpurun.background import Writer
 from tpurun.run_config import RunConfig
 
 __all__ = ["Action", "LoopStats", "for_training"]
@@ -36,6 +39,7 @@ def for_training(
     input_seeks: bool,
     graph: Callable[[], tf.Graph] | None = None,
     terminal: bool | None = None,
+    writer: Writer | None = None,
 ) -> list[Action]:
     """The actions of a training run (besides save and eval, which the controller calls).
 
@@ -44,17 +48,26 @@ def for_training(
     TensorBoard events and profiles. `input_seeks`: whether the model's training
     input starts at its resume position itself (`Model.input_fn_seeks`); `graph`:
     the model's forward graph for TensorBoard; `terminal`: whether stderr is one
-    (default: ask it).
+    (default: ask it); `writer`: the run's background writer (TensorBoard events on
+    gs:// are uploaded through it).
     """
     if terminal is None:
         terminal = sys.stderr.isatty()
     actions: list[Action] = []
     if run.hang_timeout:
         actions.append(HangTimeout(run.hang_timeout, run.model_dir, input_seeks=input_seeks))
-    actions.append(ProgressBar() if terminal and is_chief else LogLines())
+    epochs = train_config.epoch_count(run)  # shown when the run counted its examples
+    actions.append(ProgressBar(epochs=epochs) if terminal and is_chief else LogLines(epochs))
     actions.append(InputBound(model_name))
     if is_chief:
-        actions.append(TrainSummaries(run.model_dir, graph=graph))
+        actions.append(
+            TrainSummaries(
+                run.model_dir,
+                graph=graph,
+                writer=writer,
+                upload_secs=run.config.train.summary_upload_secs,
+            )
+        )
         if run.profile_steps is not None:
             actions.append(ProfileSteps(run.model_dir, *run.profile_steps))
     return actions

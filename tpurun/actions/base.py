@@ -1,7 +1,9 @@
-"""The contract between the controller and its actions: `LoopStats` and the `Action` hooks."""
+"""The contract between the controller and its actions: `LoopStats`, `SaveState` and the
+`Action` hooks."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Mapping
 
@@ -53,6 +55,17 @@ class LoopStats:
         return min(1.0, self.input_seconds / self.seconds) if self.seconds > 0 else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class SaveState:
+    """Where the checkpoint saves stand (what `SaveCheckpoint.state` says)."""
+
+    in_flight: int | None = None  # the step of a save being written in the background
+    last_seconds: float | None = None  # how long the newest complete save took, start to end
+    # The save in flight's write: done, without an exception, once its checkpoint is whole
+    # (for a watchdog whose loop is stuck before the controller hears of it).
+    writing: concurrent.futures.Future[float] | None = None
+
+
 class Action:
     """Something the controller calls between host loops; every hook does nothing by default.
 
@@ -71,7 +84,11 @@ class Action:
         """A host loop finished (before its checkpoint, if any, is saved)."""
 
     def after_save(self, step: int, path: str) -> None:
-        """A checkpoint was saved."""
+        """A checkpoint was saved: it is whole, and the newest."""
+
+    def saves(self, state: SaveState) -> None:
+        """Where the checkpoint saves stand, after every host loop and save (one in flight
+        in the background, how long the last took)."""
 
     def close(self) -> None:
         """Training ended (normally or not); release what was opened. Must not raise."""

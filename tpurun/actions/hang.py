@@ -7,7 +7,7 @@ from collections.abc import Callable
 from absl import logging
 
 from tpurun import checkpoints, watchdog
-from tpurun.actions.base import Action, LoopStats
+from tpurun.actions.base import Action, LoopStats, SaveState
 
 
 class HangTimeout(Action):
@@ -35,6 +35,7 @@ class HangTimeout(Action):
         self._step = 0
         self._doing = "before the first host loop"
         self._latest: str | None = None
+        self._saves = SaveState()
 
     def start(self, step: int, last_step: int) -> None:
         # Known now, not looked up when hung (a hung process may not reach its storage):
@@ -60,6 +61,9 @@ class HangTimeout(Action):
         self._latest = path
         self._progress(step, "after saving its checkpoint")
 
+    def saves(self, state: SaveState) -> None:
+        self._saves = state
+
     def close(self) -> None:
         self._watchdog.stop()
 
@@ -68,9 +72,14 @@ class HangTimeout(Action):
         self._watchdog.resume()
 
     def _hung(self, idle_seconds: float) -> None:
+        latest, saving = self._latest, self._saves
+        # A save written in the background since the loop got stuck is the latest now.
+        if saving.in_flight is not None and saving.writing is not None and saving.writing.done():
+            if saving.writing.exception() is None:
+                latest = checkpoints.path_of(self._model_dir, saving.in_flight)
         self._on_hang(
             f"tpurun train: error: no progress for --hang_timeout={self._timeout:g}s at step "
             f"{self._step} ({self._doing}): stuck waiting for input or the TPU; the latest "
-            f"checkpoint is {self._latest or 'none (nothing saved yet)'}; rerun the same command "
+            f"checkpoint is {latest or 'none (nothing saved yet)'}; rerun the same command "
             "to resume from it (or raise --hang_timeout if a host loop really takes that long)"
         )

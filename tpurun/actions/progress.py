@@ -1,5 +1,6 @@
-"""What a training run shows while it runs: a live line on a terminal or log lines, the
-input-bound warning, and what a resume cost."""
+"""What a training run shows while it runs: a live line on a terminal or log lines (with the
+checkpoint save in flight or how long the last took), the input-bound warning, and what a
+resume cost."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import tqdm
 import tqdm.contrib
 from absl import logging
 
-from tpurun.actions.base import Action, LoopStats
+from tpurun.actions.base import Action, LoopStats, SaveState
+from tpurun.train_config import EpochCount
 
 # Above this share of a host loop spent waiting for input, the run is input-bound:
 # the accelerator idles more than it computes...
@@ -24,29 +26,48 @@ INPUT_BOUND_MIN_WAIT = 1e-3  # seconds per step
 
 
 class LogLines(Action):
-    """One absl log line per host loop: for log files and CI, where a live line would be noise."""
+    """One absl log line per host loop: for log files and CI, where a live line would be noise.
 
-    def __init__(self) -> None:
+    `epochs`: how the steps count epochs, when the run counted its examples (the line
+    then shows the epoch)."""
+
+    def __init__(self, epochs: EpochCount | None = None) -> None:
         self._last_step = 0
+        self._epochs = epochs
+        self._saves = SaveState()
 
     def start(self, step: int, last_step: int) -> None:
         self._last_step = last_step
 
+    def saves(self, state: SaveState) -> None:
+        self._saves = state
+
     def after_loop(self, stats: LoopStats) -> None:
+        note = saving(self._saves)
         logging.info(
-            "step %d/%d  %s  %.1f steps/sec  %.0f examples/sec  %s",
+            "step %d/%d  %s%s  %.1f steps/sec  %.0f examples/sec  %s%s",
             stats.step,
             self._last_step,
+            f"{self._epochs.text(stats.step)}  " if self._epochs else "",
             scalars_text(stats, "  "),
             stats.steps_per_sec,
             stats.examples_per_sec,
             input_wait(stats),
+            f"  {note}" if note else "",
         )
 
 
 def scalars_text(stats: LoopStats, separator: str) -> str:
     """'loss 0.1234', or a step's named scalars: 'd_loss -6.3530  g_loss -20.7056  gp 0.0898'."""
     return separator.join(f"{name} {value:.4f}" for name, value in stats.named_scalars().items())
+
+
+def saving(state: SaveState) -> str:
+    """'saving ckpt-500' while a save is written in the background, else 'last save 2.41s'
+    ('' before the first)."""
+    if state.in_flight is not None:
+        return f"saving ckpt-{state.in_flight}"
+    return "" if state.last_seconds is None else f"last save {state.last_seconds:.2f}s"
 
 
 def input_wait(stats: LoopStats) -> str:
@@ -57,17 +78,19 @@ def input_wait(stats: LoopStats) -> str:
 
 
 class ProgressBar(Action):
-    """A live line on a terminal: step/total, the loss (or the step's named scalars), input
-    wait, steps/sec and the ETA (tqdm).
+    """A live line on a terminal: step/total, the epoch (`epochs`: as for LogLines), the loss
+    (or the step's named scalars), input wait, steps/sec and the ETA (tqdm).
 
     While it shows, stderr goes through tqdm.write, so log lines (a saved
     checkpoint, a warning) print above the line instead of through it.
     """
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, stream: TextIO | None = None, epochs: EpochCount | None = None):
         self._stream = stream or sys.stderr
         self._bar: tqdm.tqdm | None = None
         self._logs_above = LogsAboveBar()
+        self._epochs = epochs
+        self._saves = SaveState()
 
     def start(self, step: int, last_step: int) -> None:
         self._bar = tqdm.tqdm(
@@ -80,12 +103,15 @@ class ProgressBar(Action):
         )
         self._logs_above.install(self._stream)
 
+    def saves(self, state: SaveState) -> None:
+        self._saves = state
+
     def after_loop(self, stats: LoopStats) -> None:
         if self._bar is None:
             return
-        self._bar.set_postfix_str(
-            f"{scalars_text(stats, ', ')}, {input_wait(stats)}", refresh=False
-        )
+        epoch = self._epochs.text(stats.step) if self._epochs else ""
+        notes = [epoch, scalars_text(stats, ", "), input_wait(stats), saving(self._saves)]
+        self._bar.set_postfix_str(", ".join(n for n in notes if n), refresh=False)
         self._bar.update(stats.num_steps)
 
     def close(self) -> None:

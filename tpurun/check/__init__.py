@@ -14,7 +14,10 @@ then only traces each replica step (`steps.StepChecker`):
 * the replicated step's graph, walked op by op, nested functions (while bodies,
   cond branches, inner tf.functions) included (`dynamic-shape`, `summary`,
   `dtype`, `xla-unsupported`);
-* the replica step compiled by XLA for the CPU (`xla-unsupported`, `xla-compile`).
+* the replica step compiled by XLA for the CPU (`xla-unsupported`, `xla-compile`);
+* the train step's model on more than one replica: BatchNormalization that
+  normalises by each replica's own statistics (`batch-norm`, a warning:
+  `replica_rules`).
 
 With `--target=TYPE` (a Cloud TPU accelerator type, `tpurun.check.targets`),
 the replicas are the slice's, and each step's memory per replica is estimated
@@ -47,12 +50,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tpurun import inputs, precision, strategy, train_config
 from tpurun import model as model_lib
-from tpurun import precision, strategy
 from tpurun.check import fit_report, preflight, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.preflight import TargetMemory
+from tpurun.check.replica_rules import batch_norm_warning
 from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
 from tpurun.cluster import Cluster
@@ -63,6 +67,7 @@ from tpurun.run_config import RunConfig
 __all__ = [
     "DEFAULT_REPLICAS",
     "Finding",
+    "batch_norm_warning",
     "main",
     "out_of_memory",
     "record_memory",
@@ -91,12 +96,16 @@ def run_checks(
     cluster = cpu_cluster(min(replicas, MAX_TRACED_REPLICAS) if target else replicas)
     model = model_lib.create(run.config)
     model_lib.check_model_config(model)
+    arrays = None
+    if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
+        arrays = inputs.train_arrays(model)
+        run = train_config.resolve_length(run, arrays.num_examples if arrays else None)
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
         if target:  # a TPU slice, traced on CPU devices
             cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
-        checker = StepChecker(run, cluster, model, replicas=replicas)
+        checker = StepChecker(run, cluster, model, replicas=replicas, arrays=arrays)
         problems = checker.batch_split()
         for mode in Mode:
             problems += checker.check_mode(mode)

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem, shape_text
+from tpurun.check.graph_walk import CONTROL_FLOW_OPS, DATA_DEPENDENT_OPS, RawFinding
 from tpurun.check.introspection import LayerScopes
 from tpurun.check.origin import created_at
 from tpurun.model import Mode
 from tpurun.tf_errors import user_code_line
-
-if TYPE_CHECKING:
-    from tpurun.check.graph_walk import RawFinding
-
-# Control-flow ops whose output shapes are those of their branches or loop variables.
-CONTROL_FLOW_OPS = frozenset(
-    {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
-)
 
 DTYPE_FIXES = {
     tf.int64: (
@@ -64,30 +57,26 @@ def train_batch_fix(shape: tf.TensorShape, per_replica: int) -> str:
     )
 
 
-# Ops whose output size depends on the values of their input, with the usual fix.
+# The usual fix for each op whose output size depends on the values of its input
+# (graph_walk.DATA_DEPENDENT_OPS); a variant (UniqueV2, NonMaxSuppressionV5) takes
+# its base op's.
 DATA_DEPENDENT_FIXES = {
     "Where": "keep the shape: multiply by a 0/1 mask (x * tf.cast(mask, x.dtype)), or use "
     "tf.where(cond, x, y) with three arguments",
     "Unique": "avoid tf.unique in the step: count or deduplicate with fixed-size ops (e.g. "
     "tf.math.unsorted_segment_sum with a constant num_segments), or in the input function",
-    "UniqueV2": None,
-    "UniqueWithCounts": None,
-    "UniqueWithCountsV2": None,
     "ListDiff": "tf.sets / tf.setdiff1d return data-dependent sizes; use masks of fixed size",
     "DynamicPartition": "use masks (tf.where(cond, x, y)) instead of tf.dynamic_partition",
-    "DynamicStitch": None,
+    "DynamicStitch": "use masks (tf.where(cond, x, y)) instead of tf.dynamic_stitch, or "
+    "tf.tensor_scatter_nd_update into a tensor of fixed size",
     "NonMaxSuppression": "use tf.image.non_max_suppression_padded (fixed-size output)",
-    "NonMaxSuppressionV2": None,
-    "NonMaxSuppressionV3": None,
-    "NonMaxSuppressionV4": None,
-    "NonMaxSuppressionV5": None,
     "Bincount": "use tf.math.bincount with minlength = maxlength = a constant, or "
     "tf.math.unsorted_segment_sum with a constant num_segments",
-    "DenseBincount": None,
+    "DenseBincount": "use tf.math.bincount with minlength = maxlength = a constant, or "
+    "tf.math.unsorted_segment_sum with a constant num_segments",
     "StringSplit": "split strings in the input function",
-    "StringSplitV2": None,
     "DenseToDenseSetOperation": "tf.sets ops return data-dependent sizes; use masks",
-    "DenseToSparseSetOperation": None,
+    "DenseToSparseSetOperation": "tf.sets ops return data-dependent sizes; use masks",
 }
 GENERIC_DYNAMIC_FIX = (
     "compute it with a fixed size: pad or mask to a static maximum instead of selecting "
@@ -96,18 +85,25 @@ GENERIC_DYNAMIC_FIX = (
 )
 
 
+def data_dependent_fix(op_type: str) -> str:
+    """The fix for one of graph_walk.DATA_DEPENDENT_OPS (a variant: its base op's)."""
+    base = re.sub(r"(V\d+|WithCounts(V\d+)?)$", "", op_type)
+    return (
+        DATA_DEPENDENT_FIXES.get(op_type)
+        or DATA_DEPENDENT_FIXES.get(base)
+        or DATA_DEPENDENT_FIXES.get(base + "Split")
+        or GENERIC_DYNAMIC_FIX
+    )
+
+
 def dynamic_fix(op: tf.Operation, display: str) -> str:
     if "boolean_mask" in display:
         return (
             "replace tf.boolean_mask by multiplying with a 0/1 mask "
             "(x * tf.cast(mask, x.dtype)), keeping the shape"
         )
-    if op.type in DATA_DEPENDENT_FIXES:
-        fix = DATA_DEPENDENT_FIXES[op.type]
-        if fix is None:  # a variant of an op above: the same fix
-            base = re.sub(r"(V\d+|WithCounts(V\d+)?)$", "", op.type)
-            fix = DATA_DEPENDENT_FIXES.get(base) or DATA_DEPENDENT_FIXES.get(base + "Split")
-        return fix or GENERIC_DYNAMIC_FIX
+    if op.type in DATA_DEPENDENT_OPS:
+        return data_dependent_fix(op.type)
     if op.type in ("While", "StatelessWhile"):
         return (
             "keep every tf.while_loop variable the same static shape (no None in "

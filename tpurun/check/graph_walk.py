@@ -3,7 +3,8 @@
 It returns raw findings: (rule, op, display name, detail) for every op that makes
 a tensor shape depend on the data (`dynamic-shape`), writes a summary (`summary`),
 makes float64 (`dtype`) or has no XLA kernel (`xla-unsupported`). What they mean
-and how to fix them is `tpurun.check.fixes`.
+and how to fix them is `tpurun.check.fixes`, which imports this module (never the
+other way round).
 """
 
 from __future__ import annotations
@@ -13,9 +14,37 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tpurun.check.fixes import CONTROL_FLOW_OPS, DATA_DEPENDENT_FIXES
 from tpurun.check.introspection import has_xla_kernel, is_stateful, nested_graphs
 
+# Control-flow ops whose output shapes are those of their branches or loop variables.
+CONTROL_FLOW_OPS = frozenset(
+    {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
+)
+# Ops whose output size depends on the values of their input (`fixes.DATA_DEPENDENT_FIXES`
+# says how to avoid each).
+DATA_DEPENDENT_OPS = frozenset(
+    {
+        "Where",
+        "Unique",
+        "UniqueV2",
+        "UniqueWithCounts",
+        "UniqueWithCountsV2",
+        "ListDiff",
+        "DynamicPartition",
+        "DynamicStitch",
+        "NonMaxSuppression",
+        "NonMaxSuppressionV2",
+        "NonMaxSuppressionV3",
+        "NonMaxSuppressionV4",
+        "NonMaxSuppressionV5",
+        "Bincount",
+        "DenseBincount",
+        "StringSplit",
+        "StringSplitV2",
+        "DenseToDenseSetOperation",
+        "DenseToSparseSetOperation",
+    }
+)
 SUMMARY_OPS = frozenset(
     {
         "WriteSummary",
@@ -145,7 +174,7 @@ class GraphWalker:
                 t.dtype.is_integer and t not in self.constant and t.dtype not in _NO_VALUE_DTYPES
                 for t in ins
             )
-            if op.type in DATA_DEPENDENT_FIXES or data_sized or op.type in CONTROL_FLOW_OPS:
+            if op.type in DATA_DEPENDENT_OPS or data_sized or op.type in CONTROL_FLOW_OPS:
                 if op.type in CONTROL_FLOW_OPS and self._nested_tainted(nested):
                     self.tainted.add(tensor)  # the cause, inside, is reported there
                     continue

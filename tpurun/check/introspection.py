@@ -4,6 +4,8 @@
   TF-backend `name_scope` class), for findings that name the user's layer;
 * Keras's automatic layer-name counters (`KerasNames`), so each of check's builds
   names its layers as a real run does;
+* every layer of a model, nested models and layers kept as attributes of a custom
+  layer included (`all_layers`: Keras's `_flatten_layers`);
 * whether an op type has an XLA kernel (TensorFlow's kernel registry);
 * the function graphs an op calls (a FuncGraph's `_get_function`);
 * XLA's `HloProto` message, in which a compiled step's buffer assignment is read
@@ -58,6 +60,8 @@ def missing() -> list[str]:
         absent.append("Keras's global state (layer-name counters)")
     if _kernels is None or not hasattr(_kernels, "get_registered_kernels_for_op"):
         absent.append("TensorFlow's kernel registry (ops without an XLA kernel)")
+    if not hasattr(keras.layers.Layer, "_flatten_layers"):
+        absent.append("Keras's Layer._flatten_layers (layers inside custom layers)")
     if not hasattr(tf.Graph(), "_get_function"):
         absent.append("Graph._get_function (ops inside nested functions)")
     if getattr(_hlo_pb2, "HloProto", None) is None:
@@ -154,6 +158,28 @@ class KerasNames:
             _global_state.set_global_attribute(
                 self._KEY, collections.defaultdict(int, self._initial)
             )
+
+
+def all_layers(model: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """Every layer of `model` (itself included), nested models and the layers a custom
+    layer keeps as attributes included, each once.
+
+    Keras's own walk (`_flatten_layers`, what `Model.summary` uses) sees the layers a
+    layer tracks; without it, `Model.layers`, recursively, sees those of (nested)
+    models only.
+    """
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=True, recursive=True))
+    found: list[keras.layers.Layer] = []
+    pending = [model]
+    while pending:
+        layer = pending.pop(0)
+        if any(layer is seen for seen in found):
+            continue
+        found.append(layer)
+        pending.extend(getattr(layer, "layers", None) or [])
+    return found
 
 
 # --- Kernels and nested functions -------------------------------------------------------

@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import device_data, inputs, splits
-from tpurun.check import input_rules, xla
+from tpurun.check import input_rules, replica_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
 from tpurun.check.graph_walk import GraphWalker
@@ -66,12 +66,20 @@ class StepChecker:
     """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU replicas).
 
     `replicas`: the replicas the batches are split over, when not the cluster's own
-    (a large TPU slice, traced on fewer logical CPU devices). Whether the run would
+    (a large TPU slice, traced on fewer logical CPU devices); `arrays`: the model's
+    training arrays when the caller read them already. Whether the run would
     train on device data is decided for what `cluster` stands for (its `hosts` and
     `device_kind`), on the traced clusters too.
     """
 
-    def __init__(self, run: RunConfig, cluster: Cluster, model: Model, replicas: int = 0):
+    def __init__(
+        self,
+        run: RunConfig,
+        cluster: Cluster,
+        model: Model,
+        replicas: int = 0,
+        arrays: TrainArrays | None = None,
+    ):
         self.run = run
         self.cluster = cluster
         self.model = model
@@ -90,6 +98,8 @@ class StepChecker:
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
         self._uids = KerasNames()
         self._tf_data_only = False  # device data does not apply (build_device_trainer)
+        if arrays is not None:
+            self.arrays = arrays  # read already (the cached property below, set)
         xla.populate_xla_registry()
 
     def global_batch(self, mode: Mode) -> int:
@@ -274,7 +284,8 @@ class StepChecker:
         self._uids.reset()  # layer names as in a real run, whichever build this is
         return RUNNERS[mode](self.run, cluster, self.model)
 
-    # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel registry).
+    # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel
+    # registry); batch-norm on the train step's model (replica_rules).
     def check_graph(self, mode: Mode, spec: Any, device: bool = False) -> list[Problem]:
         strategy = self.cluster.strategy
         try:
@@ -304,7 +315,12 @@ class StepChecker:
                 writer.close()
         except Exception as e:  # noqa: BLE001 - the user's model: any failure is a finding
             return [trace_failure(self.name, mode, e)]
-        return graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
+        problems = graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
+        if isinstance(built, Trainer):
+            problems += replica_rules.batch_norm_problems(
+                built.keras_model, self.replicas, self.global_batch(mode)
+            )
+        return problems
 
     # Rules: xla-unsupported and xla-compile, from a real XLA compile of one replica's step.
     def check_xla(
