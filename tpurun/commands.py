@@ -294,7 +294,7 @@ def train(
     trainer = Trainer(run, where, model, arrays)
     # What `tpurun check` warns of (rule batch-norm), said once where the run's log begins.
     replicas_differ = check.batch_norm_warning(
-        trainer.keras_model, where.num_replicas, run.train_batch_size
+        trainer.state.models.values(), where.num_replicas, run.train_batch_size
     )
     if replicas_differ:
         logging.warning(replicas_differ)
