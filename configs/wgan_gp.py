@@ -46,6 +46,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.data.eval_files = ""
     config.data.shuffle_buffer = 10_000
     config.data.cycle_length = 4
+    # The training examples an epoch counts (--train_epochs): MNIST's and Fashion-MNIST's
+    # training split (TFRecords do not say how many they hold; set it for other data).
+    config.data.train_examples = 60_000
 
     config.noise_dim = 64
     config.generator_base = 64  # the dense layer's 4x4 channels
@@ -76,7 +79,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.generator_filters = (128, 64)
         config.critic_filters = (64, 128, 256, 512)
         config.train.batch_size = 512
-        config.train.steps = 2350  # 20 epochs of 60,000 images
+        config.train.steps = 2350  # 20 epochs of 60,000 images (or --train_epochs=20)
     elif variant:
         raise ValueError(f"unknown variant {variant!r} of the wgan_gp config; use wgan_gp:paper")
     return config

@@ -134,5 +134,6 @@ def test_the_config_generates_1000_images_by_default():
 
     config = config_files.load(config_files.resolve("wgan_gp"))
     assert config.generate.count == 1000
+    assert config.data.train_examples == 60_000  # --train_epochs counts MNIST's training split
     paper = config_files.load(config_files.resolve("wgan_gp:paper"))
     assert (paper.noise_dim, tuple(paper.critic_filters)) == (128, (64, 128, 256, 512))
