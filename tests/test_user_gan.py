@@ -100,13 +100,32 @@ def tpurun(*args: str, cwd: Path):
     return tpurun_in_process(*args, cwd=cwd)
 
 
-def test_1_and_8_replicas_reach_the_same_weights(project, tmp_path):
-    """10 steps, two updates each: the noise is keyed on the example, not the replica."""
-    common = (CONFIG, "--use_tpu=false", "--train_steps=10", "--iterations=5")
-    one, many = tmp_path / "one", tmp_path / "many"
-    assert_ok(tpurun("train", *common, f"--model_dir={one}", cwd=project))
-    assert_ok(tpurun("train", *common, "--num_shards=8", f"--model_dir={many}", cwd=project))
-    a, b = weights(one / "ckpt-10"), weights(many / "ckpt-10")
+# 60 steps of 5 per host loop, a save after each. The reference keeps every checkpoint
+# (ckpt-10 is the 1-replica side of the replica test); the killed runs keep 3, so
+# their saves delete old checkpoints too.
+TRAIN = (CONFIG, "--use_tpu=false", "--iterations=5")
+KILLED = (*TRAIN, "--train_steps=60", "--save_checkpoints_steps=5", "--keep_checkpoint_max=3")
+# A log line: the host loop that ended at a step while a background save is written.
+SAVING = re.compile(r"\] step (\d+)/60 .*  saving ckpt-(\d+)")
+STARTED = re.compile(r"\] Training from step (\d+) to 60")
+
+
+@pytest.fixture(scope="module")
+def reference(project, tmp_path_factory) -> Path:
+    """An uninterrupted 60-step run on one replica, in this process, every checkpoint kept."""
+    model_dir = tmp_path_factory.mktemp("reference")
+    args = (*KILLED[:-1], "--keep_checkpoint_max=20", f"--model_dir={model_dir}")
+    assert_ok(tpurun("train", *args, cwd=project))
+    return model_dir
+
+
+def test_1_and_8_replicas_reach_the_same_weights(project, reference, tmp_path):
+    """10 steps, two updates each: the noise is keyed on the example, not the replica.
+    (The reference's first 10 steps are a 10-step run's: a constant rate, saves apart.)"""
+    many = tmp_path / "many"
+    args = (*TRAIN, "--train_steps=10", "--num_shards=8", f"--model_dir={many}")
+    assert_ok(tpurun("train", *args, cwd=project))
+    a, b = weights(reference / "ckpt-10"), weights(many / "ckpt-10")
     assert a.keys() == b.keys()
     floats = [k for k in a if np.issubdtype(np.asarray(a[k]).dtype, np.floating)]
     worst = max(float(np.max(np.abs(a[k] - b[k]), initial=0.0)) for k in floats)
@@ -120,18 +139,18 @@ def test_1_and_8_replicas_reach_the_same_weights(project, tmp_path):
     assert counts == {k: int(b[k]) for k in counts}
 
 
-KILLED = (CONFIG, "--use_tpu=false", "--train_steps=60", "--iterations=5")
-KILLED += ("--save_checkpoints_steps=5", "--keep_checkpoint_max=3")
-
-
-def test_sigkill_at_random_moments_then_resume_is_bit_identical(project, tmp_path):
-    reference = tmp_path / "reference"
-    assert_ok(tpurun("train", *KILLED, f"--model_dir={reference}", cwd=project))
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(project, reference, tmp_path):
+    """Two runs killed at random steps while a save is being written in the background
+    (the default, async_checkpoint; each write slowed by 2 x 0.1 s by tests/slow_saves.py,
+    so one is always in flight), at a random moment of it; then the resume, in this
+    process, ends with the reference's weights, bit for bit."""
     model_dir = tmp_path / "killed"
     rng = random.Random(31)
+    killed_at, starts = [], []
     for target in sorted(rng.sample(range(10, 50, 5), 2)):
         process = subprocess.Popen(
-            [sys.executable, "-m", "tpurun", "train", *KILLED, f"--model_dir={model_dir}"],
+            [sys.executable, str(REPO / "tests" / "slow_saves.py"), "0.1", "train", *KILLED]
+            + [f"--model_dir={model_dir}"],
             cwd=project,
             env={**os.environ, **OFFLINE_ENV},
             stdout=subprocess.DEVNULL,
@@ -143,15 +162,26 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(project, tmp_pat
         lines = []
         for line in process.stderr:
             lines.append(line)
-            if re.search(rf"\] step {target}/60 ", line):
-                time.sleep(rng.uniform(0.0, 0.02))
+            if started := STARTED.search(line):
+                starts.append(int(started.group(1)))
+            saving = SAVING.search(line)
+            if saving and int(saving.group(1)) >= target:
+                killed_at.append(int(saving.group(1)))
+                time.sleep(rng.uniform(0.0, 0.2))  # in the save's tensors, merge or state
                 process.send_signal(signal.SIGKILL)  # the tpurun process itself
                 break
         assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
         assert not group_survivors(process), "the killed trainer left a process behind"
     resumed = assert_ok(tpurun("train", *KILLED, f"--model_dir={model_dir}", cwd=project))
     assert "Resuming from" in resumed.stderr
+    starts.append(int(STARTED.search(resumed.stderr).group(1)))
+    # Each attempt started at most two saves behind the loop the one before it was
+    # killed after: the save in flight is lost, the one before it was whole.
+    assert starts[0] == 0 and len(killed_at) == 2, (killed_at, starts)
+    for killed, start in zip(killed_at, starts[1:], strict=True):
+        assert killed - 10 <= start, (killed_at, starts)
     assert_bit_identical(model_dir / "ckpt-60", reference / "ckpt-60")
+    assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
 
 
 def test_mixed_bfloat16_trains_and_exports_float32_with_the_generators_averages(project, tmp_path):
