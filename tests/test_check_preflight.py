@@ -273,7 +273,7 @@ def test_a_host_loop_of_steps_needs_what_one_step_needs():
 
     def host_loop(*batch):
         def body(i, total):
-            return i + 1, total + runner.replica_step(*batch)
+            return i + 1, total + runner.replica_step(*batch)["loss"]
 
         return tf.while_loop(lambda i, _: i < 50, body, [tf.constant(0), tf.constant(0.0)])[1]
 
@@ -295,4 +295,6 @@ def test_the_estimated_step_is_the_trainers_with_its_optimizer():
 
 
 def test_seed_configs_are_the_shipped_ones():
-    assert set(SEED_CONFIGS) == set(config_files.builtin_names())
+    # wgan_gp is no seed config: a model with its own step is sized on a v5e-8 in
+    # tests/test_user_gan.py (an 8-replica trace of the WGAN-GP's step takes minutes).
+    assert set(SEED_CONFIGS) == set(config_files.builtin_names()) - {"wgan_gp"}
