@@ -96,7 +96,8 @@ def shown_commands(path: Path, markdown: str | None = None) -> list[ShownCommand
                     commands.append(ShownCommand(f"{name}:{line}", text, inline=False))
     for match in _CODE_SPAN.finditer(prose):
         text = " ".join(match.group(2).split())
-        if text.startswith("tpurun "):
+        # A command, not what one prints (`tpurun train: error: ...`).
+        if text.startswith("tpurun ") and not re.match(r"tpurun \S+:(\s|$)", text):
             line = prose.count("\n", 0, match.start()) + 1
             commands.append(ShownCommand(f"{name}:{line}", text, inline=True))
     return commands

@@ -26,6 +26,11 @@ from tpurun.model import Mode
 from tpurun.run_config import RunConfig, merge_flags
 
 SEED_CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "flops")
+# Seed configs sized in bfloat16 activations, not as shipped (float32): their check is the
+# costliest of the suite's, and test_recipes would otherwise run it again in bfloat16.
+BFLOAT16_CHECKED = {
+    name: ("--precision=mixed_bfloat16",) for name in ("fashion_mnist", "shakespeare")
+}
 _RUNS: dict[tuple[str, ...], tuple[subprocess.CompletedProcess, dict | None, float, list[str]]] = {}
 
 
@@ -84,8 +89,13 @@ def describe(result: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("config", SEED_CONFIGS)
 def test_every_seed_config_is_sized_on_a_v5e_8(checked, config, record_property):
     """Every shipped config passes check on 8 replicas (as far as a trace and an XLA compile
-    can tell: warnings allowed) and each of its steps fits a v5e-8's replica."""
-    result, data, seconds = checked(config, "--target=v5e-8")
+    can tell: warnings allowed) and each of its steps fits a v5e-8's replica.
+
+    The CNN and the LSTM in bfloat16 activations, the precision a TPU run wants (mnist's
+    config is in it already): one check of each covers both their sizing and that
+    bfloat16 keeps their steps TPU-clean (test_recipes checks iris and flops in it)."""
+    flags = ("--target=v5e-8", *BFLOAT16_CHECKED.get(config, ()))
+    result, data, seconds = checked(config, *flags)
     record_property("seconds", round(seconds, 1))
     assert result.returncode == 0, describe(result)
     assert result.stdout.startswith(
@@ -93,7 +103,7 @@ def test_every_seed_config_is_sized_on_a_v5e_8(checked, config, record_property)
     ), describe(result)
     assert f"tpurun check: clean: the train, eval and predict steps of {config}" in result.stdout
     assert "error" not in "\n".join(findings(result)).lower()
-    assert written(config, "--target=v5e-8") == [], "check writes only the report asked for"
+    assert written(config, *flags) == [], "check writes only the report asked for"
     assert "each step fits a replica's 16 GB" in result.stdout
     assert data["target"] == "v5litepod-8" and data["replicas"] == 8
     assert {"train", "eval"} <= set(data["steps"])
@@ -263,7 +273,7 @@ def test_a_host_loop_of_steps_needs_what_one_step_needs():
 
     def host_loop(*batch):
         def body(i, total):
-            return i + 1, total + runner.replica_step(*batch)
+            return i + 1, total + runner.replica_step(*batch)["loss"]
 
         return tf.while_loop(lambda i, _: i < 50, body, [tf.constant(0), tf.constant(0.0)])[1]
 
@@ -285,4 +295,6 @@ def test_the_estimated_step_is_the_trainers_with_its_optimizer():
 
 
 def test_seed_configs_are_the_shipped_ones():
-    assert set(SEED_CONFIGS) == set(config_files.builtin_names())
+    # wgan_gp is no seed config: a model with its own step is sized on a v5e-8 in
+    # tests/test_user_gan.py (an 8-replica trace of the WGAN-GP's step takes minutes).
+    assert set(SEED_CONFIGS) == set(config_files.builtin_names()) - {"wgan_gp"}

@@ -46,7 +46,7 @@ class FakeTrainer:
         self.model = self.keras_model = None  # used only by a warm start
         self.bad_loss, self.bad_weights, self.on_loop = bad_loss, bad_weights, on_loop
 
-    def fresh_checkpoint(self) -> tf.train.Checkpoint:
+    def fresh_checkpoint(self, present=None) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(steps=self.steps)
 
     @property
@@ -56,8 +56,8 @@ class FakeTrainer:
     def start_input(self) -> None:
         self.log.append(("start_input", self.step))
 
-    def keep_configured_learning_rate(self) -> None:
-        self.log.append(("keep_configured_learning_rate", self.step))
+    def restored(self) -> None:
+        self.log.append(("restored", self.step))
 
     def train(self, num_steps: int) -> LoopStats:
         self.steps.assign_add(num_steps)
@@ -273,13 +273,13 @@ def test_a_resumed_run_saves_in_the_loops_that_pass_a_multiple(tmp_path, clock, 
         keep_checkpoint_max=100,
     )  # fmt: skip
     assert saves(first) == [10, 20, 30, 40, 50, 60, 70, 73]
-    assert ("keep_configured_learning_rate", 0) not in first
+    assert ("restored", 0) not in first
     log, trainer = train(
         tmp_path, clock, train_steps=150, iterations=10, save_checkpoints_steps=10,
         keep_checkpoint_max=100,
     )  # fmt: skip
     assert f"Resuming from {tmp_path / 'ckpt-73'} (step 73)." in caplog.messages
-    assert log[0] == ("keep_configured_learning_rate", 73)
+    assert log[0] == ("restored", 73)
     assert ("action.start", 73, 150) in log
     assert saves(log) == [*range(83, 150, 10), 150]
     assert trainer.step == 150
@@ -291,7 +291,7 @@ def test_already_at_the_last_step_does_nothing(tmp_path, clock, caplog):
     (tmp_path / "train_config.json").unlink()
     log, _ = train(tmp_path, clock, train_steps=20, iterations=10)
     assert "Already at step 20 of --train_steps=20: nothing to train." in caplog.messages
-    assert log == [("keep_configured_learning_rate", 20)]  # no action started, no input
+    assert log == [("restored", 20)]  # no action started, no input
     assert not (tmp_path / "train_config.json").exists()
 
 

@@ -124,6 +124,80 @@ def test_build_keras_model_returns_a_built_model():
     assert isinstance(model_lib.build_keras_model(model), keras.Model)
 
 
+def test_several_models_need_a_serving_one():
+    model = Tiny(config())
+    model.built = lambda: {"generator": functional(), "critic": functional()}
+    with pytest.raises(
+        RunError, match="returned the models generator, critic; set Tiny.serving_model"
+    ):
+        model_lib.build_models(model)
+    model.serving_model = "generator"
+    models = model_lib.build_models(model)
+    assert list(models) == ["generator", "critic"]
+    assert model_lib.build_keras_model(model) is not models["generator"]  # built anew
+
+
+class OwnStep(Tiny):
+    """A model with its own train_step and no loss."""
+
+    serving_model = "generator"
+    loss = Model.loss
+
+    def train_step(self, step, features, labels):
+        return {"d_loss": tf.constant(0.0)}
+
+
+def named_optimizers(**train) -> ml_collections.FrozenConfigDict:
+    base = config_defaults.base_config(model="tiny")
+    for name in ("generator", "critic"):
+        base.optimizers[name] = config_defaults.optimizer_recipe()
+    base.train.update(train)
+    return ml_collections.FrozenConfigDict(base)
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (OwnStep(named_optimizers()), "defines no loss(labels, outputs) nor an eval_step"),
+        (
+            type("NoLoss", (Tiny,), {"loss": Model.loss})(config()),
+            "NoLoss defines no loss(labels, outputs), which its training step needs",
+        ),
+        (
+            type("Eval", (OwnStep,), {"eval_step": lambda self, m, f, y: (y, f, f)})(
+                named_optimizers(accumulate_steps=2)
+            ),
+            "accumulate_steps=2: Eval has a train_step of its own",
+        ),
+        (
+            type("Eval", (OwnStep,), {"eval_step": lambda self, m, f, y: (y, f, f)})(
+                config(train={**config().train.to_dict(), "ema_decay": 0.9})
+            ),
+            None,
+        ),
+    ],
+    ids=["no_eval_step", "no_loss", "accumulation", "ema_with_config_optimizer"],
+)
+def test_what_a_model_cannot_do_with_its_config_is_one_line(model, message):
+    if message is None:
+        model_lib.check_model_config(model)
+        return
+    with pytest.raises(UsageError) as raised:
+        model_lib.check_model_config(model)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_ema_of_named_optimizers_needs_one_for_the_serving_model():
+    base = config_defaults.base_config(model="tiny")
+    base.optimizers.critic = config_defaults.optimizer_recipe()
+    base.train.ema_decay = 0.9
+    model = type("Gan", (OwnStep,), {"eval_step": lambda self, m, f, y: (y, f, f)})(
+        ml_collections.FrozenConfigDict(base)
+    )
+    with pytest.raises(UsageError, match="add config.optimizers.generator, or ema_decay=0"):
+        model_lib.check_model_config(model)
+
+
 @pytest.mark.parametrize(
     "built",
     [lambda: keras.Sequential([keras.layers.Dense(3)]), lambda: "a string", lambda: None],

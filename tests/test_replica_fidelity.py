@@ -193,3 +193,24 @@ def test_many_layers_are_counted_past_six_and_one_replica_says_nothing():
     assert "--batch_size=512: 64 per replica" in problem.fix  # already 32: twice as many
     assert replica_rules.batch_norm_problems(model, replicas=1, global_batch=256) == []
     assert replica_rules.batch_norm_warning(model, replicas=1, global_batch=256) is None
+
+
+def test_every_model_a_step_trains_is_looked_at():
+    """A GAN's step trains two models: a critic's BatchNorm counts, not only the served
+    generator's (train and check pass the TrainState's models)."""
+    import keras
+
+    from tpurun.check import replica_rules
+
+    shared = keras.layers.Dense(3, name="shared")
+    generator = keras.Sequential(
+        [keras.Input((2,)), shared, keras.layers.BatchNormalization(synchronized=True)],
+        name="generator",
+    )
+    critic = keras.Sequential(
+        [keras.Input((2,)), shared, keras.layers.BatchNormalization(name="norm")], name="critic"
+    )
+    assert replica_rules.unsynchronized_batch_norms(generator) == []
+    assert replica_rules.unsynchronized_batch_norms([generator, critic]) == ["critic/norm"]
+    warning = replica_rules.batch_norm_warning({"g": generator, "c": critic}.values(), 8, 64)
+    assert warning is not None and "1 BatchNormalization layer (critic/norm)" in warning

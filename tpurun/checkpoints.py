@@ -28,6 +28,7 @@ from google.protobuf import text_format
 
 from tpurun import optimization, records, storage, tf_internals, train_config
 from tpurun.errors import RunError
+from tpurun.model import OPTIMIZER, Model
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
 
@@ -296,16 +297,17 @@ def files_of(path: str) -> list[str]:
 
 
 def restore_newest_intact(
-    make_checkpoint: Callable[[], tf.train.Checkpoint], run: RunConfig, is_chief: bool
+    make_checkpoint: Callable[..., tf.train.Checkpoint], run: RunConfig, is_chief: bool
 ) -> str | None:
     """Restores the newest checkpoint that reads back whole; returns its path (None: none).
 
     A damaged checkpoint (the tensors do not read back, or do not match the
     model) is moved to model_dir/damaged/ by the chief, and the one before it is
     tried, so a run always resumes from the last complete checkpoint.
-    `make_checkpoint()` gives a fresh checkpoint object over the run's model and
-    optimizer for each attempt: a failed read leaves restorations queued on its
-    object (the save counter's, read at the next save), which must not outlive it.
+    `make_checkpoint(present)` gives a fresh checkpoint object over what the run owns
+    for each attempt, with the parts the file has (`_read_whole`): a failed read
+    leaves restorations queued on its object (the save counter's, read at the next
+    save), which must not outlive it.
     """
     model_dir = run.model_dir
     if is_chief:
@@ -317,7 +319,7 @@ def restore_newest_intact(
     reasons: list[str] = []
     for path in found:
         try:
-            _read_whole(make_checkpoint(), path)
+            _read_whole(make_checkpoint, path)
         except NOT_DAMAGE as e:
             # The storage failed, not the file: moving a good checkpoint aside and
             # resuming from an older one would silently throw away steps.
@@ -347,20 +349,19 @@ def restore_newest_intact(
     return None
 
 
-def _read_whole(checkpoint: tf.train.Checkpoint, path: str) -> None:
-    """Restores every object of `checkpoint` from `path`, or raises.
+def _read_whole(make_checkpoint: Callable[..., tf.train.Checkpoint], path: str) -> None:
+    """Restores every object of the checkpoint `make_checkpoint(present)` gives from `path`,
+    or raises.
 
-    A checkpoint of tpurun before 0.2 has no `model_variables` list (which also
-    saves Keras's random-number states): it restores the model and optimizer only.
+    `present` names the parts the file has (its keys' first components): one written
+    before a part existed (`model_variables` before tpurun 0.2, `step` before 0.3),
+    or without one (`loss_scale` when not trained in float16), restores without it.
     """
     # The reader of the prefix itself: tf.train.list_variables first asks whether the
     # path is a directory, which ram:// answers yes for any prefix of a file name.
     keys = set(tf.compat.v1.train.NewCheckpointReader(path).get_variable_to_shape_map())
-    if hasattr(checkpoint, "model_variables") and not any(
-        key.startswith("model_variables/") for key in keys
-    ):
-        checkpoint = tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer)
-    checkpoint.read(path).assert_existing_objects_matched()
+    present = {key.split("/", 1)[0] for key in keys}
+    make_checkpoint(present).read(path).assert_existing_objects_matched()
 
 
 def _move_aside(path: str, model_dir: str) -> None:
@@ -393,34 +394,51 @@ class CheckpointGone(RunError):
     """The checkpoint's files disappeared before it was read (deleted by keep_checkpoint_max)."""
 
 
-def averages_of(keras_model: keras.Model, config: Any) -> optimization.MovingAverages | None:
+def averages_of(
+    model: Model, models: dict[str, keras.Model], config: Any
+) -> optimization.MovingAverages | None:
     """What eval, predict and export read besides the weights: the moving averages when the
     config keeps them (config.train.ema_decay), said in the command's first line; else None.
-    Call it in the strategy scope the model was built in."""
+
+    They average the serving model's weights, kept by its optimizer: config.optimizer's,
+    or the one of config.optimizers named after the serving model. Call it in the
+    strategy scope `models` (`build_models`) were built in.
+    """
     if not config.train.ema_decay:
         return None
+    name = model.serving_model if config.get("optimizers") else None
     logging.info(
-        "Using the moving averages of the weights (config.train.ema_decay=%g), not the raw "
+        "Using the moving averages of the weights%s (config.train.ema_decay=%g), not the raw "
         "weights.",
+        f" of {model.serving_model}" if len(models) > 1 else "",
         config.train.ema_decay,
     )
-    return optimization.MovingAverages(keras_model, config)
+    variables = model.optimized_variables(models)[name or OPTIMIZER]
+    return optimization.MovingAverages(variables, config, name)
 
 
 def restore_weights(
-    keras_model: keras.Model, path: str, averages: optimization.MovingAverages | None
+    models: dict[str, keras.Model], path: str, averages: optimization.MovingAverages | None
 ) -> None:
     """The weights eval, predict and export use (`averages_of`): the moving averages or the
-    trained weights."""
-    restore_model(keras_model, path)
+    trained weights, of `models` (`build_models`: one, or several by name)."""
+    if len(models) == 1:
+        restore_model(next(iter(models.values())), path)
+    else:
+        _restore(tf.train.Checkpoint(models=models), path)
     if averages is not None:
         averages.load(path)
 
 
 def restore_model(keras_model: keras.Model, path: str) -> None:
-    """Loads the model's weights (not the optimizer's) from a training checkpoint."""
+    """Loads the model's weights (not the optimizer's) from a training checkpoint (the
+    serving model's, with several)."""
+    _restore(tf.train.Checkpoint(model=keras_model), path)
+
+
+def _restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
     try:
-        status = tf.train.Checkpoint(model=keras_model).read(path)
+        status = checkpoint.read(path)
     except tf.errors.NotFoundError as e:
         raise CheckpointGone(f"checkpoint {path} is gone ({one_line(e, 200)})") from None
     try:

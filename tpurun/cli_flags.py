@@ -195,8 +195,9 @@ INPUT = flags.DEFINE_string(
 OUTPUT = flags.DEFINE_string(
     "output",
     None,
-    "predict: write one JSON line per input row here instead of printing. "
-    "Config key predict.output.",
+    "predict: write the predictions here instead of printing: one JSON line per input row, "
+    "or by the extension .npz (an array per prediction) or .png (a grid of the predicted "
+    "images, e.g. a generator's samples). Config key predict.output.",
 )
 PROMPT = flags.DEFINE_string(
     "prompt",

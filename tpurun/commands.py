@@ -42,7 +42,7 @@ from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
-from tpurun.predict import Predictor
+from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import one_line, op_error_line
 from tpurun.train import Trainer
@@ -90,6 +90,7 @@ def _run(run: RunConfig) -> None:
             if where.is_tpu and run.config.precision == "mixed_float16":
                 raise UsageError(FLOAT16_ON_TPU)
         model = model_lib.create(run.config)
+        model_lib.check_model_config(model)  # before the record: a config it cannot run
         if run.command in ("train", "eval"):
             splits.resolve(type(model), run.config)  # a bad split name fails before the record
         run, arrays = count_examples(run, model)
@@ -293,7 +294,7 @@ def train(
     trainer = Trainer(run, where, model, arrays)
     # What `tpurun check` warns of (rule batch-norm), said once where the run's log begins.
     replicas_differ = check.batch_norm_warning(
-        trainer.keras_model, where.num_replicas, run.train_batch_size
+        trainer.state.models.values(), where.num_replicas, run.train_batch_size
     )
     if replicas_differ:
         logging.warning(replicas_differ)
@@ -370,8 +371,7 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
         storage.require_bucket(output, "--output")  # before predicting, not after
     rows = list(Predictor(run, where, model).predict(chosen_checkpoint(run)))
     if output:
-        storage.write_atomically(output, "".join(model_lib.json_line(row) + "\n" for row in rows))
-        print(f"wrote {len(rows)} predictions to {output}")
+        print(write_rows(output, rows))  # JSON lines, .npz or a .png grid, by its extension
         return
     for line in model.format_predictions(rows):
         print(line)

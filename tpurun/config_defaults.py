@@ -26,46 +26,14 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.precision = "float32"
 
     # The training recipe, built into a Keras optimizer by tpurun/optimization.py and
-    # checked by tpurun/optimization_config.py. Every default below leaves it off.
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "adam"  # a keras.optimizers class: adam, adamw, sgd, rmsprop, ...
-    config.optimizer.learning_rate = 0.001
-    # Linear scaling with the global batch, 0 = off: the rate is learning_rate x
-    # train.batch_size / base_batch_size, computed when the optimizer is built, from
-    # the final batch size, so --batch_size keeps it right.
-    config.optimizer.base_batch_size = 0
-    # The rate over the steps, a function of the optimizer's step (so a resumed run
-    # continues on the curve): constant | exponential | piecewise | cosine | linear.
-    config.optimizer.schedule = "constant"
-    # Linear from 0 to the schedule's rate at step warmup_steps, then the schedule;
-    # 0 = none. The decay keeps counting from step 0 (it is not shifted by the warmup).
-    config.optimizer.warmup_steps = 0
-    # exponential: rate x decay_rate^(step / decay_steps), as TF1's
-    # tf.train.exponential_decay; staircase: the exponent in whole numbers.
-    config.optimizer.decay_steps = 0
-    config.optimizer.decay_rate = 0.0
-    config.optimizer.staircase = False
-    # piecewise: rate x multipliers[i] while boundaries[i-1] < steps done <= boundaries[i],
-    # as TF1's piecewise_constant; one more multiplier than boundaries. (Not `values`,
-    # TF1's name: `config.optimizer.values` would be the ConfigDict.values method.)
-    config.optimizer.boundaries = ()
-    config.optimizer.multipliers = ()
-    config.optimizer.alpha = 0.0  # cosine: to alpha x rate at train.steps (0 = to zero)
-    config.optimizer.end_learning_rate = 0.0  # linear: the rate (not a factor) at train.steps
-    config.optimizer.momentum = 0.0  # sgd and rmsprop only; 0 = none
-    config.optimizer.nesterov = False  # sgd only, with momentum > 0
-    # Decoupled weight decay (Keras' weight_decay): every step each decayed variable is
-    # multiplied by (1 - rate x weight_decay), apart from the gradient. 0 = none.
-    config.optimizer.weight_decay = 0.0
-    # Variables NOT decayed: a regex searched in each Keras variable path
-    # ("dense/bias", "batch_normalization/gamma"); default: biases and the scales and
-    # offsets of normalization layers, matched as the last part of the path.
-    config.optimizer.weight_decay_exclude = r"(^|/)(bias|beta|gamma|scale|offset)(:0)?$"
-    # Clip the gradients to this global norm, 0 = off. The norm is that of the gradients
-    # summed over the replicas (the whole batch's), so 1 and 8 replicas clip alike.
-    config.optimizer.clip_norm = 0.0
-    # Any other key added here is passed to the Keras optimizer (e.g. beta_1 for adam);
-    # one its constructor does not take is an error.
+    # checked by tpurun/optimization_config.py (`optimizer_recipe` has its keys).
+    config.optimizer = optimizer_recipe()
+    # Named optimizers, for a model whose own train_step updates several parts with
+    # optimizers of their own (a GAN's generator and critic): each a whole recipe,
+    # `config.optimizers.critic = optimizer_recipe(learning_rate=2e-4, beta_1=0.5)`,
+    # over the variables the model gives it (by default, those of its model of the
+    # same name). With any, config.optimizer stays at its defaults.
+    config.optimizers = ml_collections.ConfigDict()
 
     config.train = ml_collections.ConfigDict()
     config.train.batch_size = 128  # global: split evenly across replicas
@@ -140,5 +108,53 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.predict = ml_collections.ConfigDict()
     config.predict.batch_size = 128  # global
     config.predict.input = ""  # a file of rows to predict; "" = the model's own examples
-    config.predict.output = ""  # JSON lines; "" = print to stdout
+    # JSON lines, or by the extension .npz (arrays) or .png (a grid of images); "" = stdout
+    config.predict.output = ""
     return config
+
+
+def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
+    """One optimizer's recipe, `config.optimizer` (or a `config.optimizers.<name>`): every key
+    at its default (which leaves it off), then `keys`, e.g. beta_1=0.5 for adam."""
+    recipe = ml_collections.ConfigDict()
+    recipe.name = "adam"  # a keras.optimizers class: adam, adamw, sgd, rmsprop, ...
+    recipe.learning_rate = 0.001
+    # Linear scaling with the global batch, 0 = off: the rate is learning_rate x
+    # train.batch_size / base_batch_size, computed when the optimizer is built, from
+    # the final batch size, so --batch_size keeps it right.
+    recipe.base_batch_size = 0
+    # The rate over the steps, a function of the optimizer's step (so a resumed run
+    # continues on the curve): constant | exponential | piecewise | cosine | linear.
+    recipe.schedule = "constant"
+    # Linear from 0 to the schedule's rate at step warmup_steps, then the schedule;
+    # 0 = none. The decay keeps counting from step 0 (it is not shifted by the warmup).
+    recipe.warmup_steps = 0
+    # exponential: rate x decay_rate^(step / decay_steps), as TF1's
+    # tf.train.exponential_decay; staircase: the exponent in whole numbers.
+    recipe.decay_steps = 0
+    recipe.decay_rate = 0.0
+    recipe.staircase = False
+    # piecewise: rate x multipliers[i] while boundaries[i-1] < steps done <= boundaries[i],
+    # as TF1's piecewise_constant; one more multiplier than boundaries. (Not `values`,
+    # TF1's name: `config.optimizer.values` would be the ConfigDict.values method.)
+    recipe.boundaries = ()
+    recipe.multipliers = ()
+    recipe.alpha = 0.0  # cosine: to alpha x rate at train.steps (0 = to zero)
+    recipe.end_learning_rate = 0.0  # linear: the rate (not a factor) at train.steps
+    recipe.momentum = 0.0  # sgd and rmsprop only; 0 = none
+    recipe.nesterov = False  # sgd only, with momentum > 0
+    # Decoupled weight decay (Keras' weight_decay): every step each decayed variable is
+    # multiplied by (1 - rate x weight_decay), apart from the gradient. 0 = none.
+    recipe.weight_decay = 0.0
+    # Variables NOT decayed: a regex searched in each Keras variable path
+    # ("dense/bias", "batch_normalization/gamma"); default: biases and the scales and
+    # offsets of normalization layers, matched as the last part of the path.
+    recipe.weight_decay_exclude = r"(^|/)(bias|beta|gamma|scale|offset)(:0)?$"
+    # Clip the gradients to this global norm, 0 = off. The norm is that of the gradients
+    # summed over the replicas (the whole batch's), so 1 and 8 replicas clip alike.
+    recipe.clip_norm = 0.0
+    # Any other key added here is passed to the Keras optimizer (e.g. beta_1 for adam);
+    # one its constructor does not take is an error.
+    for key, value in keys.items():
+        recipe[key] = value
+    return recipe

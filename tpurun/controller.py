@@ -147,8 +147,8 @@ class Controller:
             if run.config.train.warm_start_from:
                 warm_start(trainer.model, trainer.keras_model, run)
         else:
+            trainer.restored()
             logging.info("Resuming from %s (step %d).", path, trainer.step)
-            trainer.keep_configured_learning_rate()
         self._check_workers_agree_on_step()
 
     def _check_workers_agree_on_step(self) -> None:
@@ -228,19 +228,24 @@ class Controller:
     def _stop_unless_finite(self, stats: LoopStats, save: SaveCheckpoint) -> None:
         """Nothing after the last good checkpoint is saved: it stays the latest (a save
         still being written is finished first)."""
-        if math.isfinite(stats.loss) and stats.weights_finite:
+        bad = {name: v for name, v in stats.named_scalars().items() if not math.isfinite(v)}
+        if not bad and stats.weights_finite:
             return
         self._saved(save, save.wait())
-        what = (
-            f"the loss became {stats.loss}"
-            if not math.isfinite(stats.loss)
-            else "a weight became NaN or Inf"
-        )
+        if not bad:
+            what = "a weight became NaN or Inf"
+        elif list(bad) == ["loss"]:
+            what = f"the loss became {bad['loss']}"
+        else:
+            what = " and ".join(f"{name} became {value}" for name, value in bad.items())
         latest = checkpoints.latest(self.run.model_dir) or "none (nothing was saved)"
+        named = self.run.config.get("optimizers")
+        rate = (
+            "config.optimizers.<name>.learning_rate" if named else "config.optimizer.learning_rate"
+        )
         raise RunError(
             f"{what} between steps {stats.step - stats.num_steps + 1} and {stats.step}; "
-            f"the latest checkpoint is still {latest}; "
-            "lower config.optimizer.learning_rate or look for NaN/Inf in the data"
+            f"the latest checkpoint is still {latest}; lower {rate} or look for NaN/Inf in the data"
         )
 
     def _agree(self, save_now: bool, stop_now: bool) -> tuple[bool, bool]:

@@ -8,12 +8,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, inputs, precision
+from tpurun import checkpoints, inputs
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import RunError
 from tpurun.eval_results import eval_metrics
-from tpurun.model import Mode, Model, build_keras_model
+from tpurun.model import Mode, Model, build_models
 from tpurun.run_config import RunConfig
+from tpurun.training_step.state import unique
 
 
 class Evaluator:
@@ -29,18 +30,25 @@ class Evaluator:
         self.num_workers = cluster.num_workers
         self.model = model
         with self.strategy.scope():
-            self.keras_model = build_keras_model(model)
-            self._averages = checkpoints.averages_of(self.keras_model, run.config)
+            self.models = build_models(model)
+            self.keras_model = self.models[model.serving_model]
+            self._averages = checkpoints.averages_of(model, self.models, run.config)
         self.metrics = eval_metrics(model)
         self.num_examples = keras.metrics.Sum()
         self._loop = tf.function(self._host_loop)
         # A cross-worker all-reduce of nothing: returns once every worker called it.
         self._barrier = tf.function(lambda: replica_sum(self.strategy, tf.constant([1])))
 
+    @property
+    def weights(self) -> list:
+        """Every variable of every model (non-trainable ones too)."""
+        return unique([v for m in self.models.values() for v in m.variables])
+
     def replica_step(self, features, labels, mask):
-        """One replica's eval step: what the host-side metrics need of its padded batch."""
-        outputs = precision.float32(self.keras_model(features, training=False))
-        return labels, outputs, mask, self.model.loss(labels, outputs)
+        """One replica's eval step (the model's `eval_step`): what the host-side metrics need
+        of its padded batch."""
+        labels, outputs, loss = self.model.eval_step(self.models, features, labels)
+        return labels, outputs, mask, loss
 
     def _host_loop(self, iterator, max_steps: tf.Tensor) -> tf.Tensor:
         """Runs up to max_steps eval steps; returns how many ran (fewer at the end of data)."""
@@ -90,7 +98,7 @@ class Evaluator:
             # Every worker reads the chief's files: in train --eval_every the others
             # may finish their part of the save before the chief has written its.
             self._barrier()
-        checkpoints.restore_weights(self.keras_model, checkpoint_path, self._averages)
+        checkpoints.restore_weights(self.models, checkpoint_path, self._averages)
         for metric in (*self.metrics.values(), self.num_examples):
             metric.reset_state()
         limit = self.run.config.eval.steps

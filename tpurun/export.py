@@ -14,7 +14,7 @@ from absl import logging
 
 from tpurun import checkpoints, precision, storage
 from tpurun.errors import RunError, UsageError
-from tpurun.model import InputParams, Mode, Model, build_keras_model
+from tpurun.model import InputParams, Mode, Model, build_models
 from tpurun.run_config import RunConfig
 
 
@@ -65,9 +65,10 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     renamed into place: a failed or killed export leaves no half-written
     SavedModel (a killed one's temporary is removed by the next run).
     """
-    keras_model = build_keras_model(model)  # default strategy: serving has no replicas
-    averages = checkpoints.averages_of(keras_model, run.config)
-    checkpoints.restore_weights(keras_model, checkpoint_path, averages)
+    models = build_models(model)  # default strategy: serving has no replicas
+    keras_model = models[model.serving_model]  # what the signature serves
+    averages = checkpoints.averages_of(model, models, run.config)
+    checkpoints.restore_weights(models, checkpoint_path, averages)
     # keras.export.ExportArchive, not tf.saved_model.save: only it saves Keras 3
     # variables so that TF1-style loaders (saved_model_cli, TF Serving) find them.
     archive = keras.export.ExportArchive()

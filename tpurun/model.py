@@ -12,6 +12,7 @@ A model is a subclass of `Model`, registered by name::
         def loss(self, labels, outputs): ...    # per-example loss, shape [batch]
         def metrics(self): ...                  # {name: keras.metrics.Metric}
         def predictions(self, outputs): ...     # {name: tensor with a batch dimension}
+        def train_step(self, step, features, labels): ...  # optional: a step of its own
 
 and selected by a config whose `model` key names it: `configs/<name>.py`, or a
 config file of your own beside your model (docs/own-model.md).
@@ -62,6 +63,15 @@ What the launcher guarantees, so the model never needs a device branch:
   `serving_input_spec` to accept something else, and `serving_features` to turn
   those inputs into the features (e.g. parse serialized tf.Example strings).
 
+Optional: a training step of its own (a GAN: several models and optimizers,
+alternating updates, a gradient penalty): `build()` returns its models by name,
+`serving_model` names the one predict and export serve, and `train_step(step,
+features, labels)` is one replica's step, written with what `step`
+(`tpurun.training_step.Step`) hands it: named optimizers from
+`config.optimizers.<name>`, global-batch scaling, draws keyed on (seed, step,
+example). The default `train_step` is the supervised step above, written with the
+same `Step`; `eval_step` may replace the default eval (docs/own-step.md).
+
 Optional: a model whose `tpurun predict` is not "one output per input row" (a text
 generator sampling from a prompt, a benchmark) overrides
 `generate(keras_model, strategy)`. `tpurun predict` then restores the latest
@@ -110,8 +120,15 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from tpurun import optimization
+from tpurun import optimization, precision
 from tpurun.errors import RunError, UsageError
+from tpurun.training_step import OPTIMIZER, Step, supervised_step
+from tpurun.training_step import KeyedDropout as KeyedDropout  # for models: the interface
+from tpurun.training_step import KeyedRandom as KeyedRandom
+from tpurun.training_step.state import unique
+
+# The name of the one model of a Model whose build() returns a keras.Model.
+MODEL = "model"
 
 
 class Mode(str, enum.Enum):
@@ -259,6 +276,9 @@ class Model(abc.ABC):
     # one, else the first), `tpurun eval --split=NAME` reports on any. A model that
     # declares nothing has one split, "eval".
     eval_splits: tuple[str, ...] = ("eval",)
+    # Which model of build()'s serves: predict, export, the default eval and warm start
+    # use it (a GAN's generator). One model (a keras.Model from build()) is MODEL.
+    serving_model: str = MODEL
 
     def __init__(self, config: ml_collections.FrozenConfigDict):
         self.config = config
@@ -278,12 +298,49 @@ class Model(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def build(self) -> keras.Model:
-        """The Keras model mapping a batch of features to outputs (e.g. logits)."""
+    def build(self) -> keras.Model | dict[str, keras.Model]:
+        """The Keras model mapping a batch of features to outputs (e.g. logits); or several
+        by name, for a `train_step` of its own (`serving_model` names the one that serves)."""
 
-    @abc.abstractmethod
     def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-        """Per-example loss, shape [batch]."""
+        """Per-example loss, shape [batch]: what the default train and eval steps minimize
+        and report (a model with its own `train_step` and `eval_step` needs none)."""
+        raise RunError(
+            f"{type(self).__name__} defines no loss(labels, outputs): the default train and "
+            "eval steps need one; define it, or train_step and eval_step of its own"
+        )
+
+    def train_step(self, step: Step, features: Any, labels: Any) -> dict[str, tf.Tensor]:
+        """One replica's training step; returns named scalars (each this replica's share).
+
+        Default: the supervised step (`tpurun.training_step.supervised`), {"loss": ...}.
+        """
+        return supervised_step(self.loss, step, features, labels)
+
+    def eval_step(
+        self, models: dict[str, keras.Model], features: Any, labels: Any
+    ) -> tuple[Any, Any, tf.Tensor]:
+        """One replica's eval step: (labels, outputs, per-example loss) of its padded batch,
+        for `metric.update_state(labels, outputs, mask)` and the mean `loss`. Default: the
+        serving model's outputs (float32) and `loss`."""
+        outputs = precision.float32(models[self.serving_model](features, training=False))
+        return labels, outputs, self.loss(labels, outputs)
+
+    def optimized_variables(self, models: dict[str, keras.Model]) -> dict[str, list[Any]]:
+        """The variables each optimizer updates, by optimizer name: with config.optimizer,
+        `optimizer` over every trainable variable; with config.optimizers, each over its
+        model of the same name."""
+        named = list(self.config.get("optimizers") or {})
+        if not named:
+            return {OPTIMIZER: unique([v for m in models.values() for v in m.trainable_variables])}
+        unknown = [name for name in named if name not in models]
+        if unknown:
+            raise UsageError(
+                f"config.optimizers.{unknown[0]}: {type(self).__name__}.build() has no model "
+                f"{unknown[0]!r} (it has {', '.join(models)}); name each optimizer after the "
+                "model it updates, or override optimized_variables to say which variables it does"
+            )
+        return {name: list(models[name].trainable_variables) for name in named}
 
     def metrics(self) -> dict[str, keras.metrics.Metric]:
         """Eval metrics beyond the mean loss, which the launcher always reports."""
@@ -293,9 +350,15 @@ class Model(abc.ABC):
         """Named per-example predictions derived from the model's outputs."""
         return {"outputs": outputs}
 
-    def optimizer(self) -> keras.optimizers.Optimizer:
-        """The optimizer config.optimizer and train.ema_decay describe (tpurun.optimization)."""
-        return optimization.build_optimizer(self.config, self.config.train.batch_size)
+    def optimizer(self, name: str | None = None) -> keras.optimizers.Optimizer:
+        """The optimizer config.optimizer (name None) or config.optimizers.<name> describes
+        (tpurun.optimization). config.train.ema_decay is kept by the optimizer of the
+        serving model's weights: config.optimizer's, or the named one of the serving
+        model's name."""
+        ema = name is None or name == self.serving_model
+        return optimization.build_optimizer(
+            self.config, self.config.train.batch_size, name, ema=ema
+        )
 
     def serving_input_spec(self, predict_spec: Any) -> Any:
         """The exported signature's inputs; by default what input_fn(PREDICT) yields,
@@ -332,15 +395,63 @@ class Model(abc.ABC):
         return None
 
 
-def build_keras_model(model: Model) -> keras.Model:
-    """Calls the model's build() (inside the caller's strategy scope) and checks the result."""
-    keras_model = model.build()
-    if not isinstance(keras_model, keras.Model) or not keras_model.built:
+def build_models(model: Model) -> dict[str, keras.Model]:
+    """Calls the model's build() (inside the caller's strategy scope) and checks the result:
+    its models by name, MODEL for one."""
+    name = type(model).__name__
+    built = model.build()
+    models = dict(built) if isinstance(built, dict) else {MODEL: built}
+    for key, keras_model in models.items():
+        if not isinstance(keras_model, keras.Model) or not keras_model.built:
+            what = (
+                "build() must return"
+                if not isinstance(built, dict)
+                else f"build()[{key!r}] must be"
+            )
+            raise RunError(
+                f"{name}.{what} a built keras.Model (e.g. a functional model starting from "
+                "keras.Input)"
+            )
+    if model.serving_model not in models:
         raise RunError(
-            f"{type(model).__name__}.build() must return a built keras.Model "
-            "(e.g. a functional model starting from keras.Input)"
+            f"{name}.build() returned the models {', '.join(models)}; set {name}.serving_model "
+            "to the one predict and export serve"
         )
-    return keras_model
+    return models
+
+
+def build_keras_model(model: Model) -> keras.Model:
+    """The serving model of `build_models`."""
+    return build_models(model)[model.serving_model]
+
+
+def has_own_train_step(model: Model) -> bool:
+    """Whether the model writes its own training step (not the default supervised one)."""
+    return type(model).train_step is not Model.train_step
+
+
+def check_model_config(model: Model) -> None:
+    """What the model cannot do with its config, as a one-line UsageError before anything
+    is built or written."""
+    name, config, own = type(model).__name__, model.config, has_own_train_step(model)
+    no_loss = type(model).loss is Model.loss
+    if no_loss and not own:
+        raise UsageError(f"{name} defines no loss(labels, outputs), which its training step needs")
+    if no_loss and type(model).eval_step is Model.eval_step:
+        raise UsageError(f"{name} defines no loss(labels, outputs) nor an eval_step of its own")
+    if own and config.train.accumulate_steps > 1:
+        raise UsageError(
+            f"config.train.accumulate_steps={config.train.accumulate_steps}: {name} has a "
+            "train_step of its own, which applies its own updates (accumulation is the default "
+            "step's); set it to 1 and raise --batch_size instead"
+        )
+    named = list(config.get("optimizers") or {})
+    if named and config.train.ema_decay and model.serving_model not in named:
+        raise UsageError(
+            f"config.train.ema_decay averages the serving model {model.serving_model!r}'s "
+            f"weights in its optimizer, and config.optimizers has none of that name "
+            f"({', '.join(named)}); add config.optimizers.{model.serving_model}, or ema_decay=0"
+        )
 
 
 def has_train_arrays(model: Model) -> bool:

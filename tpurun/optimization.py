@@ -33,8 +33,9 @@ What Keras 3 (TensorFlow backend) does under tf.distribute, and what tpurun adds
   `swap_in_ema` (in-process) and `restore_ema_weights` (an evaluator that restores a
   checkpoint) instead.
 * Schedules are Keras LearningRateSchedules, which Keras evaluates at
-  `optimizer.iterations`, the step a checkpoint restores: a resumed run continues on
-  the curve. The schedule itself is not in the checkpoint (only variables are); it is
+  `optimizer.iterations`; `follow_step` makes them follow the run's global step
+  instead (a GAN's critic updates several times per step), the step a checkpoint
+  restores: a resumed run continues on the curve. The schedule itself is not in the checkpoint (only variables are); it is
   rebuilt from the config, which is why checkpoints.py refuses a resume that changes it.
 """
 
@@ -86,9 +87,42 @@ def missing() -> list[str]:
 def learning_rate_at(optimizer: keras.optimizers.Optimizer, step: int) -> float:
     """The rate the optimizer uses for the update after `step` steps (for TensorBoard)."""
     rate = getattr(optimizer, _SCHEDULE, None)
+    if isinstance(rate, StepSchedule):
+        rate = rate.schedule
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         return float(rate(step))
     return float(tf.convert_to_tensor(optimizer.learning_rate))
+
+
+class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule evaluated at the run's global step, not at the optimizer's `iterations`.
+
+    Keras evaluates a schedule at `optimizer.iterations`, the updates that optimizer
+    made: a GAN's critic makes several per step, so its curve would run ahead of the
+    run's. `step` is the Trainer's global step variable (the steps done).
+    """
+
+    def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, step: Any):
+        self.schedule = schedule
+        self.step = step
+
+    def __call__(self, iterations: Any) -> tf.Tensor:
+        return self.schedule(self.step)
+
+    def get_config(self) -> dict[str, Any]:
+        return self.schedule.get_config()
+
+
+def follow_step(optimizer: keras.optimizers.Optimizer, step: Any) -> None:
+    """Makes the optimizer's schedule (if it has one) follow the global step `step`.
+
+    A constant rate stays the variable it is (a resumed run sets it from its config).
+    """
+    rate = getattr(optimizer, _SCHEDULE, None)
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) and not isinstance(
+        rate, StepSchedule
+    ):
+        optimizer.learning_rate = StepSchedule(rate, step)
 
 
 class RecipeOptimizer:
@@ -170,19 +204,21 @@ def optimizer_classes() -> dict[str, type]:
     return classes
 
 
-def _optimizer_class(name: str) -> type:
+def _optimizer_class(name: str, prefix: str = "config.optimizer") -> type:
     classes = optimizer_classes()
     cls = classes.get(name.lower()) or keras.saving.get_registered_object(name)
     if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
         raise UsageError(
-            f"config.optimizer.name={name!r} is not a Keras optimizer; use one of "
+            f"{prefix}.name={name!r} is not a Keras optimizer; use one of "
             f"{', '.join(sorted(classes))} (or a registered Keras optimizer's name)"
         )
     return cls
 
 
-def _constructor_arguments(cls: type, optimizer_config: ml_collections.ConfigDict) -> dict:
-    """The keys of config.optimizer that go to the Keras constructor as they are."""
+def _constructor_arguments(
+    cls: type, optimizer_config: ml_collections.ConfigDict, prefix: str = "config.optimizer"
+) -> dict:
+    """The keys of a recipe (`prefix`, config.optimizer) that go to the Keras constructor."""
     defaults = _recipe_defaults()
     takes = inspect.signature(cls).parameters
     arguments = {}
@@ -192,12 +228,12 @@ def _constructor_arguments(cls: type, optimizer_config: ml_collections.ConfigDic
             continue  # read by build_optimizer; momentum and nesterov only when set
         if key in KERAS_ARGUMENTS_NOT_PASSED:
             raise UsageError(
-                f"config.optimizer.{key}={value!r} is not passed to Keras: "
+                f"{prefix}.{key}={value!r} is not passed to Keras: "
                 f"{KERAS_ARGUMENTS_NOT_PASSED[key]}"
             )
         if key not in takes:
             raise UsageError(
-                f"config.optimizer.{key}={value!r} is not an argument of keras.optimizers."
+                f"{prefix}.{key}={value!r} is not an argument of keras.optimizers."
                 f"{cls.__name__}; remove it (its own arguments: "
                 f"{', '.join(_own_arguments(cls)) or 'none'})"
             )
@@ -216,35 +252,46 @@ def _recipe_defaults() -> dict[str, Any]:
     return dict(base_config(model="").optimizer.to_dict())
 
 
+def recipe_of(config: ml_collections.ConfigDict, name: str | None = None) -> Any:
+    """config.optimizer (name None), or the named recipe config.optimizers.<name>."""
+    return config.optimizer if name is None else config.optimizers[name]
+
+
 def build_optimizer(
-    config: ml_collections.ConfigDict, global_batch_size: int
+    config: ml_collections.ConfigDict,
+    global_batch_size: int,
+    name: str | None = None,
+    ema: bool = True,
 ) -> keras.optimizers.Optimizer:
     """The Keras optimizer of `config` (the run's final config, already validated).
 
     `global_batch_size` is the run's train.batch_size after every flag, for
-    base_batch_size. Create it in the strategy's scope and `build` it on the model's
+    base_batch_size; `name`: a recipe of config.optimizers (None: config.optimizer);
+    `ema`: whether it keeps config.train.ema_decay's moving averages (of the variables
+    it is built on). Create it in the strategy's scope and `build` it on the model's
     trainable variables there (the weight-decay exclusion is resolved then).
     """
-    opt = config.optimizer
-    cls = _optimizer_class(opt.name)
+    opt = recipe_of(config, name)
+    key = "config.optimizer" if name is None else f"config.optimizers.{name}"
+    cls = _optimizer_class(opt.name, key)
     if opt.clip_norm and not hasattr(cls, _ALL_REDUCE_HOOK):
         raise RunError(
-            f"config.optimizer.clip_norm needs Keras' {_ALL_REDUCE_HOOK}, where tpurun clips "
+            f"{key}.clip_norm needs Keras' {_ALL_REDUCE_HOOK}, where tpurun clips "
             f"the summed gradients, and keras {keras.__version__} has none: use the Keras "
             "version TensorFlow 2.20/2.21 installs, or clip_norm=0"
         )
-    ema_decay = config.train.ema_decay
-    arguments = _constructor_arguments(cls, opt)
+    ema_decay = config.train.ema_decay if ema else 0.0
+    arguments = _constructor_arguments(cls, opt, key)
     try:
         optimizer = _with_recipe(cls)(
-            learning_rate=learning_rate(config, global_batch_size),
+            learning_rate=learning_rate(config, global_batch_size, opt),
             weight_decay=opt.weight_decay or None,
             **({"use_ema": True, "ema_momentum": ema_decay} if ema_decay else {}),
             **arguments,
         )
     except (ValueError, TypeError) as e:
         raise UsageError(
-            f"keras.optimizers.{cls.__name__} rejected config.optimizer ({e}); fix the value"
+            f"keras.optimizers.{cls.__name__} rejected {key} ({e}); fix the value"
         ) from None
     optimizer.clip_norm = float(opt.clip_norm)
     optimizer.weight_decay_exclude = opt.weight_decay_exclude
@@ -285,21 +332,34 @@ class MovingAverages:
 
     For an evaluator, predictor or export that restores the model only: the averages
     are optimizer variables, found by their place in an optimizer built from the same
-    config on the same variables. Make it (once) in the strategy scope the model was
-    built in; `load(path)` after each restore of the model.
+    config on the same variables (`variables`, as training built it). `name`: the
+    recipe of config.optimizers that kept them (None: config.optimizer). Make it
+    (once) in the strategy scope the model was built in; `load(path)` after each
+    restore of the model.
     """
 
-    def __init__(self, keras_model: keras.Model, config: ml_collections.ConfigDict):
-        self._optimizer = build_optimizer(config, config.train.batch_size)
-        self._optimizer.build(keras_model.trainable_variables)
+    def __init__(
+        self,
+        variables: Sequence[Any],
+        config: ml_collections.ConfigDict,
+        name: str | None = None,
+    ):
+        self._optimizer = build_optimizer(config, config.train.batch_size, name)
+        self._optimizer.build(list(variables))
+        self._name = name
 
     def load(self, checkpoint_path: str) -> None:
         # The optimizer tracks the model's variables too: this also restores the raw
         # weights. Every variable of this optimizer must be in the checkpoint: one
         # trained without EMA has fewer, and would otherwise fill the averages with
         # Adam's moments (the variables are matched by their place in the list).
+        parts: dict[str, Any] = (
+            {"optimizer": self._optimizer}
+            if self._name is None
+            else {"optimizers": {self._name: self._optimizer}}
+        )
         try:
-            status = tf.train.Checkpoint(optimizer=self._optimizer).read(checkpoint_path)
+            status = tf.train.Checkpoint(**parts).read(checkpoint_path)
             status.expect_partial().assert_existing_objects_matched()
         except (AssertionError, ValueError) as e:
             raise RunError(
@@ -316,4 +376,4 @@ def restore_ema_weights(
 ) -> None:
     """Sets the model's trainable weights to the moving averages of a training checkpoint
     (`MovingAverages`, once)."""
-    MovingAverages(keras_model, config).load(checkpoint_path)
+    MovingAverages(keras_model.trainable_variables, config).load(checkpoint_path)

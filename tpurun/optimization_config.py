@@ -1,4 +1,4 @@
-"""The training-recipe keys of a config (`config.optimizer.*`, `train.ema_decay`) and their checks.
+"""The training-recipe keys of a config (`config.optimizer[s]`, `train.ema_decay`) and their checks.
 
 Pure Python, like run_config, which calls `validate` before TensorFlow is imported:
 a bad value fails in milliseconds with one line naming the key, the value and what
@@ -87,64 +87,111 @@ def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
 
     `train_steps` is the run's final train.steps (the horizon of cosine and linear); None
     while it is not known yet (a run counted in epochs, before its examples are counted).
+    Checks config.optimizer, and each named recipe of config.optimizers; with named
+    ones, config.optimizer must stay at its defaults (it would not be read).
     """
     from tpurun.config_defaults import base_config
 
-    optimizer = config["optimizer"]
     defaults = base_config(model="")["optimizer"]
+    named = config.get("optimizers") or {}
+    if named:
+        _validate_names(named, config["optimizer"], defaults)
+    _validate_recipe(config["optimizer"], "optimizer", defaults, train_steps)
+    for name in named:
+        _validate_recipe(named[name], f"optimizers.{name}", defaults, train_steps)
+    ema_decay = config["train"]["ema_decay"]
+    if not is_number(ema_decay) or not 0 <= ema_decay < 1:
+        raise _fail(
+            "train.ema_decay", ema_decay, "must be a number in [0, 1) (0 = no moving average)"
+        )
+
+
+def _validate_names(
+    named: Mapping[str, Any], optimizer: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> None:
+    """config.optimizers: identifiers, not 'optimizer', whole recipes; config.optimizer unset."""
+    listed = ", ".join(named)
+    for name in named:
+        if not re.fullmatch(r"[A-Za-z_]\w*", name) or name == "optimizer":
+            raise UsageError(
+                f"config.optimizers.{name}: {name!r} is not an optimizer name; use an "
+                "identifier (e.g. critic) other than 'optimizer', which config.optimizer is"
+            )
+        recipe = named[name]
+        missing = [key for key in defaults if not hasattr(recipe, "keys") or key not in recipe]
+        if missing:
+            raise UsageError(
+                f"config.optimizers.{name} has no {', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''}: make it a whole recipe, "
+                "config_defaults.optimizer_recipe(learning_rate=..., ...)"
+            )
+    for key in optimizer.keys():
+        if key not in defaults or optimizer[key] != defaults[key]:
+            raise _fail(
+                f"optimizer.{key}",
+                optimizer[key],
+                f"is not read: config.optimizers names this run's optimizers ({listed}); "
+                f"set config.optimizers.<name>.{key} instead",
+            )
+
+
+def _validate_recipe(
+    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any], train_steps: int | None
+) -> None:
+    """The checks of one recipe; its keys are named `config.<prefix>.<key>`."""
     name = str(optimizer["name"]).lower()
     schedule = optimizer["schedule"]
 
     if schedule not in SCHEDULES:
         raise _fail(
-            "optimizer.schedule", schedule, f"is not a schedule; use one of {', '.join(SCHEDULES)}"
+            f"{prefix}.schedule", schedule, f"is not a schedule; use one of {', '.join(SCHEDULES)}"
         )
     if not is_number(optimizer["learning_rate"]) or optimizer["learning_rate"] < 0:
-        raise _fail("optimizer.learning_rate", optimizer["learning_rate"], "must be a number >= 0")
+        raise _fail(f"{prefix}.learning_rate", optimizer["learning_rate"], "must be a number >= 0")
     if not _is_int(optimizer["base_batch_size"]) or optimizer["base_batch_size"] < 0:
         raise _fail(
-            "optimizer.base_batch_size",
+            f"{prefix}.base_batch_size",
             optimizer["base_batch_size"],
             "must be an integer >= 0 (0 = no scaling with the global batch)",
         )
     warmup = optimizer["warmup_steps"]
     if not _is_int(warmup) or warmup < 0:
-        raise _fail("optimizer.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
+        raise _fail(f"{prefix}.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
     if warmup and train_steps is not None and warmup >= train_steps:
         raise _fail(
-            "optimizer.warmup_steps",
+            f"{prefix}.warmup_steps",
             warmup,
             f"must be less than train.steps={train_steps} (0 = no warmup)",
         )
     for key, owner in SCHEDULE_KEYS.items():
         if owner != schedule and optimizer[key] != defaults[key]:
             raise _fail(
-                f"optimizer.{key}",
+                f"{prefix}.{key}",
                 optimizer[key],
                 f"is a parameter of schedule={owner!r}, not of {schedule!r}; remove it",
             )
-    _validate_schedule(optimizer, schedule)
+    _validate_schedule(optimizer, schedule, prefix)
 
     for key, takers in OPTIMIZER_KEYS.items():
         if optimizer[key] != defaults[key] and name not in takers:
             raise _fail(
-                f"optimizer.{key}",
+                f"{prefix}.{key}",
                 optimizer[key],
                 f"does not apply to {name} (only to {', '.join(takers)}); remove it",
             )
     momentum = optimizer["momentum"]
     if not is_number(momentum) or not 0 <= momentum < 1:
-        raise _fail("optimizer.momentum", momentum, "must be a number in [0, 1) (0 = none)")
+        raise _fail(f"{prefix}.momentum", momentum, "must be a number in [0, 1) (0 = none)")
     if not isinstance(optimizer["nesterov"], bool):
-        raise _fail("optimizer.nesterov", optimizer["nesterov"], "must be true or false")
+        raise _fail(f"{prefix}.nesterov", optimizer["nesterov"], "must be true or false")
     if optimizer["nesterov"] and not momentum:
-        raise _fail("optimizer.nesterov", True, "needs config.optimizer.momentum > 0 (e.g. 0.9)")
+        raise _fail(f"{prefix}.nesterov", True, f"needs config.{prefix}.momentum > 0 (e.g. 0.9)")
     weight_decay = optimizer["weight_decay"]
     if not is_number(weight_decay) or weight_decay < 0:
-        raise _fail("optimizer.weight_decay", weight_decay, "must be a number >= 0 (0 = none)")
+        raise _fail(f"{prefix}.weight_decay", weight_decay, "must be a number >= 0 (0 = none)")
     if name in NEEDS_WEIGHT_DECAY and not weight_decay:
         raise _fail(
-            "optimizer.weight_decay",
+            f"{prefix}.weight_decay",
             weight_decay,
             f"must be > 0 with {name} (Keras' default is 0.004), or use name='adam'",
         )
@@ -152,49 +199,44 @@ def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
     try:
         re.compile(exclude)
     except (re.error, TypeError) as e:
-        raise _fail("optimizer.weight_decay_exclude", exclude, f"is not a regex: {e}") from None
+        raise _fail(f"{prefix}.weight_decay_exclude", exclude, f"is not a regex: {e}") from None
     clip_norm = optimizer["clip_norm"]
     if not is_number(clip_norm) or clip_norm < 0:
-        raise _fail("optimizer.clip_norm", clip_norm, "must be a number >= 0 (0 = no clipping)")
-    ema_decay = config["train"]["ema_decay"]
-    if not is_number(ema_decay) or not 0 <= ema_decay < 1:
-        raise _fail(
-            "train.ema_decay", ema_decay, "must be a number in [0, 1) (0 = no moving average)"
-        )
+        raise _fail(f"{prefix}.clip_norm", clip_norm, "must be a number >= 0 (0 = no clipping)")
     for key in optimizer.keys():
         if key in KERAS_ARGUMENTS_NOT_PASSED:
             raise _fail(
-                f"optimizer.{key}",
+                f"{prefix}.{key}",
                 optimizer[key],
                 f"is not passed to Keras: {KERAS_ARGUMENTS_NOT_PASSED[key]}",
             )
 
 
-def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
+def _validate_schedule(optimizer: Mapping[str, Any], schedule: str, prefix: str) -> None:
     if schedule == "exponential":
         decay_steps, decay_rate = optimizer["decay_steps"], optimizer["decay_rate"]
         if not _is_int(decay_steps) or decay_steps < 1:
             raise _fail(
-                "optimizer.decay_steps",
+                f"{prefix}.decay_steps",
                 decay_steps,
                 "must be an integer >= 1 with schedule='exponential' "
                 "(the rate is multiplied by decay_rate every decay_steps steps)",
             )
         if not is_number(decay_rate) or decay_rate <= 0:
             raise _fail(
-                "optimizer.decay_rate",
+                f"{prefix}.decay_rate",
                 decay_rate,
                 "must be a number > 0 with schedule='exponential' (e.g. 0.94)",
             )
         if not isinstance(optimizer["staircase"], bool):
-            raise _fail("optimizer.staircase", optimizer["staircase"], "must be true or false")
+            raise _fail(f"{prefix}.staircase", optimizer["staircase"], "must be true or false")
     elif schedule == "piecewise":
         boundaries, multipliers = tuple(optimizer["boundaries"]), tuple(optimizer["multipliers"])
         if not all(_is_int(b) and b > 0 for b in boundaries) or any(
             a >= b for a, b in zip(boundaries, boundaries[1:], strict=False)
         ):
             raise _fail(
-                "optimizer.boundaries",
+                f"{prefix}.boundaries",
                 boundaries,
                 "must be increasing step numbers > 0, e.g. (30000, 60000)",
             )
@@ -202,7 +244,7 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
             is_number(m) and m >= 0 for m in multipliers
         ):
             raise _fail(
-                "optimizer.multipliers",
+                f"{prefix}.multipliers",
                 multipliers,
                 f"must be {len(boundaries) + 1} numbers >= 0, one more than the "
                 f"{len(boundaries)} boundaries (factors of learning_rate, e.g. (1.0, 0.1, 0.01))",
@@ -211,11 +253,11 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str) -> None:
         alpha = optimizer["alpha"]
         if not is_number(alpha) or not 0 <= alpha <= 1:
             raise _fail(
-                "optimizer.alpha",
+                f"{prefix}.alpha",
                 alpha,
                 "must be a number in [0, 1] (the final rate, as a fraction of learning_rate)",
             )
     elif schedule == "linear":
         end = optimizer["end_learning_rate"]
         if not is_number(end) or end < 0:
-            raise _fail("optimizer.end_learning_rate", end, "must be a number >= 0")
+            raise _fail(f"{prefix}.end_learning_rate", end, "must be a number >= 0")

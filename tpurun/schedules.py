@@ -1,7 +1,9 @@
 """The learning rate over the steps, as config.optimizer describes it: one Keras schedule.
 
-A schedule is a Keras LearningRateSchedule, evaluated at `optimizer.iterations`, the
-step a checkpoint restores: a resumed run continues on the curve. It is not in the
+A schedule is a Keras LearningRateSchedule, evaluated at the run's global step
+(`tpurun.optimization.follow_step`; the optimizer's own `iterations` would count a
+GAN critic's several updates per step), the step a checkpoint restores: a resumed
+run continues on the curve. It is not in the
 checkpoint (only variables are): it is rebuilt from the config, which is why
 tpurun.train_config refuses a resume that changes it.
 """
@@ -110,14 +112,19 @@ def peak_learning_rate(
     return rate * global_batch_size / base if base else rate
 
 
-def learning_rate(config: ml_collections.ConfigDict, global_batch_size: int) -> float | Schedule:
+def learning_rate(
+    config: ml_collections.ConfigDict,
+    global_batch_size: int,
+    recipe: ml_collections.ConfigDict | None = None,
+) -> float | Schedule:
     """The optimizer's learning_rate argument: a float for a constant rate, else a Schedule.
 
+    `recipe`: config.optimizer, or one of config.optimizers (default: config.optimizer).
     A constant rate without warmup stays a float, so Keras keeps it in a variable that
     a resumed run sets from its own config (train.py), and the checkpoint layout of
     such runs is what it was before schedules existed.
     """
-    opt = config.optimizer
+    opt = config.optimizer if recipe is None else recipe
     rate = peak_learning_rate(opt, global_batch_size)
     if opt.schedule == "constant" and not opt.warmup_steps:
         return rate

@@ -1,12 +1,15 @@
-"""The training runner: a model, its optimizer and the compiled host loop of `--iterations` steps.
+"""The training runner: a model, its optimizers and the compiled host loop of `--iterations` steps.
 
 The Trainer knows nothing of cadences, checkpoint files, signals or what is shown:
-`tpurun.controller` asks it for `train(num_steps)` and decides the rest. The
-recipe lives in the step: the precision policy the model was built under (the
-loss in float32; float16 with dynamic loss scaling), the optimizer of
-`tpurun.optimization` (schedule, weight decay, clipping, EMA), and gradient
-accumulation: with `train.accumulate_steps` = N, one step sums the gradients of N
-micro-batches of `--batch_size` in-graph and applies them once.
+`tpurun.controller` asks it for `train(num_steps)` and decides the rest. What the
+run owns (models, named optimizers, the global step) is a
+`tpurun.training_step.TrainState`; the step is the model's `train_step`, by
+default the supervised one, handed a `Step`: the precision policy the model was
+built under (the loss in float32; float16 with dynamic loss scaling), the
+optimizers of `tpurun.optimization` (schedule, weight decay, clipping, EMA), and
+gradient accumulation: with `train.accumulate_steps` = N, one step sums the
+gradients of N micro-batches of `--batch_size` in-graph and applies them once. The
+host loop adds up the named scalars the step returns.
 
 The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
 data (`tpurun.device_data`): the arrays in every replica's memory and each replica
@@ -23,21 +26,28 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import device_data, inputs, optimization, precision
+from tpurun import device_data, inputs
 from tpurun.actions.base import LoopStats
 from tpurun.cluster import Cluster
+from tpurun.errors import RunError
 from tpurun.example_order import ExampleOrder
-from tpurun.model import Mode, Model, TrainArrays, build_keras_model
+from tpurun.model import Mode, Model, TrainArrays, build_models, has_own_train_step
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
+from tpurun.training_step import keyed_random
+from tpurun.training_step.state import TrainState
+
+# The most named scalars a training step may return: the host loops add them up in
+# one vector of this size (a loop's carried values need their shape before the step
+# is traced, which is when the names are known).
+MAX_SCALARS = 16
 
 
 class Trainer:
-    """Holds the model, optimizer and compiled host loop of one training run."""
+    """Holds the models, optimizers and compiled host loop of one training run."""
 
     def __init__(
         self, run: RunConfig, cluster: Cluster, model: Model, arrays: TrainArrays | None = None
@@ -49,19 +59,26 @@ class Trainer:
         self.model = model
         self.global_batch = run.train_batch_size
         self.micro_batches = run.config.train.accumulate_steps
+        names = list(run.config.get("optimizers") or {})
         with self.strategy.scope():
-            self.keras_model = build_keras_model(model)
-            # The optimizer whose state a checkpoint holds, whatever the precision.
-            self.optimizer = model.optimizer()
-            self._applies = self.optimizer
-            if precision.needs_loss_scaling(run.config.precision):
-                self._applies = keras.optimizers.LossScaleOptimizer(self.optimizer)
-            # Slot variables must exist before the first replicated step: created
-            # lazily inside it, they break with 2+ replicas.
-            self._applies.build(self.keras_model.trainable_variables)
+            models = build_models(model)
+            self.state = TrainState(
+                models,
+                model.serving_model,
+                names,
+                model.optimized_variables(models),
+                lambda name: model.optimizer(name) if names else model.optimizer(),
+                run.config.precision,
+                type(model).__name__,
+            )
+        self.models = self.state.models
+        self.keras_model = self.state.serving_model  # what eval, predict and export serve
+        self.optimizers = self.state.optimizers
+        # The optimizer of config.optimizer (with config.optimizers: the first named).
+        self.optimizer = next(iter(self.optimizers.values()))
         # What a checkpoint holds; saves write this one.
         self.checkpoint = self.fresh_checkpoint()
-        self._configured_learning_rate = self._constant_learning_rate()
+        self._scalar_names: list[str] = []  # what the step returns, known once it is traced
         self._loop = tf.function(self._host_loop)
         self._iterator: Any = None  # the training input, from start_input()...
         self.device_data: device_data.DeviceData | None = None  # ...or this
@@ -72,135 +89,121 @@ class Trainer:
             self.arrays = arrays  # read once (the cached property below, set)
 
     def fresh_checkpoint(self, present: Collection[str] | None = None) -> tf.train.Checkpoint:
-        """A new checkpoint object over the model and optimizer (a restore attempt takes one).
+        """A new checkpoint object over what the run owns (a restore attempt takes one).
 
-        `present`: the parts a checkpoint file has, to read one that lacks an optional
-        part (`model_variables` before tpurun 0.2; `loss_scale` when not trained in
-        float16); None: every part, to save.
+        `present`: the parts a checkpoint file has, to read one written before a part
+        existed (`tpurun.training_step.state`); None: every part, to save.
         """
-        parts: dict[str, Any] = {"model": self.keras_model, "optimizer": self.optimizer}
-        # Every model variable by name too: Keras's random-number states (Dropout's
-        # seed_generator_state) are not reachable through `model`, and a resume that
-        # restarted them would draw the first steps' dropout masks again.
-        parts["model_variables"] = list(self.keras_model.variables)
-        if self._applies is not self.optimizer:
-            # float16's loss scale: apart from the optimizer, so a checkpoint reads the
-            # same under every precision.
-            parts["loss_scale"] = self._applies
-        if present is not None:
-            parts = {k: v for k, v in parts.items() if k in present or k in ("model", "optimizer")}
-        return tf.train.Checkpoint(**parts)
+        return self.state.checkpoint(present)
 
     @property
     def step(self) -> int:
-        return int(self.optimizer.iterations.numpy())
+        """The global step: steps done (not an optimizer's own `iterations`)."""
+        return self.state.step
 
     @property
-    def learning_rate(self) -> float:
-        """The rate the next step uses (a schedule's value at the current step)."""
-        return optimization.learning_rate_at(self.optimizer, self.step)
+    def weights(self) -> list[Any]:
+        """Every variable of every model (non-trainable ones too)."""
+        return self.state.weights
 
-    def keep_configured_learning_rate(self) -> None:
-        """After a restore: a constant learning rate comes from this run's config.
+    @property
+    def optimizer_variables(self) -> list[Any]:
+        """Every variable of every optimizer (and loss scale)."""
+        return self.state.optimizer_variables
 
-        A constant rate is a variable, so the checkpoint brought back the old one;
-        the config of this run decides, as the flags did for TPUEstimator.
-        """
-        configured, restored = self._configured_learning_rate, self._constant_learning_rate()
-        if configured is not None and restored != configured:
-            self.optimizer.learning_rate = configured
-            logging.info(
-                "Learning rate %g from the config (the checkpoint had %g).", configured, restored
-            )
+    def restored(self) -> None:
+        """After a restore: an older checkpoint's step, and this config's constant rates."""
+        self.state.restored()
 
-    def _constant_learning_rate(self) -> float | None:
-        """The optimizer's learning rate, or None when it follows a schedule.
-
-        Keras's public `get_config` gives a constant rate as a number and a schedule
-        as its serialized description.
-        """
-        if not isinstance(self.optimizer.get_config().get("learning_rate"), (int, float)):
-            return None
-        return self.learning_rate
-
-    def replica_step(self, features, labels) -> tf.Tensor:
-        """One replica's training step on its batch; returns its share of the loss.
+    def replica_step(self, features, labels) -> dict[str, tf.Tensor]:
+        """One replica's training step on its batch: the model's `train_step` (by default the
+        supervised one). Returns the step's named scalars, each this replica's share
+        (summed over the replicas). The host loops count the global step after it.
 
         With accumulation, `features` and `labels` stack the step's micro-batches
-        ([micro_batches, batch, ...]): their gradients are summed, then applied once.
+        ([micro_batches, batch, ...]).
         """
-        variables = self.keras_model.trainable_variables
-        if self.micro_batches == 1:
-            loss, gradients = self._gradients(features, labels)
-        else:
-            loss = tf.constant(0.0)
-            gradients = [tf.zeros_like(v) for v in variables]
-            for i in tf.range(self.micro_batches):
-                micro_features, micro_labels = tf.nest.map_structure(
-                    lambda t, i=i: t[i], (features, labels)
-                )
-                micro_loss, micro_gradients = self._gradients(micro_features, micro_labels)
-                loss += micro_loss
-                gradients = [
-                    g if m is None else g + tf.convert_to_tensor(m)  # sparse ones made dense
-                    for g, m in zip(gradients, micro_gradients, strict=True)
-                ]
-        self._applies.apply_gradients(zip(gradients, variables, strict=True))
-        return loss
+        step = self.state.step_of(
+            self.run.seed, self.global_batch, self._rows_of(features), self.micro_batches
+        )
+        with keyed_random.active(step.random):
+            scalars = self.model.train_step(step, features, labels)
+        return self._checked_scalars(scalars)
 
-    def _gradients(self, features, labels) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """This replica's loss on one (micro-)batch and its gradients (of the loss-scaled
-        loss with float16: the LossScaleOptimizer unscales them)."""
-        with tf.GradientTape() as tape:
-            outputs = precision.float32(self.keras_model(features, training=True))
-            per_example = self.model.loss(labels, outputs)
-            # Scaled by the global batch of a whole step (all micro-batches), so the
-            # all-reduced (summed) gradients equal those of one replica on it.
-            loss = tf.nn.compute_average_loss(
-                per_example, global_batch_size=self.global_batch * self.micro_batches
+    def _rows_of(self, features: Any) -> int:
+        """This replica's (micro-)batch size, from its static shape (`tpurun check` compiles
+        one replica's step of a larger cluster on one device)."""
+        shape = tf.nest.flatten(features)[0].shape
+        rows = shape[1] if self.micro_batches > 1 else shape[0]
+        return rows if rows is not None else self.global_batch // self.strategy.num_replicas_in_sync
+
+    def _checked_scalars(self, scalars: Any) -> dict[str, tf.Tensor]:
+        """The step's named scalars as float32, their names kept for the host loop."""
+        name = f"{type(self.model).__name__}.train_step"
+        if not isinstance(scalars, dict) or not scalars:
+            raise RunError(
+                f"{name} returned {type(scalars).__name__}; return a dict of named scalars, "
+                "e.g. {'loss': step.mean(per_example_loss)}"
             )
-            if self.keras_model.losses:
-                regularization = tf.add_n([tf.cast(x, tf.float32) for x in self.keras_model.losses])
-                loss += tf.nn.scale_regularization_loss(regularization) / self.micro_batches
-            scaled = self._applies.scale_loss(loss) if self._applies is not self.optimizer else loss
-        return loss, tape.gradient(scaled, self.keras_model.trainable_variables)
+        if len(scalars) > MAX_SCALARS:
+            raise RunError(f"{name} returned {len(scalars)} scalars; return at most {MAX_SCALARS}")
+        checked = {}
+        for key, value in scalars.items():
+            value = tf.convert_to_tensor(value)
+            if not isinstance(key, str) or value.shape.rank != 0:
+                raise RunError(
+                    f"{name} returned {key!r} of shape {value.shape}; return scalars by name, "
+                    "each this replica's share (step.mean(per_example))"
+                )
+            checked[key] = tf.cast(value, tf.float32)
+        self._scalar_names = list(checked)
+        return checked
 
-    def device_replica_step(self, step: tf.Tensor, values: Any) -> tf.Tensor:
+    def device_replica_step(self, step: tf.Tensor, values: Any) -> dict[str, tf.Tensor]:
         """One replica's training step on device data: gathers its batch of `step` from
         `values` (`DeviceData.values`), then `replica_step`."""
         assert self.device_data is not None
         features, labels = self.device_data.replica_batch(step, values)
         return self.replica_step(features, labels)
 
+    def _summed(self, per_replica: dict[str, Any]) -> tf.Tensor:
+        """The step's scalars summed over the replicas, as one [MAX_SCALARS] vector."""
+        sums = [
+            self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[name], axis=None)
+            for name in self._scalar_names
+        ]
+        return tf.pad(tf.stack(sums), [[0, MAX_SCALARS - len(sums)]])
+
+    def _finite(self) -> tf.Tensor:
+        """Whether every trainable weight is finite."""
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self.state.trainable])
+
     def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Runs num_steps replicated steps in-graph.
 
-        Returns their mean loss, the seconds spent waiting for batches (the
+        Returns the mean of their scalars (`_summed`), the seconds spent waiting for batches (the
         timestamps around `next(iterator)` are stateful ops, so automatic control
         dependencies keep them before and after the fetch), and whether every
         weight is still finite: the last step's update can be NaN while its loss,
         computed before it, was not, and such weights must never be saved.
         """
-        total = tf.constant(0.0)
+        total = tf.zeros([MAX_SCALARS])
         waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):
             before = tf.timestamp()
             batch = next(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
                 waited += tf.timestamp() - before
-            per_replica_loss = self.strategy.run(self.replica_step, args=batch)
-            total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-        finite = tf.reduce_all(
-            [tf.reduce_all(tf.math.is_finite(v)) for v in self.keras_model.trainable_variables]
-        )
-        return total / tf.cast(num_steps, tf.float32), waited, finite
+            total += self._summed(self.strategy.run(self.replica_step, args=batch))
+            self.state.global_step.assign_add(1, read_value=False)  # once, not per replica
+        return total / tf.cast(num_steps, tf.float32), waited, self._finite()
 
     def _device_host_loop(self, first_step: tf.Tensor, num_steps: tf.Tensor) -> tuple[Any, ...]:
         """num_steps replicated steps on device data, from step `first_step` of its stream.
 
-        Returns their mean loss and whether every weight is still finite, as
+        Returns the mean of their scalars and whether every weight is still finite, as
         `_host_loop` does (there is no input to wait for), and the step and learning
-        rate after them: read here, they cost the host nothing more (a compiled loop's
+        rates after them: read here, they cost the host nothing more (a compiled loop's
         steps take microseconds, an eager read of a variable a good part of one).
         """
         assert self.device_data is not None
@@ -208,23 +211,21 @@ class Trainer:
 
         def step(i: tf.Tensor, total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             args = (first_step + tf.cast(i, tf.int64), values)
-            per_replica_loss = self.strategy.run(self.device_replica_step, args=args)
-            loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-            return i + 1, total + loss
+            summed = self._summed(self.strategy.run(self.device_replica_step, args=args))
+            self.state.global_step.assign_add(1, read_value=False)  # once, not per replica
+            return i + 1, total + summed
 
         # A while_loop without maximum_iterations (a `for` over tf.range sets it): XLA
         # would take that bound as a constant and compile again for every loop length.
         _, total = tf.while_loop(
-            lambda i, _: i < num_steps, step, (tf.constant(0), tf.constant(0.0))
+            lambda i, _: i < num_steps, step, (tf.constant(0), tf.zeros([MAX_SCALARS]))
         )
-        finite = tf.reduce_all(
-            [tf.reduce_all(tf.math.is_finite(v)) for v in self.keras_model.trainable_variables]
-        )
-        rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        return total / tf.cast(num_steps, tf.float32), finite, self.optimizer.iterations, rate
+        rates = tf.stack([tf.cast(o.learning_rate, tf.float32) for o in self.optimizers.values()])
+        mean = total / tf.cast(num_steps, tf.float32)
+        return mean, self._finite(), self.state.global_step.read_value(), rates
 
     def start_input(self) -> None:
-        """Builds the training input at the optimizer's current step (once; `train` needs it).
+        """Builds the training input at the global step (once; `train` needs it).
 
         A restored run continues the stream where the checkpoint's step left it. Built
         before anything is written, so bad data fails a run that has written nothing.
@@ -308,35 +309,38 @@ class Trainer:
         return ""
 
     def train(self, num_steps: int) -> LoopStats:
-        """Runs one host loop of `num_steps` steps, from the optimizer's current step."""
+        """Runs one host loop of `num_steps` steps, from the global step."""
         self.start_input()
         start = time.perf_counter()
         if self.device_data is not None:
-            loss, finite, step, rate = self._run_device_loop(num_steps)
-            loss_value = float(loss)  # waits for the loop to finish
-            return LoopStats(
-                step=int(step),
-                num_steps=num_steps,
-                loss=loss_value,
-                seconds=time.perf_counter() - start,
-                input_seconds=0.0,
-                global_batch=self.global_batch * self.micro_batches,
-                learning_rate=float(rate),
-                weights_finite=bool(finite),
-                device_input=True,
-            )
-        loss, waited, finite = self._loop(self._iterator, tf.constant(num_steps))
-        loss_value = float(loss)  # waits for the loop to finish
+            totals, finite, step, rates = self._run_device_loop(num_steps)
+            scalars = self._named(totals)  # waits for the loop to finish
+            step, rate_values, waited = int(step), [float(r) for r in rates.numpy()], 0.0
+        else:
+            totals, waited_tensor, finite = self._loop(self._iterator, tf.constant(num_steps))
+            scalars = self._named(totals)  # waits for the loop to finish
+            step, waited = self.step, float(waited_tensor)
+            rate_values = list(self.state.learning_rates().values())
+        named_rates = dict(zip(self.optimizers, rate_values, strict=True))
         return LoopStats(
-            step=self.step,
+            step=step,
             num_steps=num_steps,
-            loss=loss_value,
+            # The scalar named "loss" (the supervised step's), else the step's first.
+            loss=scalars.get("loss", next(iter(scalars.values()))),
             seconds=time.perf_counter() - start,
-            input_seconds=float(waited),
+            input_seconds=waited,
             global_batch=self.global_batch * self.micro_batches,
-            learning_rate=self.learning_rate,
+            learning_rate=rate_values[0],
             weights_finite=bool(finite),
+            device_input=self.device_data is not None,
+            scalars=scalars,
+            learning_rates=named_rates if self.state.named else {},
         )
+
+    def _named(self, totals: tf.Tensor) -> dict[str, float]:
+        """The loop's mean of each scalar, by the names the step returned them under."""
+        values = totals.numpy()
+        return {name: float(values[i]) for i, name in enumerate(self._scalar_names)}
 
     def _run_device_loop(self, num_steps: int) -> tuple[Any, ...]:
         """The device-data host loop; XLA-compiled when it can be (else, once, a line why)."""
@@ -361,14 +365,23 @@ class Trainer:
         return result
 
     def forward_graph(self) -> tf.Graph:
-        """The model's forward pass, traced (not run) on one replica's training features."""
-        ctx = tf.distribute.InputContext(num_replicas_in_sync=self.strategy.num_replicas_in_sync)
-        params = inputs.input_params(ctx, self.global_batch, self.run.seed)
-        features_spec, _ = inputs.train_dataset(self.model, params, self.arrays).element_spec
-        if isinstance(features_spec, dict):  # the graph's inputs named after the features
-            features_spec = {
-                k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
-            }
+        """The serving model's forward pass, traced (not run) on one replica's training
+        features (with a training step of its own, on the model's own inputs: a GAN's
+        generator takes noise, not the training data)."""
+        if has_own_train_step(self.model):
+            features_spec = tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), self.keras_model.input
+            )
+        else:
+            ctx = tf.distribute.InputContext(
+                num_replicas_in_sync=self.strategy.num_replicas_in_sync
+            )
+            params = inputs.input_params(ctx, self.global_batch, self.run.seed)
+            features_spec, _ = inputs.train_dataset(self.model, params, self.arrays).element_spec
+            if isinstance(features_spec, dict):  # the graph's inputs named after the features
+                features_spec = {
+                    k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
+                }
         forward = tf.function(lambda features: self.keras_model(features, training=True))
         with self.strategy.scope():
             return forward.get_concrete_function(features_spec).graph

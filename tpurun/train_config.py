@@ -65,19 +65,23 @@ RESUMABLE_CHANGES = (
 def resumable_changes(trained: dict) -> tuple[str, ...]:
     """RESUMABLE_CHANGES for checkpoints trained with the config `trained`.
 
-    A schedule is not in the checkpoint (only the optimizer's step is): it is rebuilt
+    A schedule is not in the checkpoint (only the global step is): it is rebuilt
     from the config and evaluated at the restored step, so a changed schedule or
     parameter would make the rate jump. With the constant schedule the rate may change
     (a constant rate is a variable the resumed run sets from its config, train.py; with
     a warmup, the new rate is the warmup's target). Cosine and linear end at
-    train.steps, so with them train.steps may not change either.
+    train.steps, so with them train.steps may not change either. Each recipe decides
+    for its own keys: config.optimizer's, or each of config.optimizers'.
     """
-    schedule = trained.get("optimizer", {}).get("schedule", "constant")
-    if schedule == "constant":
-        return (*RESUMABLE_CHANGES, "optimizer.learning_rate")
-    if schedule in optimization_config.SCHEDULES_ENDING_AT_TRAIN_STEPS:
-        return tuple(key for key in RESUMABLE_CHANGES if key not in ("train.steps", "train.epochs"))
-    return RESUMABLE_CHANGES
+    named = trained.get("optimizers") or {}
+    recipes = {f"optimizers.{n}": r for n, r in named.items()} if named else {}
+    recipes = recipes or {"optimizer": trained.get("optimizer", {})}
+    schedules = {key: recipe.get("schedule", "constant") for key, recipe in recipes.items()}
+    changes = [*RESUMABLE_CHANGES]
+    changes += [f"{key}.learning_rate" for key, s in schedules.items() if s == "constant"]
+    if any(s in optimization_config.SCHEDULES_ENDING_AT_TRAIN_STEPS for s in schedules.values()):
+        changes = [key for key in changes if key not in ("train.steps", "train.epochs")]
+    return tuple(changes)
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:

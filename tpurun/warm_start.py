@@ -10,7 +10,7 @@ from absl import logging
 
 from tpurun import checkpoints, storage
 from tpurun.errors import RunError, UsageError
-from tpurun.model import Model
+from tpurun.model import Model, build_keras_model
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
 
@@ -23,7 +23,8 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
 
     The checkpoint is read into a second copy of this config's model, so a
     variable is found by its place in the model, as a restore would; only the
-    model's weights are taken (no optimizer state, no step).
+    model's weights are taken (no optimizer state, no step). A model that builds
+    several (a GAN) warm-starts its serving model.
     """
     source = run.config.train.warm_start_from
     path = source
@@ -42,7 +43,7 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
         raise UsageError(
             f"config.train.warm_start_vars={pattern_text!r} is not a regex: {e}"
         ) from None
-    source_model = model.build()
+    source_model = build_keras_model(model)  # the serving model (with several, it alone)
     for variable in source_model.variables:
         # NaN until restored: a selected variable the checkpoint has no value for
         # must fail, not be copied over as the source model's random init.

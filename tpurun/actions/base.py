@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,7 +14,9 @@ class LoopStats:
 
     step: int  # global step after the loop
     num_steps: int  # steps the loop ran
-    loss: float  # mean loss over the loop's steps
+    # Mean loss over the loop's steps: the scalar named "loss" (the supervised step's),
+    # else the first the step returned.
+    loss: float
     seconds: float  # wall time of the loop call
     input_seconds: float  # part of it spent waiting for the next batch
     global_batch: int  # examples per step: the global batch x accumulated micro-batches
@@ -21,6 +24,22 @@ class LoopStats:
     weights_finite: bool = True  # every trainable weight finite after the loop
     # The batches were gathered on the device (tpurun.device_data): no input to wait for.
     device_input: bool = False
+    # Every named scalar the step returned (a GAN's d_loss, g_loss, gp), each the mean
+    # over the loop's steps, in the step's order; empty: `loss` alone (`named_scalars`).
+    scalars: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # With config.optimizers, each optimizer's learning rate by name (`learning_rate` is
+    # the first's); empty with config.optimizer.
+    learning_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def named_scalars(self) -> dict[str, float]:
+        """The scalars to show, check and write: `scalars`, or {"loss": loss}."""
+        return dict(self.scalars) or {"loss": self.loss}
+
+    def named_rates(self) -> dict[str, float]:
+        """TensorBoard's learning-rate tags: `learning_rate`, or `learning_rate/<optimizer>`."""
+        if not self.learning_rates:
+            return {"learning_rate": self.learning_rate}
+        return {f"learning_rate/{name}": rate for name, rate in self.learning_rates.items()}
 
     @property
     def steps_per_sec(self) -> float:

@@ -45,16 +45,21 @@ class LogLines(Action):
     def after_loop(self, stats: LoopStats) -> None:
         note = saving(self._saves)
         logging.info(
-            "step %d/%d  %sloss %.4f  %.1f steps/sec  %.0f examples/sec  %s%s",
+            "step %d/%d  %s%s  %.1f steps/sec  %.0f examples/sec  %s%s",
             stats.step,
             self._last_step,
             f"{self._epochs.text(stats.step)}  " if self._epochs else "",
-            stats.loss,
+            scalars_text(stats, "  "),
             stats.steps_per_sec,
             stats.examples_per_sec,
             input_wait(stats),
             f"  {note}" if note else "",
         )
+
+
+def scalars_text(stats: LoopStats, separator: str) -> str:
+    """'loss 0.1234', or a step's named scalars: 'd_loss -6.3530  g_loss -20.7056  gp 0.0898'."""
+    return separator.join(f"{name} {value:.4f}" for name, value in stats.named_scalars().items())
 
 
 def saving(state: SaveState) -> str:
@@ -73,8 +78,8 @@ def input_wait(stats: LoopStats) -> str:
 
 
 class ProgressBar(Action):
-    """A live line on a terminal: step/total, the epoch (`epochs`: as for LogLines), loss,
-    input wait, steps/sec and the ETA (tqdm).
+    """A live line on a terminal: step/total, the epoch (`epochs`: as for LogLines), the loss
+    (or the step's named scalars), input wait, steps/sec and the ETA (tqdm).
 
     While it shows, stderr goes through tqdm.write, so log lines (a saved
     checkpoint, a warning) print above the line instead of through it.
@@ -105,7 +110,7 @@ class ProgressBar(Action):
         if self._bar is None:
             return
         epoch = self._epochs.text(stats.step) if self._epochs else ""
-        notes = [epoch, f"loss {stats.loss:.4f}", input_wait(stats), saving(self._saves)]
+        notes = [epoch, scalars_text(stats, ", "), input_wait(stats), saving(self._saves)]
         self._bar.set_postfix_str(", ".join(n for n in notes if n), refresh=False)
         self._bar.update(stats.num_steps)
 

@@ -17,8 +17,9 @@ from tpurun.tf_errors import user_code_line
 
 class TrainSummaries(Action):
     """TensorBoard under model_dir: the model's graph at the start, then after every host loop
-    loss, learning_rate, global_step/sec, examples/sec and input_wait_share (0 with device
-    data, whose steps gather their batches and wait for nothing).
+    loss (or each named scalar of the step: d_loss, g_loss, ...), learning_rate (or
+    learning_rate/<optimizer>), global_step/sec, examples/sec and input_wait_share (0
+    with device data, whose steps gather their batches and wait for nothing).
 
     On a local disk TensorFlow's writer writes there. Elsewhere (gs://), given the
     run's `writer`, the events are staged in memory and uploaded in the background
@@ -63,8 +64,8 @@ class TrainSummaries(Action):
     def after_loop(self, stats: LoopStats) -> None:
         try:
             with self._events().as_default(step=stats.step):
-                tf.summary.scalar("loss", stats.loss)
-                tf.summary.scalar("learning_rate", stats.learning_rate)
+                for name, value in {**stats.named_scalars(), **stats.named_rates()}.items():
+                    tf.summary.scalar(name, value)
                 tf.summary.scalar("global_step/sec", stats.steps_per_sec)
                 tf.summary.scalar("examples/sec", stats.examples_per_sec)
                 tf.summary.scalar("input_wait_share", stats.input_wait_share)

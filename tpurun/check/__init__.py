@@ -100,6 +100,7 @@ def run_checks(
         logging.info("tpurun check traces on the CPU; --use_tpu/--tpu are not used.")
     cluster = cpu_cluster(min(replicas, MAX_TRACED_REPLICAS) if target else replicas)
     model = model_lib.create(run.config)
+    model_lib.check_model_config(model)
     arrays = None
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)

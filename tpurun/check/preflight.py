@@ -156,15 +156,15 @@ class Preflight:
         key = (mode, batch)
         if key not in self._estimates:
             runner, spec = self.checker.single_device_steps[mode]
-            variables = runner.optimizer.variables if isinstance(runner, Trainer) else ()
+            variables = runner.optimizer_variables if isinstance(runner, Trainer) else ()
             function, args = self.checker.step_call(mode, runner, spec, batch)
             size = self.sizer.size if self.sizer is not None and self.on_tpu(mode) else None
             start = time.monotonic()
             found: StepSize = (size or memory.estimate)(
                 function,
                 args,
-                weights=runner.keras_model.variables,
-                optimizer_variables=variables,
+                weights=runner.weights,  # every model's: a GAN's step holds both
+                optimizer_variables=variables,  # every named optimizer's
             )
             if size is not None:  # seconds to minutes each: say what the wait is for
                 logging.info(

@@ -18,6 +18,9 @@ per step):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypeAlias
+
 import keras
 
 from tpurun.check.findings import WARNING, Problem
@@ -31,15 +34,26 @@ NAMED_LAYERS = 6
 STATISTICS_BATCH = 32
 
 
-def unsynchronized_batch_norms(model: keras.layers.Layer) -> list[str]:
-    """The BatchNormalization layers of `model` (nested ones too) that normalise by each
+# One model, or every model a training step trains.
+Models: TypeAlias = "keras.layers.Layer | Iterable[keras.layers.Layer]"
+
+
+def unsynchronized_batch_norms(models: Models) -> list[str]:
+    """The BatchNormalization layers of `models` (one model, or every model a training step
+    trains: a GAN's generator and critic; nested ones too) that normalise by each
     replica's own statistics, by their Keras path (`block_1/batch_normalization`)."""
-    return [
-        getattr(layer, "path", None) or layer.name
-        for layer in all_layers(model)
-        if isinstance(layer, keras.layers.BatchNormalization)
-        and not getattr(layer, "synchronized", False)
-    ]
+    found: list[str] = []
+    seen: set[int] = set()
+    for model in [models] if isinstance(models, keras.layers.Layer) else list(models):
+        for layer in all_layers(model):
+            if id(layer) in seen:  # a layer two models share
+                continue
+            seen.add(id(layer))
+            if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
+                layer, "synchronized", False
+            ):
+                found.append(getattr(layer, "path", None) or layer.name)
+    return found
 
 
 def batch_norm_text(layers: list[str], replicas: int, global_batch: int) -> tuple[str, str]:
@@ -68,20 +82,18 @@ def batch_norm_text(layers: list[str], replicas: int, global_batch: int) -> tupl
     return message, fix
 
 
-def batch_norm_problems(
-    model: keras.layers.Layer, replicas: int, global_batch: int
-) -> list[Problem]:
-    """Rule `batch-norm` (a warning) for the train step of `model` on `replicas`: none on one."""
-    layers = unsynchronized_batch_norms(model) if replicas > 1 else []
+def batch_norm_problems(models: Models, replicas: int, global_batch: int) -> list[Problem]:
+    """Rule `batch-norm` (a warning) for the train step of `models` on `replicas`: none on one."""
+    layers = unsynchronized_batch_norms(models) if replicas > 1 else []
     if not layers:
         return []
     message, fix = batch_norm_text(layers, replicas, global_batch)
     return [Problem("batch-norm", WARNING, "{steps}", message, fix, Mode.TRAIN)]
 
 
-def batch_norm_warning(model: keras.layers.Layer, replicas: int, global_batch: int) -> str | None:
+def batch_norm_warning(models: Models, replicas: int, global_batch: int) -> str | None:
     """What `tpurun train` logs once at the start: the finding `check` would report."""
-    layers = unsynchronized_batch_norms(model) if replicas > 1 else []
+    layers = unsynchronized_batch_norms(models) if replicas > 1 else []
     if not layers:
         return None
     message, fix = batch_norm_text(layers, replicas, global_batch)

@@ -343,8 +343,8 @@ class StepChecker:
             return [trace_failure(self.name, mode, e)]
         problems = graph_problems(GraphWalker(graph).findings(), self.scopes, mode)
         if isinstance(built, Trainer):
-            problems += replica_rules.batch_norm_problems(
-                built.keras_model, self.replicas, self.global_batch(mode)
+            problems += replica_rules.batch_norm_problems(  # every model the step trains
+                built.state.models.values(), self.replicas, self.global_batch(mode)
             )
         return problems
 
