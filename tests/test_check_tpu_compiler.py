@@ -212,6 +212,10 @@ class _Runner:
         hidden = keras.layers.Dense(512, activation="relu")(inputs)
         self.keras_model = keras.Model(inputs, keras.layers.Dense(128)(hidden))
 
+    @property
+    def weights(self) -> list:
+        return list(self.keras_model.variables)
+
     def replica_step(self, x):
         return tf.reduce_sum(self.keras_model(x))
 
