@@ -13,14 +13,14 @@ export GCE_METADATA_HOST := 127.0.0.1:1
 export GCE_METADATA_IP := 127.0.0.1:1
 export GCS_RETRY_CONFIG_MAX_RETRIES := 0
 
-.PHONY: install demo test test-fast bench bench-resume lint clean
+.PHONY: install demo test test-fast bench bench-resume lint docs clean
 
 install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,tpu-compile]'
+	$(BIN)/pip install --quiet -e '.[test,tpu-compile,docs]'
 	touch $(STAMP)
 
 demo: install
@@ -56,5 +56,11 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 
+# The manual as a site in site/ (MkDocs, Material theme): strict, so a broken link,
+# a broken anchor or a page the nav names that does not exist fails the build.
+# NO_MKDOCS_2_WARNING: without the banner on Material's end of life (May 2027) at every build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

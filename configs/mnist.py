@@ -11,7 +11,7 @@ Run (laptop CPU, 8 replicas like a v3-8):
   tpurun export  --config=mnist --data_dir=/tmp/mnist/data
 
 A whole large-batch recipe, `--config=mnist:recipe` (tpurun's config of every
-recipe key; see the README's "Training recipes"): SGD with Nesterov momentum 0.9,
+recipe key; see docs/recipes.md): SGD with Nesterov momentum 0.9,
 the learning rate 0.1 per 256 examples scaled to the global batch, 100 warmup
 steps, cosine decay to zero, decoupled weight decay 5e-4 (not on biases), gradient
 clipping at global norm 1.0, an EMA of the weights (0.999) that eval, predict and

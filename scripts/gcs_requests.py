@@ -14,7 +14,7 @@ command of its own is the difference of two runs on fresh model_dirs:
   eval, predict, export   one command each, on the model_dir at step 30
 
 Counts are as tpurun's processes make them: without TensorFlow's stat cache, which
-tpurun turns off (README, "Cloud Storage"); `GCS_STAT_CACHE_MAX_AGE=5 python
+tpurun turns off (docs/storage.md); `GCS_STAT_CACHE_MAX_AGE=5 python
 scripts/gcs_requests.py` counts with TensorFlow's default 5-second cache (its hits
 then depend on the machine's speed). `--log` writes every request of every run.
 """

@@ -48,7 +48,7 @@ os.environ.pop("TPU_NAME", None)
 # looks again at a path another process changed would pass or fail with the machine's
 # speed. Read once, when TensorFlow is imported: here, before this process imports it,
 # and inherited by every process a test starts. (tpurun sets the first itself, unless
-# a user set it: README, "Cloud Storage"; the suite's value holds whatever the user's.)
+# a user set it: docs/storage.md; the suite's value holds whatever the user's.)
 FRESH_GCS_READS = {"GCS_STAT_CACHE_MAX_AGE": "0", "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0"}
 os.environ.update(FRESH_GCS_READS)
 

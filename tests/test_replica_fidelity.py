@@ -4,7 +4,7 @@ A user's model outside the repo (a config and a model written into tmp_path) wit
 BatchNormalization inside a custom layer of a nested model:
 `tpurun check` warns on 8 replicas and says nothing on 1; `tpurun train` says it
 once on 8 replicas; and `synchronized=True`, which the warning suggests, really
-makes 8 logical CPU replicas train the weights of 1 (what the README's scoped
+makes 8 logical CPU replicas train the weights of 1 (what docs/replicas.md's scoped
 equivalence claim rests on, with tests/test_e2e_iris.py's
 test_one_and_eight_replicas_reach_the_same_weights for per-example models).
 """
@@ -171,7 +171,7 @@ def test_synchronized_batch_norm_trains_on_8_replicas_what_1_replica_trains(trai
     assert one.keys() == synchronized.keys() and len(one) == 12  # 2 norms x 4, 2 dense x 2
     worst = max(float(np.max(np.abs(one[k] - synchronized[k]))) for k in one)
     assert worst < 1e-5, f"synchronized: max abs difference {worst}"
-    # Per-replica statistics: another model (the README's scope of the 1-vs-8 claim).
+    # Per-replica statistics: another model (docs/replicas.md's scope of the 1-vs-8 claim).
     apart = max(float(np.max(np.abs(one[k] - per_replica[k]))) for k in one)
     assert apart > 1e-2, f"per-replica statistics: max abs difference {apart}"
 

@@ -1,6 +1,6 @@
-"""A GAN of a user's own, outside this repo: the README's `my_gan/` example, through the CLI.
+"""A GAN of a user's own, outside this repo: the manual's `my_gan/` example, through the CLI.
 
-The two files are taken from README.md's code blocks (those starting with
+The two files are taken from the manual's code blocks (docs/own-step.md, those starting with
 `# my_gan/<file>.py`), written into a directory of their own with two variants of
 the test's (a step whose d_loss turns NaN, a step with an op no TPU runs). What a
 model with its own step must keep of every launcher guarantee: 1 and 8 replicas
@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import manual
 import numpy as np
 import pytest
 from conftest import OFFLINE_ENV, REPO, assert_fails, assert_ok, tpurun_in_process
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 CONFIG = "--config=my_gan/ring_config.py"
 
-# Variants of the README's model, as a user would write them beside it.
+# Variants of the manual's model, as a user would write them beside it.
 NAN_GAN = '''
 import tensorflow as tf
 from ring_gan import RingGan
@@ -39,7 +40,7 @@ from tpurun.model import register
 
 @register("nan_ring_gan")
 class NanRingGan(RingGan):
-    """The README's GAN, whose reported d_loss turns NaN from step 8 on."""
+    """The manual's GAN, whose reported d_loss turns NaN from step 8 on."""
 
     def train_step(self, step, features, labels):
         scalars = super().train_step(step, features, labels)
@@ -54,7 +55,7 @@ from tpurun.model import register
 
 @register("bad_op_ring_gan")
 class BadOpRingGan(RingGan):
-    """The README's GAN, whose step runs Python (tf.numpy_function): no TPU can."""
+    """The manual's GAN, whose step runs Python (tf.numpy_function): no TPU can."""
 
     def train_step(self, step, features, labels):
         scalars = super().train_step(step, features, labels)
@@ -76,17 +77,11 @@ def variant_config(model: str, module: str) -> str:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """The README's my_gan/ files (and the variants) in a directory outside the repo."""
+    """The manual's my_gan/ files (and the variants) in a directory outside the repo."""
     directory = tmp_path_factory.mktemp("user")
-    blocks = re.findall(
-        r"^```python\n# (my_gan/\w+\.py)\n(.*?)^```",
-        (REPO / "README.md").read_text(),
-        re.MULTILINE | re.DOTALL,
-    )
-    assert sorted(name for name, _ in blocks) == ["my_gan/ring_config.py", "my_gan/ring_gan.py"]
-    for name, code in blocks:
-        (directory / name).parent.mkdir(parents=True, exist_ok=True)
-        (directory / name).write_text(code)
+    manual.example_project(directory, "my_gan")
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*.py"))
+    assert files == ["my_gan/ring_config.py", "my_gan/ring_gan.py"]
     gan = directory / "my_gan"
     (gan / "nan_gan.py").write_text(NAN_GAN)
     (gan / "nan_config.py").write_text(variant_config("nan_ring_gan", "nan_gan"))

@@ -1,7 +1,7 @@
-"""A user's own model, outside this repo: the README's example, run as the README says.
+"""A user's own model, outside this repo: the manual's example, run as the manual says.
 
-The two files are taken from README.md's code blocks (those starting with
-`# my_project/<file>.py`), so the documented example cannot rot: it is written
+The two files are taken from the manual's code blocks (those starting with
+`# my_project/<file>.py`, tests/manual.py), so the documented example cannot rot: it is written
 into a directory of its own, and tpurun runs from there: the training as the
 installed command (a process of its own, which does not put the working directory
 on sys.path), the rest in-process (nor does the test process).
@@ -10,9 +10,9 @@ on sys.path), the rest in-process (nor does the test process).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
+import manual
 import pytest
 from conftest import REPO, assert_ok, run_tpurun, tpurun_in_process
 
@@ -20,20 +20,10 @@ CONFIG = "--config=my_project/my_config.py"
 
 
 def readme_project(directory: Path) -> Path:
-    """Writes the README's `my_project/*.py` code blocks below `directory`; returns it."""
-    blocks = re.findall(
-        r"^```python\n# (my_project/\w+\.py)\n(.*?)^```",
-        (REPO / "README.md").read_text(),
-        re.MULTILINE | re.DOTALL,
-    )
-    assert sorted(name for name, _ in blocks) == [
-        "my_project/my_config.py",
-        "my_project/my_model.py",
-    ]
-    for name, code in blocks:
-        path = directory / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(code)
+    """Writes the manual's `my_project/*.py` code blocks below `directory`; returns it."""
+    manual.example_project(directory, "my_project")
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*.py"))
+    assert files == ["my_project/my_config.py", "my_project/my_model.py"]
     return directory
 
 
@@ -68,7 +58,7 @@ def test_readme_example_trains_evaluates_predicts_and_exports(tmp_path):
     result = tpurun("eval", CONFIG, cwd=project)
     assert "(1000 examples)" in result.stdout
     accuracy = json.loads((model_dir / "eval" / "results-300.json").read_text())["accuracy"]
-    assert accuracy >= 0.95, f"the README promises about 0.99, got {accuracy}"
+    assert accuracy >= 0.95, f"the manual promises about 0.99, got {accuracy}"
 
     tpurun("predict", CONFIG, "--output=predictions.jsonl", cwd=project)
     rows = [json.loads(line) for line in (project / "predictions.jsonl").read_text().splitlines()]

@@ -31,5 +31,5 @@ __all__ = ["__version__"]
 # eval a removed file or directory for present, and GFile.read() reads a rewritten
 # file to its old length. tpurun's processes read what other processes write, so
 # none keeps such answers; set before anything imports TensorFlow, and a value the
-# user set wins (README, "Cloud Storage": what it costs).
+# user set wins (docs/storage.md: what it costs).
 os.environ.setdefault("GCS_STAT_CACHE_MAX_AGE", "0")

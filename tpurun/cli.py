@@ -7,6 +7,7 @@ answer before it loads. Failures end as one line on stderr and an exit code
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging as std_logging
 import os
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Sequence
+from typing import Literal
 
 from absl import flags, logging
 from absl.logging import converter
@@ -55,27 +57,59 @@ def run() -> None:
     sys.exit(main(sys.argv))
 
 
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """What a command line asks for, parsed and validated, before anything runs.
+
+    `action` is one of "usage" (print the usage; an error without a command),
+    "version", "help" (a command's flags), "list", or "run" (with `run_config`).
+    """
+
+    command: str
+    action: Literal["usage", "version", "help", "list", "run"]
+    run_config: RunConfig | None = None
+
+
+def parse_command_line(argv: Sequence[str]) -> Invocation:
+    """Parses `tpurun <command> [flags]` as `main` does, running nothing; raises UsageError.
+
+    The docs' commands are checked through it (tests/test_docs_commands.py): a
+    flag or config key renamed here fails that test, not a user.
+    """
+    command = argv[1] if len(argv) > 1 else ""
+    if command in ("", "-h", "--help", "help", "--helpfull"):
+        return Invocation(command, "usage")
+    if command == "--version":
+        return Invocation(command, "version")
+    if command not in COMMAND_HELP:
+        raise UsageError(
+            f"unknown command {command!r}; use one of {', '.join(COMMAND_HELP)} (`tpurun --help`)"
+        )
+    args = list(argv[2:])
+    if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in args):
+        return Invocation(command, "help")
+    if command == "list":
+        return Invocation(command, "list")
+    return Invocation(command, "run", parse(command, [argv[0], *args]))
+
+
 def main(argv: Sequence[str]) -> int:
     command = argv[1] if len(argv) > 1 else ""
     try:
-        if command in ("", "-h", "--help", "help", "--helpfull"):
+        invocation = parse_command_line(argv)
+        if invocation.action == "usage":
             print(USAGE + HELP_FOOTER)
             return 0 if command else 2
-        if command == "--version":
+        if invocation.action == "version":
             print(f"tpurun {__version__}")
             return 0
-        if command not in COMMAND_HELP:
-            raise UsageError(
-                f"unknown command {command!r}; use one of {', '.join(COMMAND_HELP)} "
-                "(`tpurun --help`)"
-            )
-        args = list(argv[2:])
-        if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in args):
+        if invocation.action == "help":
             print(command_help(command))
             return 0
-        if command == "list":
+        if invocation.action == "list":
             return list_configs()
-        run_config = parse(command, [argv[0], *args])
+        run_config = invocation.run_config
+        assert run_config is not None  # action "run" always has one
         logging.use_absl_handler()
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO

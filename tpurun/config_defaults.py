@@ -53,7 +53,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # A save copies the state at its step to host memory (all the loop waits for) and
     # writes it in the background while training goes on; at most one is in flight.
     # The last save, one before a stop and one --eval_every evaluates are waited for.
-    # false: the loop waits for every whole save (README, "Checkpoints and resume").
+    # false: the loop waits for every whole save (docs/checkpoints.md).
     config.train.async_checkpoint = True
     # On gs://, TensorBoard events are written in memory and uploaded in the background
     # every this many seconds and at the end (TensorBoard shows them that late at most);
@@ -86,7 +86,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.train.device_data_mb = 0.0
     # With device data and one replica, compile the whole host loop with XLA (false: a
     # plain tf.function). Never on a CPU under mixed_bfloat16: XLA's CPU backend has no
-    # fast bfloat16 matmuls (README, Benchmark).
+    # fast bfloat16 matmuls (docs/benchmarks.md).
     config.train.xla = True
 
     config.eval = ml_collections.ConfigDict()

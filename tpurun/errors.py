@@ -30,7 +30,7 @@ class Preempted(TpurunError):
     exit_code = 75  # EX_TEMPFAIL: temporary failure, try again
 
 
-# Documented in the README: a supervisor may restart a run that exits with EXIT_PREEMPTED.
+# Documented in docs/errors.md: a supervisor may restart a run that exits with EXIT_PREEMPTED.
 EXIT_OK = 0
 EXIT_PREEMPTED = Preempted.exit_code
 EXIT_RUN_FAILURE = RunError.exit_code

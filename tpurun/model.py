@@ -15,7 +15,7 @@ A model is a subclass of `Model`, registered by name::
         def train_step(self, step, features, labels): ...  # optional: a step of its own
 
 and selected by a config whose `model` key names it: `configs/<name>.py`, or a
-config file of your own beside your model (README, "Your own model").
+config file of your own beside your model (docs/own-model.md).
 A classifier (logits out, int32 class ids as labels) can subclass `Classifier`,
 which supplies the loss, the accuracy metric and `class_ids`/`probabilities`.
 
@@ -70,7 +70,7 @@ features, labels)` is one replica's step, written with what `step`
 (`tpurun.training_step.Step`) hands it: named optimizers from
 `config.optimizers.<name>`, global-batch scaling, draws keyed on (seed, step,
 example). The default `train_step` is the supervised step above, written with the
-same `Step`; `eval_step` may replace the default eval. README, "Your own training step".
+same `Step`; `eval_step` may replace the default eval (docs/own-step.md).
 
 Optional: a model whose `tpurun predict` is not "one output per input row" (a text
 generator sampling from a prompt, a benchmark) overrides

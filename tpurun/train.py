@@ -292,7 +292,7 @@ class Trainer:
             return "XLA compiles the replicated step for the TPU"
         if self.strategy.num_replicas_in_sync > 1:
             # The all-reduce and the mirrored variables' updates span every replica's
-            # device; each replica's ops are dispatched one by one (README, Benchmark).
+            # device; each replica's ops are dispatched one by one (docs/benchmarks.md).
             return (
                 "the host loop is not compiled by XLA: it spans every replica's device, and "
                 "XLA compiles for one"
@@ -302,7 +302,7 @@ class Trainer:
         if self.run.config.precision == "mixed_bfloat16" and (
             device_data.device_kind(self.strategy) == "CPU"
         ):
-            # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (README).
+            # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (docs/device-data.md).
             return (
                 "the host loop is not compiled by XLA: its CPU backend has no fast bfloat16 matmuls"
             )

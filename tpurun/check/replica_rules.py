@@ -1,11 +1,11 @@
 """What changes with the replica count: per-replica statistics (rule `batch-norm`).
 
 Gradients are summed over the replicas, so a model whose loss is a sum of
-per-example terms trains the same weights on 1 and 8 replicas (README, "Replicas,
-batches and shapes"). A BatchNormalization layer breaks that: in training it
-normalises each replica's batch by that batch's own mean and variance, so on 8
-replicas of a global batch of 32 it normalises groups of 4, a different model
-from the one normalised over all 32. Under MirroredStrategy each replica also
+per-example terms trains the same weights on 1 and 8 replicas (docs/replicas.md).
+A BatchNormalization layer breaks that: in training it normalises each replica's
+batch by that batch's own mean and variance, so on 8 replicas of a global batch
+of 32 it normalises groups of 4, a different model from the one normalised over
+all 32. Under MirroredStrategy each replica also
 updates its own copy of the moving mean and variance (Keras gives them no
 aggregation), and a checkpoint keeps the first replica's. `synchronized=True`
 computes the statistics over the global batch (three small all-reduces per layer
