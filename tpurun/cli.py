@@ -20,7 +20,7 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, cli_flags, config_files, terminal
+from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
 
@@ -35,6 +35,8 @@ COMMAND_HELP = {
     "export": "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel "
     "for serving",
     "list": "list the registered configs, and the config files in this directory",
+    "report": "where a model_dir's training time went: goodput, badput by category, "
+    "restarts, FLOPs and MFU, from its run records (--json: for a machine)",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
     "(--target=v5e-8: and whether each fits its memory)",
 }
@@ -75,7 +77,12 @@ def main(argv: Sequence[str]) -> int:
             return 0
         if command == "list":
             return list_configs()
+        if command == "report":
+            return report_command([argv[0], *args])
         run_config = parse(command, [argv[0], *args])
+        if command == "train" and supervisor.wanted(cli_flags.MAX_RESTARTS.value):
+            # The trainer runs in child processes; this one imports no TensorFlow.
+            return supervisor.supervise(list(argv), run_config, cli_flags.MAX_RESTARTS.value)
         logging.use_absl_handler()
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
@@ -194,6 +201,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
                 + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
             )
 
+    bounds.integer("--max_restarts", cli_flags.MAX_RESTARTS.value, 0, bounds.MAX_RESTARTS)
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
     config = merge_flags(cli_flags.CONFIG.value, flag_values, overridden)
@@ -231,6 +239,32 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         target=cli_flags.TARGET.value,
         report=cli_flags.REPORT.value,
     )
+
+
+def report_command(argv: list[str]) -> int:
+    """`tpurun report --model_dir=D [--json]`: reads D's run records; no TensorFlow."""
+    _forget_earlier_parse()
+    try:
+        leftover = FLAGS(argv)
+    except flags.UnrecognizedFlagError as e:
+        raise UsageError(
+            f"unknown flag --{e.flagname}; `tpurun report --help` lists the flags"
+        ) from None
+    except flags.Error as e:
+        raise UsageError(_one_line(str(e))) from None
+    if len(leftover) > 1:
+        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    allowed = set(cli_flags.COMMAND_FLAGS["report"]) | set(cli_flags.ABSL_FLAGS)
+    for name in FLAGS:
+        if FLAGS[name].present and name not in allowed:
+            raise UsageError(f"--{name} does not apply to `tpurun report`; drop it")
+    model_dir = cli_flags.MODEL_DIR.value
+    if not model_dir:
+        raise UsageError("tpurun report needs --model_dir: the model_dir of a training run")
+    from tpurun import report
+
+    print(report.main(model_dir, as_json=cli_flags.JSON.value))
+    return 0
 
 
 def _step_range(text: str | None) -> tuple[int, int] | None:

@@ -246,6 +246,18 @@ REPORT = flags.DEFINE_string(
     "check --target: also write the memory estimate as JSON to this file (local or gs://).",
 )
 
+MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts",
+    0,
+    "train: run the trainer in a child process and resume it in a fresh one, up to this "
+    "many times, when it dies without finishing (killed by a signal tpurun did not get, a "
+    "lost TPU worker or unreachable storage (exit 69), its hang watchdog (exit 3), a "
+    "preemption (exit 75) tpurun did not ask for). 0: train in this process.",
+)
+JSON = flags.DEFINE_bool(
+    "json", False, "report: print the report as one JSON object instead of a table."
+)
+
 COMMON_FLAGS = (
     "config",
     "model_dir",
@@ -279,6 +291,7 @@ COMMAND_FLAGS = {
         "hang_timeout",
         "profile_steps",
         "eval_every",
+        "max_restarts",
     ),
     "eval": (*COMMON_FLAGS, "split", "continuous", "eval_timeout", "best", "checkpoint"),
     "predict": (*COMMON_FLAGS, "input", "output", "prompt", "best", "checkpoint"),
@@ -288,6 +301,7 @@ COMMAND_FLAGS = {
     # always traces on the CPU.
     "check": (*COMMON_FLAGS, "target", "report"),
     "list": (),
+    "report": ("model_dir", "json"),
 }
 # Always accepted: absl's own (logging, flagfile, help).
 ABSL_FLAGS = ("flagfile", "verbosity", "v", "logtostderr", "alsologtostderr", "log_dir")

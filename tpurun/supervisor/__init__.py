@@ -1,0 +1,206 @@
+"""`tpurun train --max_restarts=N`: the trainer in a child process, resumed after a death.
+
+This process imports no TensorFlow: it starts `python -m tpurun train` with the same
+flags (and TPURUN_SUPERVISED, so the child trains in its own process), forwards
+SIGTERM and SIGINT to it (as SIGTERM: the trainer saves and exits 75), and when the
+trainer dies without finishing for a reason that passes (`exits.Ending.restartable`)
+waits (a backoff; with --tpu=NAME until the Cloud TPU API says the node is READY)
+and starts a fresh one, which resumes from the latest checkpoint: one line per
+restart. The child tells its run record when it was started and how the one before
+it died (`tpurun.actions.goodput`), so `tpurun report` counts the downtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from tpurun.report import records
+from tpurun.run_config import RunConfig
+from tpurun.supervisor import tpu_wait
+from tpurun.supervisor.exits import Ending
+
+# The same names as tpurun.actions.goodput's, which this TensorFlow-free module cannot import.
+SUPERVISED_ENV = "TPURUN_SUPERVISED"
+SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"
+PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"
+# Seconds before restart k: BACKOFF * 2^(k-1), at most MAX_BACKOFF.
+BACKOFF = 1.0
+MAX_BACKOFF = 60.0
+
+__all__ = ["supervise", "wanted"]
+
+
+def wanted(max_restarts: int) -> bool:
+    """Whether this `tpurun train` supervises a child: asked for, and not itself that child."""
+    return max_restarts > 0 and not os.environ.get(SUPERVISED_ENV)
+
+
+def child_argv(argv: Sequence[str]) -> list[str]:
+    """The child's command: `python -m tpurun` and argv's flags without --max_restarts."""
+    flags, skip = [], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg == "--max_restarts":
+            skip = True
+            continue
+        if arg.startswith("--max_restarts="):
+            continue
+        flags.append(arg)
+    return [sys.executable, "-m", "tpurun", *flags]
+
+
+def supervise(argv: Sequence[str], run: RunConfig, max_restarts: int) -> int:
+    """Runs the trainer until it finishes, fails for good, is stopped, or the restarts are spent;
+    tpurun's exit code."""
+    return Supervisor(child_argv(argv), run, max_restarts).run()
+
+
+class Supervisor:
+    def __init__(self, command: list[str], run: RunConfig, max_restarts: int):
+        self.command = command
+        self.run_config = run
+        self.max_restarts = max_restarts
+        self.child: subprocess.Popen | None = None
+        self.stop = threading.Event()  # SIGTERM or SIGINT came: forward, restart nothing
+
+    def run(self) -> int:
+        restarts = 0
+        death: dict | None = None
+        with self._forwarding_signals():
+            while True:
+                ending = self._run_child(restarts, death)
+                if ending.finished:
+                    return 0
+                if self.stop.is_set():
+                    return ending.exit_code  # 75 when the trainer saved at the forwarded SIGTERM
+                where = self._where_it_stopped(ending)
+                if not ending.restartable(asked_to_stop=False):
+                    return ending.exit_code  # its own error line says why
+                death = {"t": time.time(), "cause": ending.what().removeprefix("the trainer ")}
+                if restarts >= self.max_restarts:
+                    say(
+                        f"tpurun train: error: {ending.what()}{where}; no restart left "
+                        f"(--max_restarts={self.max_restarts}, all spent): rerun the same "
+                        "command to resume from the latest checkpoint"
+                    )
+                    return ending.exit_code
+                restarts += 1
+                say(f"restart {restarts}/{self.max_restarts}: {ending.what()}{where}")
+                if not self._wait_before(restarts):
+                    if self.stop.is_set():
+                        return ending.exit_code
+                    say(
+                        f"tpurun train: error: gave up waiting for the TPU {self.run_config.tpu!r} "
+                        f"to be READY again after {tpu_wait.WAIT_SECONDS:.0f}s ({ending.what()})"
+                    )
+                    return ending.exit_code
+
+    def _run_child(self, restart: int, death: dict | None) -> Ending:
+        env = {
+            **os.environ,
+            SUPERVISED_ENV: f"{restart}/{self.max_restarts}",
+            SPAWNED_AT_ENV: repr(time.time()),
+        }
+        env.pop(PREVIOUS_DEATH_ENV, None)
+        if death:
+            env[PREVIOUS_DEATH_ENV] = json.dumps(death)
+        self.started_at = time.time()
+        self.child = subprocess.Popen(
+            self.command,
+            env=env,
+            # Its own process group: a Ctrl-C on the terminal reaches this process only,
+            # which forwards it once, as SIGTERM (a save, exit 75).
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        say(
+            f"tpurun train: trainer started (pid {self.child.pid}, attempt {restart + 1} of at "
+            f"most {self.max_restarts + 1})"
+        )
+        if self.stop.is_set():  # a signal came while it was being started
+            self._forward(signal.SIGTERM)
+        while True:
+            try:
+                return Ending(self.child.wait())
+            except KeyboardInterrupt:  # not raised: SIGINT is handled; kept for safety
+                self._forward(signal.SIGTERM)
+
+    def _forward(self, signum: int) -> None:
+        if self.child is not None and self.child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signum)
+
+    @contextlib.contextmanager
+    def _forwarding_signals(self) -> Iterator[None]:
+        def handler(signum: int, frame: object) -> None:
+            self.stop.set()
+            self._forward(signal.SIGTERM)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _where_it_stopped(self, ending: Ending) -> str:
+        """' at about step 4,310; resuming from ckpt-4000', from the model_dir's records."""
+        try:
+            found = records.train_records(self.run_config.model_dir)
+            latest = records.latest_checkpoint_step(self.run_config.model_dir)
+        except Exception:  # noqa: BLE001 - the line without the steps is still the line
+            return ""
+        mine = [
+            r["goodput"]
+            for _, r in found
+            if (r.get("goodput") or {}).get("process_start", 0) >= self.started_at - 1
+        ]
+        step = None
+        if mine and mine[-1].get("last"):
+            step = mine[-1]["last"].get("step")
+        saves = [s["step"] for _, r in found for s in (r.get("goodput") or {}).get("saves", [])]
+        newest = max([*saves, *([latest] if latest is not None else [])], default=None)
+        at = f" at about step {step:,}" if step is not None else " before its first step"
+        if not ending.restartable(asked_to_stop=False):
+            return at
+        return at + (f"; resuming from ckpt-{newest}" if newest else "; starting from scratch")
+
+    def _wait_before(self, restart: int) -> bool:
+        """The backoff before restart `restart`, then with --tpu=NAME until the node is usable;
+        False when a signal came or the node did not come back."""
+        if self.stop.wait(min(MAX_BACKOFF, BACKOFF * 2 ** (restart - 1))):
+            return False
+        run = self.run_config
+        if not tpu_wait.is_named_node(run.tpu):
+            return True
+        polls = tpu_wait.wait_until_usable(
+            tpu_wait.client(run.tpu or "", run.tpu_zone, run.gcp_project),
+            stopped=self.stop.is_set,
+            sleep=self.stop.wait,
+        )
+        if polls is None:
+            return False
+        say(f"tpurun train: the TPU {run.tpu!r} is READY (after {polls} look(s) at it)")
+        return True
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when this supervisor dies (even by SIGKILL), so no trainer is
+    left running alone (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
