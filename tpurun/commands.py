@@ -469,10 +469,11 @@ def _end_quietly(account: GoodputRecord, error: BaseException) -> None:
 
 def finish_account(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord) -> None:
     """A finished train: the step's FLOPs and the device's peak into the account (counted now,
-    after training: never on a step's time), its end, then the report's line and TensorBoard
-    scalars. Never raises: the training succeeded."""
+    after training: never on a step's time), the report's line and TensorBoard scalars, then
+    the account's end. Never raises: the training succeeded."""
     fields: dict[str, Any] = {}
-    if "training_start" in account.account:  # it trained (not "already at step N")
+    trained = "training_start" in account.account  # not "already at step N"
+    if trained:
         try:
             fields["model_flops_per_step"] = check.train_step_flops(run, where, model)
         except Exception as e:  # noqa: BLE001 - a report without FLOPs is still a report
@@ -482,19 +483,29 @@ def finish_account(run: RunConfig, where: Cluster, model: Model, account: Goodpu
         if why:
             fields["peak_why"] = why
     try:
+        if trained:
+            mine = storage.basename(account.path)
+            others = [
+                r["goodput"]
+                for name, r in report.records.train_records(run.model_dir)
+                if name != mine and r.get("goodput")
+            ]
+            summary = report.account([*others, account.ended("finished", **fields)])
+            print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
+            _write_scalars(run.model_dir, summary)
         account.finish("finished", **fields)
-        if "training_start" not in account.account:
-            return
-        summary = report.read(run.model_dir)
-        print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
-        with tf.summary.create_file_writer(run.model_dir).as_default(step=summary.steps):
-            tf.summary.scalar("goodput/goodput_share", summary.goodput_share)
-            tf.summary.scalar("goodput/goodput_s", summary.goodput_s)
-            for name, seconds in summary.badput_s.items():
-                tf.summary.scalar(f"goodput/{name}_s", seconds)
-            if summary.mfu is not None:
-                tf.summary.scalar("mfu", summary.mfu)
-            if summary.achieved_flops_per_s:
-                tf.summary.scalar("achieved_flops_per_s", summary.achieved_flops_per_s)
     except Exception as e:  # noqa: BLE001
         logging.warning("Could not write the run's time account: %s", one_line(e, 300))
+
+
+def _write_scalars(model_dir: str, summary: report.Report) -> None:
+    """goodput/* and mfu for TensorBoard, at the run's last step."""
+    with tf.summary.create_file_writer(model_dir).as_default(step=summary.steps):
+        tf.summary.scalar("goodput/goodput_share", summary.goodput_share)
+        tf.summary.scalar("goodput/goodput_s", summary.goodput_s)
+        for name, seconds in summary.badput_s.items():
+            tf.summary.scalar(f"goodput/{name}_s", seconds)
+        if summary.mfu is not None:
+            tf.summary.scalar("mfu", summary.mfu)
+        if summary.achieved_flops_per_s:
+            tf.summary.scalar("achieved_flops_per_s", summary.achieved_flops_per_s)

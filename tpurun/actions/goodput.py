@@ -126,6 +126,17 @@ class GoodputRecord(Action):
         self.account["end"] = {"t": time.time(), "reason": reason, "step": last.get("step")}
         self._write(now=True, wait=True)
 
+    def ended(self, reason: str, **fields: Any) -> dict[str, Any]:
+        """This account as it would read if the process ended now (for the report `train`
+        ends with, before the end is written)."""
+        last = self.account.get("last") or {}
+        ending = {"end": {"t": time.time(), "reason": reason, "step": last.get("step")}}
+        return {**self.account, **fields, **ending}
+
+    @property
+    def path(self) -> str:
+        return self._path
+
     def _write(self, now: bool = False, wait: bool = False) -> None:
         moment = time.time()
         if not now and moment - self._written < WRITE_EVERY:

@@ -101,7 +101,11 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
     their ends: as recorded, else the death the next process was told of, else the last
     update."""
     found = sorted(
-        (_Process(g, float(g["process_start"])) for g in records if g.get("process_start")),
+        (
+            _Process(g, float(g["process_start"]))
+            for g in records
+            if g.get("process_start") is not None
+        ),
         key=lambda p: p.start,
     )
     for i, p in enumerate(found):

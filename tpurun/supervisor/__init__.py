@@ -84,19 +84,21 @@ class Supervisor:
                     return 0
                 if self.stop.is_set():
                     return ending.exit_code  # 75 when the trainer saved at the forwarded SIGTERM
-                where = self._where_it_stopped(ending)
+                at, newest = self._where_it_stopped()
                 if not ending.restartable(asked_to_stop=False):
                     return ending.exit_code  # its own error line says why
                 death = {"t": time.time(), "cause": ending.what().removeprefix("the trainer ")}
                 if restarts >= self.max_restarts:
+                    latest = f"ckpt-{newest}" if newest else "none (nothing saved)"
                     say(
-                        f"tpurun train: error: {ending.what()}{where}; no restart left "
-                        f"(--max_restarts={self.max_restarts}, all spent): rerun the same "
-                        "command to resume from the latest checkpoint"
+                        f"tpurun train: error: {ending.what()}{at}; no restart left "
+                        f"(--max_restarts={self.max_restarts}, all spent); the latest "
+                        f"checkpoint is {latest}: rerun the same command to resume from it"
                     )
                     return ending.exit_code
                 restarts += 1
-                say(f"restart {restarts}/{self.max_restarts}: {ending.what()}{where}")
+                resume = f"resuming from ckpt-{newest}" if newest else "starting from scratch"
+                say(f"restart {restarts}/{self.max_restarts}: {ending.what()}{at}; {resume}")
                 if not self._wait_before(restarts):
                     if self.stop.is_set():
                         return ending.exit_code
@@ -110,7 +112,8 @@ class Supervisor:
         env = {
             **os.environ,
             SUPERVISED_ENV: f"{restart}/{self.max_restarts}",
-            SPAWNED_AT_ENV: repr(time.time()),
+            # The first trainer's start is this process's: the job's wall time begins here.
+            SPAWNED_AT_ENV: repr(_process_start() if restart == 0 else time.time()),
         }
         env.pop(PREVIOUS_DEATH_ENV, None)
         if death:
@@ -154,27 +157,25 @@ class Supervisor:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def _where_it_stopped(self, ending: Ending) -> str:
-        """' at about step 4,310; resuming from ckpt-4000', from the model_dir's records."""
+    def _where_it_stopped(self) -> tuple[str, int | None]:
+        """(' at about step 4,310', 4000): the step the trainer last recorded, and the newest
+        checkpoint (saved, as the records and the state file say), from the model_dir."""
         try:
             found = records.train_records(self.run_config.model_dir)
             latest = records.latest_checkpoint_step(self.run_config.model_dir)
         except Exception:  # noqa: BLE001 - the line without the steps is still the line
-            return ""
+            return "", None
         mine = [
             r["goodput"]
             for _, r in found
             if (r.get("goodput") or {}).get("process_start", 0) >= self.started_at - 1
         ]
-        step = None
-        if mine and mine[-1].get("last"):
-            step = mine[-1]["last"].get("step")
+        step = (mine[-1].get("last") or {}).get("step") if mine else None
         saves = [s["step"] for _, r in found for s in (r.get("goodput") or {}).get("saves", [])]
         newest = max([*saves, *([latest] if latest is not None else [])], default=None)
-        at = f" at about step {step:,}" if step is not None else " before its first step"
-        if not ending.restartable(asked_to_stop=False):
-            return at
-        return at + (f"; resuming from ckpt-{newest}" if newest else "; starting from scratch")
+        return (f" at about step {step:,}" if step is not None else " before its first step"), (
+            newest or None
+        )
 
     def _wait_before(self, restart: int) -> bool:
         """The backoff before restart `restart`, then with --tpu=NAME until the node is usable;
@@ -193,6 +194,18 @@ class Supervisor:
             return False
         say(f"tpurun train: the TPU {run.tpu!r} is READY (after {polls} look(s) at it)")
         return True
+
+
+def _process_start() -> float:
+    """When this process started (epoch seconds, from /proc), else now."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return time.time()
 
 
 def say(line: str) -> None:
