@@ -35,10 +35,10 @@ COMMAND_HELP = {
     "export": "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel "
     "for serving",
     "list": "list the registered configs, and the config files in this directory",
-    "report": "where a model_dir's training time went: goodput, badput by category, "
-    "restarts, FLOPs and MFU, from its run records (--json: for a machine)",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
     "(--target=v5e-8: and whether each fits its memory)",
+    "report": "where a model_dir's training time went: goodput, badput by category, "
+    "restarts, FLOPs and MFU, from its run records (--json: for a machine)",
 }
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
     f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()

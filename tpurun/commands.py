@@ -435,7 +435,8 @@ def prepare_model_dir(run: RunConfig) -> bool:
         # On gs:// what failed and its fix (a bucket, credentials, a role), else the message.
         message = str(getattr(e, "message", None) or e)
         explained = storage_errors.explain(message, type(e).__name__)
-        raise RunError(
+        transient = explained and storage_errors.is_transient(message, type(e).__name__)
+        raise (Unavailable if transient else RunError)(
             f"cannot write to --model_dir={run.model_dir}: {explained}"
             if explained
             else f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
