@@ -4,6 +4,7 @@ through the CLI (its trainer children killed for real; no process left behind)."
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import random
 import re
@@ -52,6 +53,16 @@ def test_which_endings_restart(returncode, restarts, what):
 def test_the_child_gets_the_same_flags_without_max_restarts():
     argv = ["tpurun", "train", "--config=iris", "--max_restarts=2", "--max_restarts", "3", "-x"]
     assert child_argv(argv) == [sys.executable, "-m", "tpurun", "train", "--config=iris", "-x"]
+
+
+def test_a_multi_worker_cluster_is_counted_from_tf_config(monkeypatch):
+    from tpurun.supervisor import cluster_size
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster_size() == 1
+    workers = {"chief": ["a:1"], "worker": ["b:1", "c:1"], "evaluator": ["d:1"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": workers}))
+    assert cluster_size() == 3
 
 
 @pytest.fixture

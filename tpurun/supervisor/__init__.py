@@ -35,6 +35,11 @@ PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"
 # Seconds before restart k: BACKOFF * 2^(k-1), at most MAX_BACKOFF.
 BACKOFF = 1.0
 MAX_BACKOFF = 60.0
+# In a multi-worker cluster (TF_CONFIG), at least this long: the other workers see the lost
+# peer within ~10 s (TensorFlow's heartbeat) and end with exit 69; their supervisors restart
+# them too, and the fresh workers wait for each other at start-up (--tpu_init_timeout).
+# Restarting sooner would join a cluster whose other members are still the old ones.
+MULTI_WORKER_SETTLE = 30.0
 
 __all__ = ["supervise", "wanted"]
 
@@ -180,7 +185,10 @@ class Supervisor:
     def _wait_before(self, restart: int) -> bool:
         """The backoff before restart `restart`, then with --tpu=NAME until the node is usable;
         False when a signal came or the node did not come back."""
-        if self.stop.wait(min(MAX_BACKOFF, BACKOFF * 2 ** (restart - 1))):
+        delay = min(MAX_BACKOFF, BACKOFF * 2 ** (restart - 1))
+        if cluster_size() > 1:
+            delay = max(delay, MULTI_WORKER_SETTLE)
+        if self.stop.wait(delay):
             return False
         run = self.run_config
         if not tpu_wait.is_named_node(run.tpu):
@@ -194,6 +202,15 @@ class Supervisor:
             return False
         say(f"tpurun train: the TPU {run.tpu!r} is READY (after {polls} look(s) at it)")
         return True
+
+
+def cluster_size() -> int:
+    """The tasks TF_CONFIG's cluster lists (1 without one)."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+        return max(1, sum(len(tasks) for kind, tasks in cluster.items() if kind != "evaluator"))
+    except (ValueError, AttributeError, TypeError):
+        return 1
 
 
 def _process_start() -> float:
