@@ -1,5 +1,7 @@
 # Common tasks. Every target that runs code first makes sure .venv exists and
-# holds tpurun (editable) with its test tools, so a fresh clone needs only Python 3.11.
+# holds tpurun (editable) with its test tools and the TPU compiler (the tpu-compile
+# extra, which `tpurun check --target` and its tests use), so a fresh clone needs
+# only Python 3.11.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,7 +20,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,tpu-compile]'
 	touch $(STAMP)
 
 demo: install

@@ -11,8 +11,9 @@ On a TPU, the Colab's size (N=4096, 100 products per replica):
   tpurun predict --config=flops --tpu=... --model_dir=gs://bucket/flops \
       --config.flops.n=4096 --config.flops.loops=10 --config.flops.matmuls=10
 
-Cost: the defaults (N=1024, 10 products per step, batch 1024, 10 steps) are 0.64
-TFLOP of training and 2 x 0.43 TFLOP of measurement: 10-20 s on a laptop CPU (a
+Cost: the defaults (N=1024, 10 products per step, batch 1024, 10 steps) are 0.62
+TFLOP of training ((6K - 2) * B * N^2 a step: models/flops.py) and 2 x 0.43 TFLOP of
+measurement: 10-20 s on a laptop CPU (a
 2-core x86 with AVX-512/AMX, shared, measured 0.13-0.31 TFLOP/s float32 and 0.8
 bfloat16); on a TPU v3-8 start-up dominates.
 The measured rate counts 2 * N^3 FLOP per product per replica, over the wall-clock

@@ -5,11 +5,14 @@ TPU core and divided `cores * COUNT * 2 * N^3` by the wall-clock time. Here:
 
 * `tpurun train` trains a chain of `config.flops.matmuls` products with one
   shared N x N weight (`x -> x W -> x W W -> ...`, learning W^K ~ I on random
-  rows): a real replicated training step made of large matmuls. Each step is
-  3 * K * 2 * B * N^2 FLOP (forward, and the two products of the backward pass),
-  B the global batch; the first training log line says so. The rows are one
-  global batch of random numbers, the model's `train_arrays`: they stay on the
-  device, so the input costs nothing next to the matmuls.
+  rows): a real replicated training step made of large matmuls. A replica's step
+  is (6K - 2) * B * N^2 FLOP, B its batch: the K products forward, 2 * B * N^2
+  each, and backward K products for W's gradient but only K - 1 for the
+  activations' (the input x needs none); the first training log line says so
+  (`tpurun check --target` finds the TPU compiler counts the same). The rows are
+  one global batch of random numbers, the model's `train_arrays`, declared by
+  their shape so that `tpurun check` sizes a batch this machine could not hold:
+  they stay on the device, so the input costs nothing next to the matmuls.
 * `tpurun predict` (the model's `generate`) is the measurement: on every replica
   it multiplies a random N x N matrix by the trained W (rescaled to keep the
   values bounded) K times per loop, for `config.flops.loops` loops inside one
@@ -57,6 +60,16 @@ class MatmulChain(keras.layers.Layer):
         return x
 
 
+def train_step_flops(matmuls: int, batch: int, n: int) -> int:
+    """FLOP of one replica's training step: (6K - 2) * B * N^2.
+
+    Forward, K products [B x N] x [N x N] of 2 * B * N^2 each. Backward, W's
+    gradient takes one product per use of W (K), and the activations' gradient one
+    per product but the first: the input x needs no gradient (K - 1).
+    """
+    return (6 * matmuls - 2) * batch * n * n
+
+
 def dtypes_of(setting: str) -> tuple[str, ...]:
     if setting == "both":
         return DTYPES
@@ -84,9 +97,14 @@ class Flops(Model):
             x = tf.gather(arrays[FEATURE], rows)
             return {FEATURE: x}, x
 
-        # One global batch of random rows, each epoch a new order of them.
-        rows = {FEATURE: self._rows(batch, self.config.seed)}
-        return TrainArrays(rows, count=batch, batch=inputs_as_targets)
+        # One global batch of random rows, each epoch a new order of them; declared,
+        # made only when training needs them (N=16384 at batch 2^20 is 64 GiB).
+        return TrainArrays.declare(
+            {FEATURE: tf.TensorSpec([batch, self.config.flops.n], tf.float32)},
+            build=lambda: {FEATURE: self._rows(batch, self.config.seed)},
+            count=batch,
+            batch=inputs_as_targets,
+        )
 
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         """EVAL and PREDICT (TRAIN comes from train_arrays): one fixed batch of random rows."""
@@ -104,14 +122,18 @@ class Flops(Model):
             self.config.train.batch_size // tf.distribute.get_strategy().num_replicas_in_sync
         )
         logging.info(
-            "flops: a training step is %.1f GFLOP per replica (3 x %d matmuls of "
-            "[%d x %d] x [%d x %d]).",
-            6 * flops.matmuls * per_replica * flops.n**2 / 1e9,
+            "flops: a training step is %.1f GFLOP per replica ((6 x %d - 2) x %d x %d^2: %d "
+            "matmuls of [%d x %d] x [%d x %d] forward, %d backward).",
+            train_step_flops(flops.matmuls, per_replica, flops.n) / 1e9,
+            flops.matmuls,
+            per_replica,
+            flops.n,
             flops.matmuls,
             per_replica,
             flops.n,
             flops.n,
             flops.n,
+            2 * flops.matmuls - 1,
         )
         inputs = {FEATURE: keras.Input(shape=(flops.n,), dtype="float32", name=FEATURE)}
         chain = MatmulChain(flops.n, flops.matmuls, name="matmuls")

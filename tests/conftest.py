@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import tpurun  # noqa: F401 - first: it keeps jax out of this process, before TensorFlow loads
+
 # Google libraries probe the metadata server and googleapis.com on their own: the
 # same closed local port as the scripts' (one definition, in scripts/offline_env.py).
 from scripts.offline_env import OFFLINE_ENV, free_local_ports  # noqa: F401 - for the tests
@@ -215,12 +217,21 @@ def _running_children() -> set[int]:
 _SESSION_PROCESSES: set[int] = set()
 
 
+def _tpu_compiler() -> set[int]:
+    """The TPU compiler's process, which `tpurun check --target` keeps for the process's
+    next checks (tpurun.check.tpu_compiler.client.shared): the session's, like a server."""
+    client = sys.modules.get("tpurun.check.tpu_compiler.client")
+    shared = getattr(client, "_SHARED", None)
+    pid = shared.pid if shared is not None else None
+    return {pid} if pid else set()
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     """Fails a test that leaves a process it started running (and kills that process)."""
     before = _running_children()
     yield
-    left = _running_children() - before - _SESSION_PROCESSES
+    left = _running_children() - before - _SESSION_PROCESSES - _tpu_compiler()
     if not left:
         return
     commands = {}

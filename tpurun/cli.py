@@ -238,6 +238,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         eval_timeout=cli_flags.EVAL_TIMEOUT.value,
         target=cli_flags.TARGET.value,
         report=cli_flags.REPORT.value,
+        price_per_chip_hour=cli_flags.PRICE_PER_CHIP_HOUR.value,
     )
 
 

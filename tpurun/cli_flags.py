@@ -237,13 +237,21 @@ TARGET = flags.DEFINE_string(
     "target",
     None,
     "check: a Cloud TPU accelerator type (v2-8, v3-8, v4-8, v5litepod-8 or v5e-8, v5p-8, "
-    "v6e-8, or a larger slice): also estimate each step's memory per replica on it, "
-    "from the compiled steps, and fail if one does not fit.",
+    "v6e-8, or a larger slice): also size each step's memory per replica on it, compiled "
+    "by the TPU's own compiler (pip install 'tpurun[tpu-compile]'; else XLA's CPU "
+    "estimate), fail if one does not fit, and bound each step's time and the run's price.",
 )
 REPORT = flags.DEFINE_string(
     "report",
     None,
-    "check --target: also write the memory estimate as JSON to this file (local or gs://).",
+    "check --target: also write each step's memory and bounds as JSON to this file (local "
+    "or gs://).",
+)
+PRICE_PER_CHIP_HOUR = flags.DEFINE_float(
+    "price_per_chip_hour",
+    None,
+    "check --target: the $ per chip-hour the run's cost bound uses, instead of the "
+    "generation's on-demand list price (e.g. your region's, or a committed-use price).",
 )
 
 MAX_RESTARTS = flags.DEFINE_integer(
@@ -299,7 +307,7 @@ COMMAND_FLAGS = {
     # --num_shards sets the replicas to check for (default 8, a v3-8; --target sets
     # them too); --model_dir, --tpu and --use_tpu are accepted but unused: check
     # always traces on the CPU.
-    "check": (*COMMON_FLAGS, "target", "report"),
+    "check": (*COMMON_FLAGS, "target", "report", "price_per_chip_hour"),
     "list": (),
     "report": ("model_dir", "json"),
 }

@@ -76,10 +76,13 @@ class DeviceData:
             )
 
     def spec(self) -> Any:
-        """`values` as TensorSpecs, without placing anything: what `tpurun check` traces."""
-        return tf.nest.map_structure(
-            lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)), self._host_values()
-        )
+        """`values` as TensorSpecs, without placing or building anything: what `tpurun
+        check` traces (from the arrays' specs: declared arrays stay unbuilt)."""
+        spec = {"arrays": self.examples.specs}
+        if self.order.table is not None:
+            table = self.order.table
+            spec["table"] = tf.TensorSpec(table.shape, tf.as_dtype(table.dtype))
+        return spec
 
     def replica_batch(self, step: tf.Tensor, values: Any) -> Any:
         """This replica's `(features, labels)` for `step` (int64), from `values`.
@@ -103,7 +106,7 @@ class DeviceData:
 
 def nbytes(arrays: TrainArrays, order: ExampleOrder) -> int:
     """What one replica holds: the arrays and the order's table."""
-    sizes = [np.asarray(a).nbytes for a in tf.nest.flatten(arrays.arrays)]
+    sizes = [spec.shape.num_elements() * spec.dtype.size for spec in tf.nest.flatten(arrays.specs)]
     return sum(sizes) + (0 if order.table is None else order.table.nbytes)
 
 

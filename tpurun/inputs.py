@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -56,15 +55,16 @@ def train_arrays(model: Model) -> TrainArrays | None:
             f"{name}.train_arrays() returned {type(arrays).__name__}; return "
             "tpurun.model.TrainArrays((features, labels)), or None to train from input_fn"
         )
-    leaves = tf.nest.flatten(arrays.arrays)
-    shapes = [np.shape(leaf) for leaf in leaves]
+    # From the specs: declared arrays are not built to be checked.
+    leaves = tf.nest.flatten(arrays.specs)
+    shapes = [tuple(leaf.shape.as_list()) for leaf in leaves]
     if not leaves or any(len(shape) == 0 for shape in shapes):
         raise RunError(
             f"{name}.train_arrays(): every array needs a first dimension (got shapes "
             f"{shapes}); give numpy arrays with one row per example"
         )
     if arrays.batch is None:
-        if not (isinstance(arrays.arrays, tuple) and len(arrays.arrays) == 2):
+        if not (isinstance(arrays.specs, tuple) and len(arrays.specs) == 2):
             raise RunError(
                 f"{name}.train_arrays(): the arrays must be a (features, labels) pair, or give "
                 "TrainArrays a batch function that makes that pair from them"

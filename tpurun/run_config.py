@@ -51,6 +51,7 @@ class RunConfig:
     # The training examples an epoch counts (train_config.resolve_length sets it when the
     # run counts in epochs or evaluates every epoch); 0 = not counted.
     train_examples: int = 0
+    price_per_chip_hour: float | None = None  # check --target: $ per chip-hour for the cost
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -380,6 +381,16 @@ def _validate(run: RunConfig) -> None:
         )
     if run.report == "":
         raise UsageError("--report must not be empty: give the JSON file to write")
+    if run.price_per_chip_hour is not None and not run.target:
+        raise UsageError(
+            f"--price_per_chip_hour={run.price_per_chip_hour:g} prices the run on --target; add "
+            "--target=<TPU type> (e.g. --target=v5e-8) or drop --price_per_chip_hour"
+        )
+    if run.price_per_chip_hour is not None and not run.price_per_chip_hour > 0:
+        raise UsageError(
+            f"--price_per_chip_hour={run.price_per_chip_hour:g}: give a positive price in $ "
+            "per chip-hour"
+        )
     if run.best and run.checkpoint is not None:
         raise UsageError(
             f"--best and --checkpoint={run.checkpoint} each choose the checkpoint; drop one"

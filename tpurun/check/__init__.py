@@ -20,9 +20,12 @@ then only traces each replica step (`steps.StepChecker`):
   `replica_rules`).
 
 With `--target=TYPE` (a Cloud TPU accelerator type, `tpurun.check.targets`),
-the replicas are the slice's, and each step's memory per replica is estimated
-from its compiled buffers and compared with a replica's HBM (`preflight`, rule
-`memory`; `fit_report` prints the table and writes `--report`). On the TPU itself
+the replicas are the slice's, and each step is compiled by the TPU's own compiler
+for that generation (`tpu_compiler`, the `tpu-compile` extra; without it, XLA's
+CPU compile estimates it): its memory per replica against a replica's HBM
+(`preflight`, rule `memory`), its FLOPs and bytes against the chip's peaks, which
+bound its time and the run's price (`step_bounds`); `fit_report` prints the table
+and writes `--report`. On the TPU itself
 `train`/`eval`/`predict` use the same estimate (`device_memory`): an out-of-memory
 error becomes that advice, and the run record keeps it beside the measured peak.
 
@@ -52,7 +55,7 @@ from absl import logging
 
 from tpurun import inputs, precision, strategy, train_config
 from tpurun import model as model_lib
-from tpurun.check import fit_report, preflight, targets
+from tpurun.check import fit_report, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.peaks import peak_flops
@@ -61,6 +64,8 @@ from tpurun.check.replica_rules import batch_norm_warning
 from tpurun.check.step_flops import train_step_flops
 from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
+from tpurun.check.tpu_compiler import client
+from tpurun.check.tpu_compiler.sizing import TpuSizer
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
@@ -117,9 +122,21 @@ def run_checks(
             failing = {p.step for p in problems if p.severity == ERROR}
             for mode in failing:
                 checker.single_device_steps.pop(mode, None)
-            found = preflight.estimate_steps(checker, target)
+            sizer, note = tpu_sizer(target)
+            found = preflight.estimate_steps(checker, target, sizer, note)
             problems += fit_report.problems(run, found)
     return merge(problems), found
+
+
+def tpu_sizer(target: Target) -> tuple[TpuSizer | None, str | None]:
+    """The TPU compiler of the target's generation, or None and why there is none."""
+    missing = client.missing_extra()
+    if missing is not None:
+        return None, (
+            f"the TPU compiler is not installed ({missing} is missing): {client.INSTALL} "
+            "sizes each step with the TPU's own compiler"
+        )
+    return TpuSizer(client.shared(), targets.generation(target.generation)), None
 
 
 @contextlib.contextmanager
@@ -154,6 +171,9 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
     findings, found = run_checks(run, target)
     if found is not None:
         print("\n".join(fit_report.table(found, run.iterations)), file=out)
+        bounds = step_bounds.lines(run, found)
+        if bounds:
+            print("\n".join(bounds), file=out)
         if run.report:
             fit_report.write_report(run.report, fit_report.report(run, found))
     errors = sum(f.severity == ERROR for f in findings)
@@ -164,11 +184,13 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
             f"on a TPU with {layout}; fix the errors and rerun `tpurun check`"
         )
     note = f" ({warnings} warning(s) above)" if warnings else ""
-    fits = (
-        f", and each step fits a replica's {fit_report.hbm_text(target.hbm_bytes_per_replica)}"
-        if target
-        else ""
-    )
+    fits = ""
+    if target and found is not None and found.steps:
+        fits = f", and each step fits a replica's {fit_report.step_hbm_text(found.steps[0])}"
+    elif target:
+        fits = (
+            f", and each step fits a replica's {fit_report.hbm_text(target.hbm_bytes_per_replica)}"
+        )
     print(
         f"tpurun check: clean: the train, eval and predict steps of {run.config_name} traced "
         f"and compiled as on a TPU with {layout}, with no errors{fits}{note}",

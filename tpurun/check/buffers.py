@@ -197,7 +197,11 @@ def arg_names(args_specs: Sequence[Any]) -> list[str]:
 
 def entry_parameters(hlo: Any) -> list[Leaf]:
     """The arrays of the entry computation's parameters, in parameter order."""
-    module = hlo.hlo_module
+    return module_parameters(hlo.hlo_module)
+
+
+def module_parameters(module: Any) -> list[Leaf]:
+    """The entry parameters' arrays of an HloModuleProto (optimized or not), in order."""
     entry = next(c for c in module.computations if c.id == module.entry_computation_id)
     leaves: list[Leaf] = []
 

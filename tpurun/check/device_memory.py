@@ -21,8 +21,7 @@ from absl import logging
 from tpurun import records, storage
 from tpurun.check import fit_report
 from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import MemoryEstimate
-from tpurun.check.preflight import Preflight
+from tpurun.check.preflight import Preflight, StepSize
 from tpurun.check.steps import StepChecker, global_batch
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model, has_generate
@@ -153,7 +152,7 @@ _HOST_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 def _estimate(
     run: RunConfig, where: Cluster, model: Model, mode: Mode
-) -> tuple[Preflight, int, MemoryEstimate]:
+) -> tuple[Preflight, int, StepSize]:
     """The run's step on one device at its per-replica batch, as `tpurun check` estimates it."""
     with tf.device(_HOST_CPU):
         checker = StepChecker(run, where, model, replicas=where.num_replicas)

@@ -256,3 +256,17 @@ def hlo_proto_class() -> Any:
         return message_factory.GetMessageClass(descriptor)
     except (KeyError, ImportError, AttributeError):
         return None
+
+
+def hlo_module_proto_class() -> Any:
+    """XLA's HloModuleProto message class (a step's unoptimized program), or None."""
+    proto = getattr(_hlo_pb2, "HloModuleProto", None)
+    if proto is not None:
+        return proto
+    try:
+        from google.protobuf import descriptor_pool, message_factory
+
+        descriptor = descriptor_pool.Default().FindMessageTypeByName("xla.HloModuleProto")
+        return message_factory.GetMessageClass(descriptor)
+    except (KeyError, ImportError, AttributeError):
+        return None

@@ -18,19 +18,32 @@ A model that trains on device data (`Model.train_arrays`, tpurun.device_data) ha
 its device-data train step estimated: its input is the arrays (and their order's
 table) that every replica holds for the whole run, and the batch it gathers from
 them is one of its temporaries; no batch is prefetched.
+
+With the TPU compiler (`tpurun.check.tpu_compiler`, the `tpu-compile` extra) each
+of those compiles is the TPU's own, for the target's generation, and a replica's
+HBM is what that compiler allows a program; without it, or for a step whose TPU
+compile fails (`fallbacks`: why), the XLA:CPU estimate sizes the step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
+
+from absl import logging
 
 from tpurun.check import memory
 from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
 from tpurun.check.memory import MemoryEstimate
 from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
+from tpurun.check.tpu_compiler.client import CompileError
+from tpurun.check.tpu_compiler.sizing import XLA_CPU, CompiledStep, TpuSizer
 from tpurun.model import Mode, has_generate
 from tpurun.train import Trainer
+
+# A step's memory as the TPU compiler found it, or as XLA:CPU estimates it.
+StepSize = MemoryEstimate | CompiledStep
 
 # tpurun.inputs distributes with InputOptions(experimental_fetch_to_device=True): on a
 # TPU each replica's next batch is prefetched into its HBM while the step runs on
@@ -45,7 +58,7 @@ class StepMemory:
 
     mode: Mode
     batch: int  # per replica (per micro-batch, with gradient accumulation)
-    estimate: MemoryEstimate
+    estimate: StepSize
     hbm_bytes: int
     # The largest per-replica batch that fits, searched only when `batch` does not
     # (None then: not even a batch of 1 fits).
@@ -63,15 +76,28 @@ class StepMemory:
     def headroom_bytes(self) -> int:
         return self.hbm_bytes - self.estimate.padded_total_bytes
 
+    @property
+    def compiler(self) -> str:
+        """What sized the step: "tpu" or "xla:cpu"."""
+        return self.estimate.compiler if isinstance(self.estimate, CompiledStep) else XLA_CPU
+
+    @property
+    def examples(self) -> int:
+        """Examples one replica's step processes: its batch, times its micro-batches."""
+        return self.batch * self.micro_batches
+
 
 class Preflight:
     """The memory of `checker`'s single-device steps against `hbm_bytes` per replica, one
-    compile per (step, batch)."""
+    compile per (step, batch): by the TPU compiler with a `sizer`, else by XLA:CPU."""
 
-    def __init__(self, checker: StepChecker, hbm_bytes: int):
+    def __init__(self, checker: StepChecker, hbm_bytes: int, sizer: TpuSizer | None = None):
         self.checker = checker
         self.hbm_bytes = hbm_bytes
-        self._estimates: dict[tuple[Mode, int], MemoryEstimate] = {}
+        self.sizer = sizer
+        # Steps the TPU compiler could not size, and why: estimated by XLA:CPU instead.
+        self.fallbacks: dict[Mode, str] = {}
+        self._estimates: dict[tuple[Mode, int], StepSize] = {}
 
     def not_estimated(self, mode: Mode) -> str | None:
         """Why a step is not estimated, or None if it is."""
@@ -84,15 +110,40 @@ class Preflight:
             return "not estimated: fix the errors of this step first"
         return None
 
+    def on_tpu(self, mode: Mode) -> bool:
+        """Whether the TPU compiler sizes `mode`'s step."""
+        return self.sizer is not None and mode not in self.fallbacks
+
+    def hbm_for(self, mode: Mode) -> int:
+        """A replica's HBM for `mode`'s step: as the TPU compiler counts it when it sizes
+        the step (15.75 GiB of a v5e chip's 16 GB), else the documented figure."""
+        if self.sizer is not None and self.on_tpu(mode):
+            return self.sizer.capacity.bytes
+        return self.hbm_bytes
+
     def step_memory(self, mode: Mode) -> StepMemory:
-        """The step at the target's per-replica batch, and the largest that fits if it does not."""
+        """The step at the target's per-replica batch, and the largest that fits if it does not.
+
+        A TPU compile that fails (not a refusal for lack of memory: that is an answer)
+        sends the whole step, its batch search included, to the XLA:CPU estimate.
+        """
+        try:
+            return self._step_memory(mode)
+        except CompileError as e:
+            if not self.on_tpu(mode):
+                raise
+            self.fallbacks[mode] = str(e)
+            self._estimates = {k: v for k, v in self._estimates.items() if k[0] is not mode}
+            return self._step_memory(mode)
+
+    def _step_memory(self, mode: Mode) -> StepMemory:
         batch = self.checker.per_replica_batch(mode)
         micro_batches = self.checker.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
         step = StepMemory(
             mode,
             batch,
             self.estimate(mode, batch),
-            self.hbm_bytes,
+            self.hbm_for(mode),
             micro_batches=micro_batches,
             device_data=on_device_data(self.checker.single_device_steps[mode].runner),
         )
@@ -100,32 +151,43 @@ class Preflight:
             return step
         return dataclasses.replace(step, max_batch=self.largest_batch(mode, batch))
 
-    def estimate(self, mode: Mode, batch: int) -> MemoryEstimate:
+    def estimate(self, mode: Mode, batch: int) -> StepSize:
         """One replica's step at a per-replica batch, as a TPU would hold it (compiled once)."""
         key = (mode, batch)
         if key not in self._estimates:
             runner, spec = self.checker.single_device_steps[mode]
             variables = runner.optimizer.variables if isinstance(runner, Trainer) else ()
             function, args = self.checker.step_call(mode, runner, spec, batch)
-            found = memory.estimate(
+            size = self.sizer.size if self.sizer is not None and self.on_tpu(mode) else None
+            start = time.monotonic()
+            found: StepSize = (size or memory.estimate)(
                 function,
                 args,
                 weights=runner.keras_model.variables,
                 optimizer_variables=variables,
             )
+            if size is not None:  # seconds to minutes each: say what the wait is for
+                logging.info(
+                    "The TPU compiler sized the %s step at %d per replica in %.0f s%s.",
+                    mode.value,
+                    batch,
+                    time.monotonic() - start,
+                    "" if found.fits(self.hbm_for(mode)) else " (it does not fit)",
+                )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
             self._estimates[key] = dataclasses.replace(found, input_batches=held)
         return self._estimates[key]
 
     def largest_batch(self, mode: Mode, batch: int) -> int | None:
-        """The largest per-replica batch below `batch` that fits, by compiling (binary search).
+        """The largest per-replica batch below `batch` that fits, by compiling (an
+        interpolation search from the sizes already compiled: `memory.max_batch_that_fits`).
 
         A multiple of 8 (the TPU pads a batch to one) unless only a smaller one fits.
         """
-        hbm = self.hbm_bytes
+        hbm = self.hbm_for(mode)
 
-        def build(size: int) -> MemoryEstimate:
+        def build(size: int) -> StepSize:
             return self.estimate(mode, size)
 
         multiple = TPU_BATCH_MULTIPLE
@@ -134,24 +196,30 @@ class Preflight:
                 build,
                 hbm,
                 multiple,
-                batch - 1,
+                batch,
                 multiple_of=multiple,
                 guess=self._guess(mode, batch),
+                known=self._known(mode),
             )
             if found is not None:
                 return found
         return (
-            memory.max_batch_that_fits(build, hbm, 1, min(batch, multiple) - 1)
+            memory.max_batch_that_fits(
+                build, hbm, 1, min(batch, multiple) - 1, known=self._known(mode)
+            )
             if batch > 1
             else None
         )
+
+    def _known(self, mode: Mode) -> dict[int, StepSize]:
+        return {batch: size for (m, batch), size in self._estimates.items() if m is mode}
 
     def _guess(self, mode: Mode, batch: int) -> int | None:
         """Where the memory crosses the HBM, on the line through `batch` and a quarter of it.
 
         The memory of a step is nearly affine in the batch (weights and optimizer
         state, plus activations and input per example), so this is usually right
-        within one multiple of 8, and the search then needs two more compiles.
+        within one multiple of 8, and the search then needs a compile or two more.
         """
         small = max(1, batch // 4)
         if small == batch:
@@ -161,7 +229,7 @@ class Preflight:
         per_example = (big_bytes - small_bytes) / (batch - small)
         if per_example <= 0:
             return None
-        return int(small + (self.hbm_bytes - small_bytes) / per_example)
+        return int(small + (self.hbm_for(mode) - small_bytes) / per_example)
 
 
 def on_device_data(runner: object) -> bool:
@@ -177,14 +245,33 @@ class TargetMemory:
     steps: tuple[StepMemory, ...]
     skipped: dict[Mode, str]  # not estimated, and why (nothing to estimate, or other errors)
     failed: dict[Mode, str]  # the estimate itself failed: why
+    # "compiled by the TPU compiler, libtpu 0.0.52 (jax 0.10.2), for TPU v5 lite"; None
+    # when no step was (then `compiler_note` says why).
+    compiler: str | None = None
+    # Why the steps are XLA:CPU estimates (the extra is missing, the compiler failed).
+    compiler_note: str | None = None
+    fallbacks: dict[Mode, str] = dataclasses.field(default_factory=dict)  # per step
 
     def step(self, mode: Mode) -> StepMemory | None:
         return next((s for s in self.steps if s.mode is mode), None)
 
 
-def estimate_steps(checker: StepChecker, target: Target) -> TargetMemory:
-    """Every step's memory on `target`, searched for the largest batch where it does not fit."""
-    preflight = Preflight(checker, target.hbm_bytes_per_replica)
+def estimate_steps(
+    checker: StepChecker, target: Target, sizer: TpuSizer | None = None, note: str | None = None
+) -> TargetMemory:
+    """Every step's memory on `target`, searched for the largest batch where it does not fit.
+
+    With a `sizer` the TPU compiler sizes the steps; if it cannot even say how much
+    HBM a replica has, every step is estimated by XLA:CPU, and `compiler_note` says why
+    (as `note` does when the caller had no compiler to give).
+    """
+    header = None
+    if sizer is not None:
+        try:
+            header = sizer.header()
+        except CompileError as e:
+            sizer, note = None, f"the TPU compiler failed: {e}"
+    preflight = Preflight(checker, target.hbm_bytes_per_replica, sizer)
     steps, skipped, failed = [], {}, {}
     for mode in Mode:
         why_not = preflight.not_estimated(mode)
@@ -195,4 +282,15 @@ def estimate_steps(checker: StepChecker, target: Target) -> TargetMemory:
             steps.append(preflight.step_memory(mode))
         except memory.EstimateError as e:
             failed[mode] = str(e)
-    return TargetMemory(target, tuple(steps), skipped, failed)
+    if header is not None and steps and all(s.compiler == XLA_CPU for s in steps):
+        header = None
+        note = note or "the TPU compiler sized no step"
+    return TargetMemory(
+        target,
+        tuple(steps),
+        skipped,
+        failed,
+        compiler=header,
+        compiler_note=note,
+        fallbacks=dict(preflight.fallbacks),
+    )

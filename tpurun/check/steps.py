@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -30,6 +30,7 @@ from tpurun.check.graph_walk import GraphWalker
 from tpurun.check.introspection import KerasNames, LayerScopes
 from tpurun.cluster import Cluster
 from tpurun.evaluate import Evaluator
+from tpurun.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig
@@ -60,6 +61,28 @@ class SingleDeviceStep(NamedTuple):
     # One batch as the input function yields it, (features, labels[, mask]) or
     # (features, mask); `StepChecker.step_args` makes the step's arguments of it.
     spec: Any
+
+
+@contextlib.contextmanager
+def symbolic(arrays: TrainArrays | None, seed: int) -> Iterator[TrainArrays | None]:
+    """The training arrays as placeholders of a graph of their own, for building datasets.
+
+    A dataset built from them has the element spec one built from the values would
+    have, and nothing is allocated: the flops model's 64 GiB of rows at
+    --batch_size=1048576 are sized from their shapes (declared arrays are never
+    built). Nothing may iterate such a dataset; check only reads its spec.
+    """
+    if arrays is None:
+        yield None
+        return
+    # The order's table is computed eagerly, and cached: made here, before the graph,
+    # the dataset built inside finds it (`seed`: the run's, as tpurun.inputs passes it).
+    ExampleOrder(arrays.num_examples, seed)
+    with tf.Graph().as_default():
+        placeholders = tf.nest.map_structure(
+            lambda spec: tf.compat.v1.placeholder(spec.dtype, spec.shape), arrays.specs
+        )
+        yield TrainArrays(placeholders, count=arrays.num_examples, batch=arrays.batch)
 
 
 class StepChecker:
@@ -205,9 +228,10 @@ class StepChecker:
         """
         params = self.input_params(mode, per_replica)
         if mode is Mode.TRAIN:
-            dataset = inputs.train_dataset(self.model, params, self.arrays)
-        else:
-            dataset = self.model.input_fn(mode, params)
+            with symbolic(self.arrays, self.run.seed) as arrays:
+                dataset = inputs.train_dataset(self.model, params, arrays)
+                return dataset.element_spec
+        dataset = self.model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"returned {type(dataset).__name__}; return a tf.data.Dataset")
         if mode is Mode.TRAIN:
@@ -252,18 +276,20 @@ class StepChecker:
         if self.global_batch(mode) % self.replicas:
             return []  # batch-split already says so; distributing would only fail on it
         try:
-            inputs.distribute(
-                self.cluster.strategy,
-                self.model,
-                mode,
-                # The per-replica batch over the replicas traced (fewer than a large slice's).
-                self.per_replica_batch(mode) * self.cluster.num_replicas,
-                self.run.seed,
-                exact_pass=not (mode is Mode.EVAL and self.run.config.eval.steps),
-                micro_batches=self.run.config.train.accumulate_steps,
-                split=self.eval_split,
-                arrays=self.arrays if mode is Mode.TRAIN else None,
-            )
+            with symbolic(self.arrays if mode is Mode.TRAIN else None, self.run.seed) as arrays:
+                inputs.distribute(
+                    self.cluster.strategy,
+                    self.model,
+                    mode,
+                    # The per-replica batch over the replicas traced (fewer than a large
+                    # slice's).
+                    self.per_replica_batch(mode) * self.cluster.num_replicas,
+                    self.run.seed,
+                    exact_pass=not (mode is Mode.EVAL and self.run.config.eval.steps),
+                    micro_batches=self.run.config.train.accumulate_steps,
+                    split=self.eval_split,
+                    arrays=arrays,
+                )
         except Exception as e:  # noqa: BLE001 - reported, the other checks still run
             step = STEP_NAMES[mode]
             return [

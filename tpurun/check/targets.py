@@ -16,6 +16,14 @@ replicas, a `v4-8` has 4, a `v5litepod-8` has 8.
 
 All these generations lay arrays out in HBM with the same tiles (XLA's default
 before TPU7x): `tpurun.check.memory.TILE_ROWS` applies to every row here.
+
+The same rows give what a step's time and a run's price are bounded by: each
+generation's peak bfloat16 FLOP/s and HBM bandwidth (`peak_flops_per_replica`,
+`hbm_bandwidth_per_replica`, from the generation's Cloud TPU page) and its
+on-demand price (`price_per_chip_hour`, of `PRICES_DATE`). A figure the docs do
+not publish is None, with the reason in `missing_peaks` / `missing_price`: it is
+left out of the bound, never guessed. `compile_topology` is what the TPU
+compiler (`tpurun.check.tpu_compiler`) compiles one replica's step for.
 """
 
 from __future__ import annotations
@@ -29,6 +37,17 @@ from tpurun.errors import UsageError
 
 GIB = 1 << 30
 GB = 10**9
+TERA = 10**12
+
+# On-demand list prices per chip-hour. The Cloud TPU pricing page
+# (https://cloud.google.com/tpu/pricing) renders its table from Google's price
+# catalog, by region; the figures below are its US on-demand prices as quoted, all
+# alike, by the public notes that cite it (v4 $3.22, v5e $1.20, v5p $4.20, v6e
+# $2.70), current on this date. Check the page for your region, or pass
+# --price_per_chip_hour. No quote of a v2 or v3 on-demand chip-hour was found: those
+# rows have no price, so the cost of a run on them needs --price_per_chip_hour.
+PRICES_DATE = "2026-11"
+PRICES_SOURCE = "https://cloud.google.com/tpu/pricing"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +65,59 @@ class Generation:
     sizes: Callable[[int], bool]  # whether `<prefix>-<n>` exists
     size_examples: str  # for messages: "8, 32, ..., 512"
     source: str  # the Cloud TPU page the row comes from
+    # Peak bfloat16 FLOP/s and HBM bandwidth (bytes/s) per chip, from `source`; None
+    # when the page does not publish it (`missing_peaks` says so).
+    peak_flops_per_chip: float | None
+    hbm_bandwidth_per_chip: float | None
+    # US on-demand $ per chip-hour of PRICES_DATE (PRICES_SOURCE); None: not found.
+    price_per_chip_hour: float | None
+    # What the TPU compiler compiles one replica's step for: the smallest slice's
+    # topology as libtpu names it, and its options (v4's megacore: one device a chip).
+    compile_topology: str
+    compile_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def hbm_bytes_per_replica(self) -> int:
         return self.hbm_bytes_per_chip // self.tensorcores_per_chip * self.tensorcores_per_replica
+
+    @property
+    def chips_per_replica(self) -> float:
+        """0.5 on v2/v3 (a replica is one of a chip's two TensorCores), else 1."""
+        return self.tensorcores_per_replica / self.tensorcores_per_chip
+
+    @property
+    def peak_flops_per_replica(self) -> float | None:
+        """Peak bfloat16 FLOP/s of one replica (a TensorCore on v2/v3, else a chip)."""
+        if self.peak_flops_per_chip is None:
+            return None
+        return self.peak_flops_per_chip * self.chips_per_replica
+
+    @property
+    def hbm_bandwidth_per_replica(self) -> float | None:
+        """HBM bytes/s of one replica; on v2/v3 half a chip's (each core has its own HBM)."""
+        if self.hbm_bandwidth_per_chip is None:
+            return None
+        return self.hbm_bandwidth_per_chip * self.chips_per_replica
+
+    @property
+    def missing_peaks(self) -> str | None:
+        """Why there is no time bound on this generation, or None when there is."""
+        if self.peak_flops_per_chip is not None and self.hbm_bandwidth_per_chip is not None:
+            return None
+        return (
+            f"the Cloud TPU {self.name} page ({self.source}) publishes no peak FLOP/s or HBM "
+            "bandwidth, so no step-time bound is given"
+        )
+
+    @property
+    def missing_price(self) -> str | None:
+        """Why there is no price for this generation, or None when there is."""
+        if self.price_per_chip_hour is not None:
+            return None
+        return (
+            f"no on-demand price of a {self.name} chip-hour was found ({PRICES_SOURCE}); "
+            "pass --price_per_chip_hour for the cost"
+        )
 
 
 def _one_of(*sizes: int) -> Callable[[int], bool]:
@@ -94,6 +162,12 @@ GENERATIONS: tuple[Generation, ...] = (
         sizes=_one_of(8, 32, 128, 256, 512),
         size_examples="8, 32, 128, 256, 512",
         source="https://cloud.google.com/tpu/docs/v2",
+        # The v2 page publishes no peak compute or HBM bandwidth (it refers to a paper):
+        # left out of the bound rather than taken from elsewhere.
+        peak_flops_per_chip=None,
+        hbm_bandwidth_per_chip=None,
+        price_per_chip_hour=None,
+        compile_topology="v2:1x1",
     ),
     Generation(
         name="v3",
@@ -107,6 +181,10 @@ GENERATIONS: tuple[Generation, ...] = (
         sizes=_one_of(8, 32, 64, 128, 256, 512, 1024, 2048),  # a Pod is 1024 chips
         size_examples="8, 32, 64, ..., 2048",
         source="https://cloud.google.com/tpu/docs/v3",
+        peak_flops_per_chip=123 * TERA,  # "Peak compute per chip: 123 teraflops (bf16)"
+        hbm_bandwidth_per_chip=900 * GB,  # "HBM2 capacity and bandwidth: 32 GiB, 900 GBps"
+        price_per_chip_hour=None,
+        compile_topology="v3:1x1",
     ),
     Generation(
         name="v4",
@@ -120,6 +198,11 @@ GENERATIONS: tuple[Generation, ...] = (
         sizes=_cube_slices(max_chips=4096),  # a Pod is 4096 chips
         size_examples="8, 16, 32, ..., 8192",
         source="https://cloud.google.com/tpu/docs/v4",
+        peak_flops_per_chip=275 * TERA,  # "Peak compute per chip: 275 teraflops (bf16 or int8)"
+        hbm_bandwidth_per_chip=1200 * GB,  # "HBM2 capacity and bandwidth: 32 GiB, 1200 GBps"
+        price_per_chip_hour=3.22,
+        compile_topology="v4:1x1x1",
+        compile_options=(("chip_config_name", "megacore"),),
     ),
     Generation(
         name="v5e",
@@ -133,6 +216,12 @@ GENERATIONS: tuple[Generation, ...] = (
         sizes=_one_of(1, 4, 8, 16, 32, 64, 128, 256),  # 1x1 ... 16x16
         size_examples="1, 4, 8, 16, ..., 256",
         source="https://cloud.google.com/tpu/docs/v5e",
+        peak_flops_per_chip=197 * TERA,  # "Peak compute per chip (bf16): 197 TFLOPs"
+        # "HBM2 capacity and bandwidth: 16 GB, 819 GBps" (a later revision of the page
+        # says "800 GiBps", 859 GB/s: 5% more, so a bound 5% less memory-bound).
+        hbm_bandwidth_per_chip=819 * GB,
+        price_per_chip_hour=1.20,
+        compile_topology="v5e:1x1",
     ),
     Generation(
         name="v5p",
@@ -146,6 +235,10 @@ GENERATIONS: tuple[Generation, ...] = (
         sizes=_cube_slices(max_chips=6144),  # the largest slice: 16x16x24
         size_examples="8, 16, 32, ..., 12288",
         source="https://cloud.google.com/tpu/docs/v5p",
+        peak_flops_per_chip=459 * TERA,  # "Peak compute per chip (bf16): 459 TFLOPs"
+        hbm_bandwidth_per_chip=2765 * GB,  # "HBM2e capacity and bandwidth: 95 GB, 2765 GBps"
+        price_per_chip_hour=4.20,
+        compile_topology="v5p:1x1x1",
     ),
     Generation(
         name="v6e",
@@ -159,6 +252,10 @@ GENERATIONS: tuple[Generation, ...] = (
         sizes=_one_of(1, 4, 8, 16, 32, 64, 128, 256),  # a Pod is 256 chips
         size_examples="1, 4, 8, 16, ..., 256",
         source="https://cloud.google.com/tpu/docs/v6e",
+        peak_flops_per_chip=918 * TERA,  # "Peak compute per chip (bf16): 918 TFLOPs"
+        hbm_bandwidth_per_chip=1638 * GB,  # "HBM bandwidth per chip: 1638 GBps"
+        price_per_chip_hour=2.70,
+        compile_topology="v6e:1x1",
     ),
 )
 
@@ -225,6 +322,11 @@ def larger_slice(target: Target, global_batch: int, max_per_replica: int) -> Tar
         if generation.sizes(number):
             return parse(f"{generation.prefix}-{number}")
     return None
+
+
+def generation(name: str) -> Generation:
+    """The row of a generation by its name ("v5e"), as `Target.generation` holds it."""
+    return _BY_NAME[name]
 
 
 def known_types() -> list[str]:

@@ -1,0 +1,212 @@
+"""A step's memory and cost from the TPU compiler: `TpuSizer.size(step, specs, ...)` -> `CompiledStep`.
+
+`CompiledStep` answers what `tpurun.check.memory.MemoryEstimate` answers (bytes by
+category, total, whether it fits a replica), so `tpurun.check.preflight` searches
+batches and `fit_report` prints tables with either; here every figure is the
+compiler's: the arguments in the layouts it chose (weights, optimizer state and
+input: the entry parameters, `program.layout_bytes`), the outputs and how much of
+them it writes in place of arguments (updated weights and slots), its
+temporaries and its generated code. The total is what JAX users take from
+`memory_analysis`: arguments + outputs - aliased + temporaries + code, plus the
+next input batch a TPU prefetches meanwhile (as the XLA:CPU estimate counts it).
+It also has the step's FLOPs and bytes accessed (`cost_analysis`), for the time
+bound (`tpurun.check.step_bounds`).
+
+A program that does not fit is refused by the compiler (CompileTimeHbmOom, with
+what it needed): a `CompiledStep` too, which does not fit, whose total is at
+least the arguments plus what the compiler said it needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpurun.check.buffers import CATEGORIES, INPUT, OTHER
+from tpurun.check.memory import Array, format_bytes, tpu_padded_bytes
+from tpurun.check.targets import Generation
+from tpurun.check.tpu_compiler import program as program_lib
+from tpurun.check.tpu_compiler.client import (
+    Capacity,
+    CompileError,
+    OutOfMemory,
+    Topology,
+    TpuCompiler,
+)
+
+TPU = "tpu"
+XLA_CPU = "xla:cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """One replica's step as the TPU compiler compiled it (or refused it for lack of HBM)."""
+
+    arrays: tuple[Array, ...]  # the entry parameters; padded_bytes as the TPU lays them out
+    output_bytes: int
+    alias_bytes: int  # outputs written in place of arguments
+    temporary_bytes: int
+    code_bytes: int
+    flops: float | None  # per step, None when refused
+    bytes_accessed: float | None
+    input_batches: int = 1  # the step's batch, and those prefetched meanwhile
+    # The compiler's refusal, when it refused: "HLO temporaries need 34.7 GB, more
+    # than the 16.9 GB of HBM"; then the arrays' layouts are estimated (TPU tiles).
+    refusal: str | None = None
+    compiler: str = TPU
+    computes: frozenset[str] = frozenset()  # (MemoryEstimate's: XLA:CPU's biases; none here)
+
+    def bytes(self, category: str) -> int:
+        """Unpadded bytes of weights, optimizer state, input; OTHER as compiled."""
+        return self._sum(category, padded=False)
+
+    def padded_bytes(self, category: str) -> int:
+        """Bytes as the TPU holds them; OTHER: outputs - aliased + temporaries + code."""
+        return self._sum(category, padded=True)
+
+    def _sum(self, category: str, padded: bool) -> int:
+        total = sum(
+            a.padded_bytes if padded else a.bytes for a in self.arrays if a.category == category
+        )
+        if category == INPUT:
+            total *= self.input_batches
+        if category == OTHER:
+            total += self.outputs_not_aliased + self.temporary_bytes + self.code_bytes
+        return total
+
+    @property
+    def outputs_not_aliased(self) -> int:
+        return self.output_bytes - self.alias_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes(c) for c in CATEGORIES)
+
+    @property
+    def padded_total_bytes(self) -> int:
+        """The compiler's total for one replica (at least that, when it refused)."""
+        return sum(self.padded_bytes(c) for c in CATEGORIES)
+
+    @property
+    def padding_bytes(self) -> int:
+        """What the TPU's layouts add to the arguments' values."""
+        return self.padded_total_bytes - self.total_bytes
+
+    def fits(self, hbm_bytes: int) -> bool:
+        return self.refusal is None and self.padded_total_bytes <= hbm_bytes
+
+    def summary(self) -> str:
+        parts = [f"{c} {format_bytes(self.padded_bytes(c))}" for c in CATEGORIES]
+        about = "at least " if self.refusal else ""
+        return (
+            f"{about}{format_bytes(self.padded_total_bytes)} per replica: {', '.join(parts)}; "
+            "compiled by the TPU compiler"
+        )
+
+
+class TpuSizer:
+    """Sizes steps with the TPU compiler of one generation (`generation.compile_topology`)."""
+
+    def __init__(self, compiler: TpuCompiler, generation: Generation):
+        self.compiler = compiler
+        self.generation = generation
+        self.topology = Topology(generation.compile_topology, generation.compile_options)
+        self._capacity: Capacity | None = None
+
+    @property
+    def capacity(self) -> Capacity:
+        """A replica's HBM as the compiler counts it (raises CompileError without an answer)."""
+        if self._capacity is None:
+            self._capacity = self.compiler.capacity(self.topology)
+        return self._capacity
+
+    def header(self) -> str:
+        """What compiled the steps, as the table's header says it: "compiled by the TPU
+        compiler, libtpu 0.0.52 (jax 0.10.2), for TPU v5 lite"."""
+        device = self.capacity.device_kind  # first: it starts the compiler's process
+        return f"compiled by the TPU compiler, {self.compiler.version_line()}, for {device}"
+
+    def size(
+        self,
+        fn: Callable[..., Any],
+        args_specs: Sequence[Any],
+        *,
+        weights: Iterable[Any],
+        optimizer_variables: Iterable[Any] = (),
+    ) -> CompiledStep:
+        """The step compiled for one replica (CompileError: no answer; EstimateError: the
+        step does not lower to HLO)."""
+        step = program_lib.step_program(
+            fn, args_specs, weights=weights, optimizer_variables=optimizer_variables
+        )
+        try:
+            compiled = self.compiler.compile(self.topology, step.hlo)
+        except OutOfMemory as e:
+            return _refused(step, e, self.capacity.bytes)
+        if len(compiled.parameter_layouts) != len(step.parameters):
+            raise CompileError(
+                f"the TPU compiler gave {len(compiled.parameter_layouts)} parameter layouts for "
+                f"{len(step.parameters)} parameters"
+            )
+        arrays = tuple(
+            _array(p, program_lib.layout_bytes(p.dims, p.element_type, layout))
+            for p, layout in zip(step.parameters, compiled.parameter_layouts, strict=True)
+        )
+        found = sum(a.padded_bytes for a in arrays)
+        if found != compiled.argument_bytes:
+            raise CompileError(
+                f"the parameters' layouts add up to {found} bytes, and the TPU compiler counts "
+                f"{compiled.argument_bytes}: tpurun reads this libtpu's layouts wrongly"
+            )
+        return CompiledStep(
+            arrays=arrays,
+            output_bytes=compiled.output_bytes,
+            alias_bytes=compiled.alias_bytes,
+            temporary_bytes=compiled.temporary_bytes,
+            code_bytes=compiled.code_bytes,
+            flops=compiled.flops,
+            bytes_accessed=compiled.bytes_accessed,
+        )
+
+
+def _array(parameter: program_lib.Parameter, laid_out: int) -> Array:
+    return Array(
+        category=parameter.category,
+        name=parameter.name,
+        shape=parameter.dims,
+        dtype=parameter.dtype,
+        bytes=program_lib.plain_bytes(parameter.dims, parameter.element_type),
+        padded_bytes=laid_out,
+    )
+
+
+def _refused(step: program_lib.StepProgram, error: OutOfMemory, capacity: int) -> CompiledStep:
+    """A step the compiler refused: its arguments in TPU tiles (their layouts were not
+    chosen), and what the compiler said it needed."""
+    arrays = []
+    for p in step.parameters:
+        plain = program_lib.plain_bytes(p.dims, p.element_type)
+        known = p.dtype != "resource"
+        padded = tpu_padded_bytes(p.dims, tf.as_dtype(p.dtype)) if known else plain
+        arrays.append(Array(p.category, p.name, p.dims, p.dtype, bytes=plain, padded_bytes=padded))
+    needed = error.needed_bytes or 0
+    available = error.available_bytes or capacity
+    refusal = (
+        f"the TPU compiler refused it: its {error.what} need {format_bytes(needed)}, more "
+        f"than the {format_bytes(available)} of HBM it has"
+        if error.needed_bytes
+        else f"the TPU compiler refused it for lack of HBM ({error.message.splitlines()[0]})"
+    )
+    return CompiledStep(
+        arrays=tuple(arrays),
+        output_bytes=0,
+        alias_bytes=0,
+        temporary_bytes=needed,
+        code_bytes=0,
+        flops=None,
+        bytes_accessed=None,
+        refusal=refusal,
+    )
