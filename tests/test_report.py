@@ -215,3 +215,30 @@ def test_report_of_a_model_dir_without_records_is_one_line(tpurun_cli, tmp_path)
     assert_fails(tpurun_cli("report", f"--model_dir={tmp_path}"), 1, "no train run record")
     assert_fails(tpurun_cli("report", f"--model_dir={tmp_path}", "--train_steps=3"), 2, "drop it")
     assert_fails(tpurun_cli("report"), 2, "needs --model_dir")
+
+
+def test_the_peak_is_the_tpu_tables_and_a_cpu_has_none():
+    import tensorflow as tf
+
+    from tpurun.check import peak_flops, targets
+    from tpurun.cluster import Cluster
+
+    default = tf.distribute.get_strategy()
+    tpu = Cluster(default, "TPU 'spot' (v5litepod-8, TensorFlow 2.21.0)", is_tpu=True)
+    v5e = next(g for g in targets.GENERATIONS if g.name == "v5e")
+    assert peak_flops(tpu) == (v5e.peak_flops_per_replica, None)  # one replica here
+    v2 = Cluster(default, "TPU 'old' (v2-8, TensorFlow 2.21.0)", is_tpu=True)
+    assert peak_flops(v2)[0] is None and "publishes no peak" in peak_flops(v2)[1]
+    assert peak_flops(Cluster(default, "1 CPU")) == (None, "a CPU has no peak FLOP/s table")
+
+
+def test_the_supervisors_last_step_ends_a_killed_process_and_the_rest_is_downtime():
+    first = process(0.0, 0, 340, saves=(100, 200, 300), end=None, updated_step=330)
+    # The pipe said step 340 was reached 0.1 s after the record; it died 0.3 s later.
+    reached = first["updated"] + 0.1
+    death = {"t": reached + 0.3, "cause": "killed by SIGKILL", "step": 340, "step_t": reached}
+    second = process(reached + 2.0, 300, 500, saves=(400, 500), death=death, restart=1)
+    r = account([first, second])
+    assert r.badput_s["lost_progress"] == pytest.approx(30 * STEP + 0.1)
+    assert r.badput_s["downtime"] == pytest.approx(2.0)
+    assert total(r) == pytest.approx(r.wall_s)

@@ -26,7 +26,10 @@ WRITE_EVERY = 2.0  # seconds between writes of the loops' progress
 # Set by `tpurun train --max_restarts` for the trainer it starts (tpurun.supervisor).
 SUPERVISED_ENV = "TPURUN_SUPERVISED"  # "<restart>/<max_restarts>"
 SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"  # when the supervisor started this process (epoch s)
-PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # JSON {"t": epoch s, "cause": "..."}
+PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # JSON {"t", "cause", "step", "step_t"}
+# A pipe to the supervisor: "<step> <epoch s>" after every host loop, so it knows the last
+# step and when it was reached even if the process is killed between two record writes.
+PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"
 
 
 def process_start() -> float:
@@ -61,6 +64,19 @@ def initial_account() -> dict[str, Any]:
     return account
 
 
+def _progress_fd() -> int | None:
+    """The supervisor's progress pipe, made non-blocking; None when not supervised."""
+    value = os.environ.get(PROGRESS_FD_ENV)
+    if not value:
+        return None
+    try:
+        fd = int(value)
+        os.set_blocking(fd, False)
+    except (ValueError, OSError):
+        return None
+    return fd
+
+
 class GoodputRecord(Action):
     """Keeps the `goodput` object of the run record at `path` (`record`: the whole record as
     written first) up to date: training start, loops, saves, evaluations, the end."""
@@ -75,6 +91,7 @@ class GoodputRecord(Action):
         self.account.setdefault("evaluations", [])
         self._writer: Writer | None = None
         self._written = 0.0
+        self._progress_fd = _progress_fd()
 
     def mark(self, name: str, **fields: Any) -> None:
         """Records a moment of the start-up (`cluster_ready`): its time, and `fields`."""
@@ -92,6 +109,7 @@ class GoodputRecord(Action):
     def start(self, step: int, last_step: int) -> None:
         self.account["training_start"] = {"t": time.time(), "step": step}
         self.account["last"] = {"step": step, "t": time.time()}
+        self._tell_supervisor(step)
         self._write(now=True)
 
     def after_loop(self, stats: LoopStats) -> None:
@@ -108,6 +126,7 @@ class GoodputRecord(Action):
                 "input_seconds": stats.input_seconds,
             }
         self.account["last"] = {"step": stats.step, "t": time.time()}
+        self._tell_supervisor(stats.step)
         self._write(now=first)
 
     def save_waited(self, step: int, seconds: float) -> None:
@@ -136,6 +155,15 @@ class GoodputRecord(Action):
     @property
     def path(self) -> str:
         return self._path
+
+    def _tell_supervisor(self, step: int) -> None:
+        """One line on the supervisor's pipe; never waits (a full pipe drops the line)."""
+        if self._progress_fd is None:
+            return
+        try:
+            os.write(self._progress_fd, f"{step} {time.time():.6f}\n".encode())
+        except (BlockingIOError, BrokenPipeError, OSError):
+            pass
 
     def _write(self, now: bool = False, wait: bool = False) -> None:
         moment = time.time()

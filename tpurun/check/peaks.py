@@ -50,9 +50,9 @@ def _tpu_peak(where: Cluster) -> tuple[float | None, str | None]:
     except Exception:  # noqa: BLE001 - an unknown type: no peak
         return None, f"no peak FLOP/s known for {found.group(1)}"
     generation = next(g for g in targets.GENERATIONS if g.name == target.generation)
-    per_replica = getattr(generation, "peak_flops_per_replica", None)
+    per_replica = generation.peak_flops_per_replica  # bfloat16, `targets`' table
     if not per_replica:
-        return None, f"no published peak FLOP/s for TPU {generation.name}"
+        return None, generation.missing_peaks or f"no peak FLOP/s for TPU {generation.name}"
     return per_replica * where.num_replicas, None
 
 

@@ -4,7 +4,8 @@ Each train process writes, as it goes, a `goodput` object into its run record
 (`tpurun.actions.goodput.GoodputRecord`: the times are seconds since the epoch, the
 durations seconds):
 
-    process_start, spawned_at, restart, previous_death {t, cause}, cluster_ready,
+    process_start, spawned_at, restart, previous_death {t, cause, step, step_t},
+    cluster_ready,
     training_start {t, step}, first_loop {steps, seconds, input_seconds},
     loops {count, steps, seconds, input_seconds}, last {step, t}, saves [{step, t,
     blocking_s}], evaluations [{step, t, seconds}], end {t, reason, step}, updated,
@@ -116,6 +117,12 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
         p.died = True
         following = found[i + 1] if i + 1 < len(found) else None
         death = (following.record.get("previous_death") or {}) if following else {}
+        if death.get("step_t") and p.trained and float(death["step_t"]) >= p.last_t:
+            # The supervisor heard of its last step, and when: it trained until then (the
+            # steps after its record's last write: lost progress, counted as time); what
+            # follows (the loop it was in, its teardown) is downtime.
+            p.end = float(death["step_t"])
+            continue
         p.end = float(death["t"]) if death.get("t") else p.last_t
         p.end = max(p.end, p.last_t)
     return found

@@ -32,6 +32,7 @@ from tpurun.supervisor.exits import Ending
 SUPERVISED_ENV = "TPURUN_SUPERVISED"
 SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"
 PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"
+PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"
 # Seconds before restart k: BACKOFF * 2^(k-1), at most MAX_BACKOFF.
 BACKOFF = 1.0
 MAX_BACKOFF = 60.0
@@ -78,6 +79,8 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.child: subprocess.Popen | None = None
         self.stop = threading.Event()  # SIGTERM or SIGINT came: forward, restart nothing
+        self.progress: tuple[int, float] | None = None  # the trainer's newest (step, time)
+        self.started_at = 0.0
 
     def run(self) -> int:
         restarts = 0
@@ -89,10 +92,13 @@ class Supervisor:
                     return 0
                 if self.stop.is_set():
                     return ending.exit_code  # 75 when the trainer saved at the forwarded SIGTERM
+                died = time.time()
                 at, newest = self._where_it_stopped()
                 if not ending.restartable(asked_to_stop=False):
                     return ending.exit_code  # its own error line says why
-                death = {"t": time.time(), "cause": ending.what().removeprefix("the trainer ")}
+                death = {"t": died, "cause": ending.what().removeprefix("the trainer ")}
+                if self.progress is not None:  # its last step, and when it got there
+                    death["step"], death["step_t"] = self.progress
                 if restarts >= self.max_restarts:
                     latest = f"ckpt-{newest}" if newest else "none (nothing saved)"
                     say(
@@ -124,25 +130,40 @@ class Supervisor:
         if death:
             env[PREVIOUS_DEATH_ENV] = json.dumps(death)
         self.started_at = time.time()
-        self.child = subprocess.Popen(
-            self.command,
-            env=env,
-            # Its own process group: a Ctrl-C on the terminal reaches this process only,
-            # which forwards it once, as SIGTERM (a save, exit 75).
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        self.progress = None
+        read, write = os.pipe()
+        env[PROGRESS_FD_ENV] = str(write)
+        try:
+            self.child = subprocess.Popen(
+                self.command,
+                env=env,
+                # Its own process group: a Ctrl-C on the terminal reaches this process only,
+                # which forwards it once, as SIGTERM (a save, exit 75).
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                pass_fds=(write,),
+            )
+        finally:
+            os.close(write)
+        listener = threading.Thread(target=self._listen, args=(read,), daemon=True)
+        listener.start()
         say(
             f"tpurun train: trainer started (pid {self.child.pid}, attempt {restart + 1} of at "
             f"most {self.max_restarts + 1})"
         )
         if self.stop.is_set():  # a signal came while it was being started
             self._forward(signal.SIGTERM)
-        while True:
-            try:
-                return Ending(self.child.wait())
-            except KeyboardInterrupt:  # not raised: SIGINT is handled; kept for safety
-                self._forward(signal.SIGTERM)
+        ending = Ending(self.child.wait())
+        listener.join(timeout=10)  # the pipe's end: everything the trainer said is read
+        return ending
+
+    def _listen(self, fd: int) -> None:
+        """Keeps the trainer's newest (step, time) from its progress pipe, until it closes."""
+        with os.fdopen(fd, "rb") as pipe:
+            for line in pipe:
+                with contextlib.suppress(ValueError):
+                    step, at = line.split()
+                    self.progress = (int(step), float(at))
 
     def _forward(self, signum: int) -> None:
         if self.child is not None and self.child.poll() is None:
@@ -176,6 +197,8 @@ class Supervisor:
             if (r.get("goodput") or {}).get("process_start", 0) >= self.started_at - 1
         ]
         step = (mine[-1].get("last") or {}).get("step") if mine else None
+        if self.progress is not None:  # from the pipe: newer than the record
+            step = self.progress[0]
         saves = [s["step"] for _, r in found for s in (r.get("goodput") or {}).get("saves", [])]
         newest = max([*saves, *([latest] if latest is not None else [])], default=None)
         return (f" at about step {step:,}" if step is not None else " before its first step"), (
