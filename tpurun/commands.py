@@ -337,9 +337,10 @@ def train(
             trainer,
             # ResumeCost: made just before the restore it times.
             actions=[
+                # The account first: the supervisor hears of a step before it is logged.
+                *([account] if account else []),
                 *watching,
                 *([RenewLease(held, writer)] if held else []),
-                *([account] if account else []),
                 ResumeCost(),
             ],
             evaluate=evaluate_checkpoint,
