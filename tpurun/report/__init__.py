@@ -41,6 +41,8 @@ def _seconds(value: float) -> str:
         return f"{value / 3600:.2f} h"
     if abs(value) >= 60:
         return f"{value / 60:.1f} min"
+    if 0 < abs(value) < 0.01:
+        return f"{value * 1e6:.0f} us" if abs(value) < 1e-3 else f"{value * 1e3:.2f} ms"
     return f"{value:.2f} s"
 
 
