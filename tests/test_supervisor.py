@@ -259,7 +259,9 @@ def test_two_sigkills_are_restarted_and_end_bit_identical_and_the_report_counts_
     checkpoint, after its second save (its first is slower: the saver is traced then, and
     its writing in the background would slow the steps that are lost); the third finishes."""
     rng = random.Random(30)
-    run = Supervised(*FLOPS, f"--model_dir={tmp_path}", "--max_restarts=2")
+    run = Supervised(
+        *FLOPS, f"--model_dir={tmp_path}", "--max_restarts=2", env={"TPURUN_COUNT_FLOPS": "1"}
+    )
     kills, start = [], 0
     for _ in range(2):
         start, pid = run.trainer(start)
