@@ -126,11 +126,12 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
     )
 
     # TensorBoard on gs://, read back: a loss per host loop, eval metrics at eval steps;
-    # the graph's events file, then one per 2 loops; what a real TensorBoard shows.
+    # the graph's events file, then one per 2 loops, and at the end the run's time account
+    # (goodput/*); what a real TensorBoard shows.
     train_scalars = scalars(model_dir)
     assert train_scalars["loss"] == list(range(10, 201, 10))
     assert scalars(f"{model_dir}/eval_test")["accuracy"] == [100, 200]
-    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 20 // 2
+    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 20 // 2 + 1
     assert tensorboard_losses(model_dir, 200) == list(range(10, 201, 10))
 
     # The best checkpoint, kept apart (ckpt-100 is deleted by retention), and exported.

@@ -242,3 +242,20 @@ def test_the_supervisors_last_step_ends_a_killed_process_and_the_rest_is_downtim
     assert r.badput_s["lost_progress"] == pytest.approx(30 * STEP + 0.1)
     assert r.badput_s["downtime"] == pytest.approx(2.0)
     assert total(r) == pytest.approx(r.wall_s)
+
+
+def test_a_killed_process_loses_its_time_since_the_resumed_step_by_the_clock():
+    first = process(0.0, 0, 340, saves=(100, 200, 300), end=None, updated_step=330)
+    reached_300 = 100.0  # when its loop reached step 300 (the save says so)
+    first["saves"][-1]["reached_t"] = reached_300
+    first["saves"].append({"step": 310, "t": reached_300 + 0.5, "blocking_s": 0.2})
+    first["updated"] = reached_300 + 1.0
+    first["evaluations"] = [{"step": 300, "t": reached_300 + 0.6, "seconds": 0.3}]
+    death = {"t": 0.0, "cause": "killed by SIGKILL", "step": 345, "step_t": reached_300 + 1.5}
+    death["t"] = death["step_t"] + 0.2
+    second = process(death["t"] + 2.0, 300, 500, saves=(400, 500), death=death, restart=1)
+    r = account([first, second])
+    # 1.5 s since step 300, less the save's 0.2 s and the evaluation's 0.3 s after it.
+    assert r.badput_s["lost_progress"] == pytest.approx(1.5 - 0.2 - 0.3)
+    assert r.badput_s["downtime"] == pytest.approx(2.2)
+    assert total(r) == pytest.approx(r.wall_s)

@@ -211,10 +211,10 @@ class Controller:
                 final = step == last or stop or evaluate
                 self._saved(save, save.wait() if final else save.poll())
                 if evaluate and self.evaluate is not None:
-                    began = time.perf_counter()
+                    began = time.monotonic()
                     self.evaluate(path)
                     for action in self.actions:
-                        action.evaluated(step, time.perf_counter() - began)
+                        action.evaluated(step, time.monotonic() - began)
             if stop and step < last:
                 raise Preempted(
                     f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "

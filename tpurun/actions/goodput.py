@@ -92,6 +92,7 @@ class GoodputRecord(Action):
         self._writer: Writer | None = None
         self._written = 0.0
         self._progress_fd = _progress_fd()
+        self._reached: dict[int, float] = {}  # recent host loops: step -> when it ended
 
     def mark(self, name: str, **fields: Any) -> None:
         """Records a moment of the start-up (`cluster_ready`): its time, and `fields`."""
@@ -126,11 +127,17 @@ class GoodputRecord(Action):
                 "input_seconds": stats.input_seconds,
             }
         self.account["last"] = {"step": stats.step, "t": time.time()}
+        self._reached[stats.step] = self.account["last"]["t"]
+        if len(self._reached) > 64:  # a save is polled a few loops after its step at most
+            del self._reached[min(self._reached)]
         self._tell_supervisor(stats.step)
         self._write(now=first)
 
     def save_waited(self, step: int, seconds: float) -> None:
-        self.account["saves"].append({"step": step, "t": time.time(), "blocking_s": seconds})
+        save = {"step": step, "t": time.time(), "blocking_s": seconds}
+        if step in self._reached:  # when the loop reached its step: a resume's point
+            save["reached_t"] = self._reached[step]
+        self.account["saves"].append(save)
         self._write(now=True)
 
     def evaluated(self, step: int, seconds: float) -> None:

@@ -211,14 +211,41 @@ def _split(
     parts["checkpoint"] = sum(float(s["blocking_s"]) for s in p.record.get("saves", []))
     parts["evaluation"] = sum(float(e["seconds"]) for e in p.record.get("evaluations", []))
     trained = max(0, p.last_step - p.first_step)
-    kept = min(trained, max(0, _kept_to(p, later) - p.first_step))
+    kept_to = _kept_to(p, later)
+    kept = min(trained, max(0, kept_to - p.first_step))
     kept_s = busy * kept / trained if trained else 0.0
     # A killed process's time after its last record was written: training (it was in a
     # host loop, most likely), none of it kept.
     tail = max(0.0, p.end - p.last_t) if p.died else 0.0
     parts["lost_progress"] = busy - kept_s + tail
+    by_clock = _lost_by_the_clock(p, kept_to, compile_s, waited, trained - kept, trained)
+    if p.died and by_clock is not None:
+        parts["lost_progress"] = by_clock
     parts["other"] = duration - sum(parts.values()) - kept_s
     return parts, kept_s, kept, step_time
+
+
+def _lost_by_the_clock(
+    p: _Process, kept_to: int, compile_s: float, waited: float, lost: int, trained: int
+) -> float | None:
+    """A killed process's time from the step the next one resumed at to its last step, by
+    the clock (the host between the loops too), less the saves' and evaluations' blocking
+    time and the input wait in it; None when the moment of that step is not known."""
+    if kept_to <= p.first_step:
+        reached = float(p.record["training_start"]["t"]) + compile_s
+    else:
+        at = [s.get("reached_t") for s in p.record.get("saves", []) if int(s["step"]) == kept_to]
+        if not at or at[-1] is None:
+            return None
+        reached = float(at[-1])
+    blocked = sum(
+        float(s["blocking_s"]) for s in p.record.get("saves", []) if float(s["t"]) > reached
+    )
+    blocked += sum(
+        float(e["seconds"]) for e in p.record.get("evaluations", []) if float(e["t"]) > reached
+    )
+    input_share = waited * lost / trained if trained else 0.0
+    return max(0.0, p.end - reached - blocked - input_share)
 
 
 def _kept_to(p: _Process, later: Sequence[_Process]) -> int:
