@@ -259,3 +259,18 @@ def test_a_killed_process_loses_its_time_since_the_resumed_step_by_the_clock():
     assert r.badput_s["lost_progress"] == pytest.approx(1.5 - 0.2 - 0.3)
     assert r.badput_s["downtime"] == pytest.approx(2.2)
     assert total(r) == pytest.approx(r.wall_s)
+
+
+def test_steps_past_the_records_last_write_count_when_the_next_trainer_resumed_there():
+    # Its record was last written at step 100; it saved ckpt-150 (unrecorded) and the
+    # supervisor heard of step 160; the next trainer resumed from 150.
+    first = process(0.0, 0, 160, saves=(50, 100), end=None, updated_step=100)
+    death = {"t": 0.0, "cause": "killed by SIGKILL", "step": 160}
+    death["step_t"] = first["updated"] + 60 * STEP
+    death["t"] = death["step_t"] + 0.1
+    second = process(death["t"] + 2.0, 150, 300, saves=(200, 300), death=death, restart=1)
+    r = account([first, second])
+    assert r.steps == 300
+    assert r.goodput_s == pytest.approx(300 * STEP)
+    assert r.badput_s["lost_progress"] == pytest.approx(10 * STEP)
+    assert total(r) == pytest.approx(r.wall_s)

@@ -78,6 +78,7 @@ class _Process:
     start: float
     end: float = 0.0
     died: bool = False  # ended without saying how (killed): its end is the death's time
+    heard_step: int = 0  # its last step as its supervisor heard it (after its record's last)
 
     @property
     def trained(self) -> bool:
@@ -122,6 +123,7 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
             # steps after its record's last write: lost progress, counted as time); what
             # follows (the loop it was in, its teardown) is downtime.
             p.end = float(death["step_t"])
+            p.heard_step = int(death.get("step") or 0)
             continue
         p.end = float(death["t"]) if death.get("t") else p.last_t
         p.end = max(p.end, p.last_t)
@@ -210,14 +212,16 @@ def _split(
     parts["input_wait"] = waited
     parts["checkpoint"] = sum(float(s["blocking_s"]) for s in p.record.get("saves", []))
     parts["evaluation"] = sum(float(e["seconds"]) for e in p.record.get("evaluations", []))
-    trained = max(0, p.last_step - p.first_step)
+    # A killed process's time after its last record was written: training (it was in a
+    # host loop, most likely), up to the step its supervisor heard of last.
+    tail = max(0.0, p.end - p.last_t) if p.died else 0.0
+    trained = max(0, max(p.last_step, p.heard_step) - p.first_step)
     kept_to = _kept_to(p, later)
     kept = min(trained, max(0, kept_to - p.first_step))
-    kept_s = busy * kept / trained if trained else 0.0
-    # A killed process's time after its last record was written: training (it was in a
-    # host loop, most likely), none of it kept.
-    tail = max(0.0, p.end - p.last_t) if p.died else 0.0
-    parts["lost_progress"] = busy - kept_s + tail
+    # The kept steps' time: at the steady step time (the loops' time is that times their
+    # steps), never more than the process spent training.
+    kept_s = min(busy + tail, kept * step_time) if step_time is not None else 0.0
+    parts["lost_progress"] = max(0.0, busy + tail - kept_s)
     by_clock = _lost_by_the_clock(p, kept_to, compile_s, waited, trained - kept, trained)
     if p.died and by_clock is not None:
         parts["lost_progress"] = by_clock
