@@ -51,6 +51,9 @@ os.environ.pop("TPU_NAME", None)
 # a user set it: docs/storage.md; the suite's value holds whatever the user's.)
 FRESH_GCS_READS = {"GCS_STAT_CACHE_MAX_AGE": "0", "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0"}
 os.environ.update(FRESH_GCS_READS)
+# The FLOPs of a train's step are counted at its end (an XLA compile: a second or more);
+# the suite trains hundreds of times, and only tests/test_supervisor.py asks for them.
+os.environ["TPURUN_COUNT_FLOPS"] = "0"
 
 if TYPE_CHECKING:
     from fake_gcs.server import GcsServer

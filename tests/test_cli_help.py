@@ -17,7 +17,7 @@ from conftest import REPO, assert_ok
 
 from tpurun import cli, config_files
 
-COMMANDS = ("train", "eval", "predict", "export", "list", "check")
+COMMANDS = ("train", "eval", "predict", "export", "list", "check", "report")
 COMMON = (
     "--config",
     "--model_dir",
@@ -73,6 +73,7 @@ def test_version(tpurun_cli):
         ("export", (*COMMON, "--export_dir"), ("--input", "--output")),
         ("list", ("--flagfile", "--verbosity"), ("--config", "--model_dir")),
         ("check", ("--config", "--num_shards", "--batch_size"), ("--input", "--export_dir")),
+        ("report", ("--model_dir", "--json"), ("--config", "--batch_size")),
     ],
     ids=COMMANDS,
 )
@@ -102,6 +103,8 @@ def test_help_wins_over_other_flags(tpurun_cli):
         (["train", "--config=nope"], 2),
         (["train", "--num_shards=8", "--batch_size=100"], 2),
         (["train", "--input=rows.csv"], 2),
+        (["train", "--max_restarts=-1"], 2),
+        (["report", "--model_dir=/nonexistent/model"], 1),
     ],
     ids=[
         "help",
@@ -111,6 +114,8 @@ def test_help_wins_over_other_flags(tpurun_cli):
         "unknown_config",
         "not_divisible",
         "wrong_flag",
+        "negative_restarts",
+        "report",
     ],
 )
 def test_answers_without_importing_tensorflow(argv, exit_code):

@@ -97,7 +97,8 @@ def test_an_unwritable_model_dir_is_a_run_error_naming_it(tmp_path):
 
 def test_the_run_record_is_the_run_config_with_versions(tmp_path, capsys):
     run = iris_run(tmp_path, "eval")
-    path = commands.write_record(run)
+    path, written = commands.write_record(run)
+    assert json.loads(open(path).read()) == written
     assert path.startswith(str(tmp_path / "runs")) and path.endswith("-eval.json")
     record = json.loads(open(path).read())
     assert record["run_config"]["command"] == "eval"

@@ -15,6 +15,7 @@ import pytest
 from conftest import OFFLINE_ENV, assert_ok, error_lines
 from conftest import tensorboard_scalars as scalars
 
+from tpurun import report
 from tpurun.errors import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -100,13 +101,20 @@ def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):
     assert_ok(tpurun_cli("eval", *common))
 
     train = scalars(tmp_path)
+    # At the end, the run's time account (tpurun report's; no FLOPs: the suite does not
+    # count them, so no mfu).
+    account = {"goodput/goodput_share", "goodput/goodput_s"}
+    account |= {f"goodput/{name}_s" for name in report.CATEGORIES}
     assert set(train) == {
         "loss",
         "learning_rate",
         "global_step/sec",
         "examples/sec",
         "input_wait_share",
+        *account,
     }
+    assert all([step for step, _ in train[tag]] == [200] for tag in account)
+    assert 0 < train["goodput/goodput_share"][0][1] < 1
     assert [step for step, _ in train["loss"]] == [50, 100, 150, 200]
     assert all(value == pytest.approx(0.1) for _, value in train["learning_rate"])
     assert train["loss"][-1][1] < train["loss"][0][1]

@@ -126,12 +126,16 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
     )
 
     # TensorBoard on gs://, read back: a loss per host loop, eval metrics at eval steps;
-    # the graph's events file, then one per 2 loops; what a real TensorBoard shows.
+    # the graph's events file, then one per 2 loops, and at the end the run's time account
+    # (goodput/*); what a real TensorBoard shows.
     train_scalars = scalars(model_dir)
     assert train_scalars["loss"] == list(range(10, 201, 10))
     assert scalars(f"{model_dir}/eval_test")["accuracy"] == [100, 200]
-    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 20 // 2
+    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 20 // 2 + 1
     assert tensorboard_losses(model_dir, 200) == list(range(10, 201, 10))
+    # tpurun report reads the run records on gs:// (through gcsfs, without TensorFlow).
+    table = assert_ok(tpurun_cli("report", f"--model_dir={model_dir}")).stdout
+    assert "1 train process(es), 0 disruption(s), 0 restart(s), 200 steps kept" in table
 
     # The best checkpoint, kept apart (ckpt-100 is deleted by retention), and exported.
     with tf.io.gfile.GFile(f"{model_dir}/best/best.json") as f:

@@ -29,6 +29,7 @@ MAX_REPLICAS = 2**16
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_ACCUMULATE_STEPS = 4096
 MAX_DEVICE_DATA_MB = 2**20  # 1 TB
+MAX_RESTARTS = 1000  # train --max_restarts
 
 
 def is_number(value: object) -> bool:

@@ -22,7 +22,7 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, cli_flags, config_files, terminal
+from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
 
@@ -39,6 +39,8 @@ COMMAND_HELP = {
     "list": "list the registered configs, and the config files in this directory",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
     "(--target=v5e-8: and whether each fits its memory)",
+    "report": "where a model_dir's training time went: goodput, badput by category, "
+    "restarts, FLOPs and MFU, from its run records (--json: for a machine)",
 }
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
     f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()
@@ -62,12 +64,22 @@ class Invocation:
     """What a command line asks for, parsed and validated, before anything runs.
 
     `action` is one of "usage" (print the usage; an error without a command),
-    "version", "help" (a command's flags), "list", or "run" (with `run_config`).
+    "version", "help" (a command's flags), "list", "report" (with `report`), or "run"
+    (with `run_config`).
     """
 
     command: str
-    action: Literal["usage", "version", "help", "list", "run"]
+    action: Literal["usage", "version", "help", "list", "report", "run"]
     run_config: RunConfig | None = None
+    report: ReportRequest | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRequest:
+    """`tpurun report`'s flags: whose records, and in which form."""
+
+    model_dir: str
+    as_json: bool
 
 
 def parse_command_line(argv: Sequence[str]) -> Invocation:
@@ -90,6 +102,8 @@ def parse_command_line(argv: Sequence[str]) -> Invocation:
         return Invocation(command, "help")
     if command == "list":
         return Invocation(command, "list")
+    if command == "report":
+        return Invocation(command, "report", report=parse_report([argv[0], *args]))
     return Invocation(command, "run", parse(command, [argv[0], *args]))
 
 
@@ -108,8 +122,13 @@ def main(argv: Sequence[str]) -> int:
             return 0
         if invocation.action == "list":
             return list_configs()
+        if invocation.action == "report":
+            return show_report(invocation.report)
         run_config = invocation.run_config
         assert run_config is not None  # action "run" always has one
+        if command == "train" and supervisor.wanted(cli_flags.MAX_RESTARTS.value):
+            # The trainer runs in child processes; this one imports no TensorFlow.
+            return supervisor.supervise(list(argv), run_config, cli_flags.MAX_RESTARTS.value)
         logging.use_absl_handler()
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
@@ -228,6 +247,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
                 + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
             )
 
+    bounds.integer("--max_restarts", cli_flags.MAX_RESTARTS.value, 0, bounds.MAX_RESTARTS)
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
     config = merge_flags(cli_flags.CONFIG.value, flag_values, overridden)
@@ -266,6 +286,38 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         report=cli_flags.REPORT.value,
         price_per_chip_hour=cli_flags.PRICE_PER_CHIP_HOUR.value,
     )
+
+
+def parse_report(argv: list[str]) -> ReportRequest:
+    """`tpurun report --model_dir=D [--json]`'s flags, checked; raises UsageError (the
+    missing --model_dir is `show_report`'s to refuse)."""
+    _forget_earlier_parse()
+    try:
+        leftover = FLAGS(argv)
+    except flags.UnrecognizedFlagError as e:
+        raise UsageError(
+            f"unknown flag --{e.flagname}; `tpurun report --help` lists the flags"
+        ) from None
+    except flags.Error as e:
+        raise UsageError(_one_line(str(e))) from None
+    if len(leftover) > 1:
+        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    allowed = set(cli_flags.COMMAND_FLAGS["report"]) | set(cli_flags.ABSL_FLAGS)
+    for name in FLAGS:
+        if FLAGS[name].present and name not in allowed:
+            raise UsageError(f"--{name} does not apply to `tpurun report`; drop it")
+    return ReportRequest(cli_flags.MODEL_DIR.value or "", bool(cli_flags.JSON.value))
+
+
+def show_report(request: ReportRequest | None) -> int:
+    """Prints the report of a model_dir's run records; no TensorFlow."""
+    assert request is not None  # action "report" always has one
+    if not request.model_dir:  # a run's, not a parse's, need: the manual names the command
+        raise UsageError("tpurun report needs --model_dir: the model_dir of a training run")
+    from tpurun import report
+
+    print(report.main(request.model_dir, as_json=request.as_json))
+    return 0
 
 
 def _step_range(text: str | None) -> tuple[int, int] | None:

@@ -255,6 +255,18 @@ PRICE_PER_CHIP_HOUR = flags.DEFINE_float(
     "generation's on-demand list price (e.g. your region's, or a committed-use price).",
 )
 
+MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts",
+    0,
+    "train: run the trainer in a child process and resume it in a fresh one, up to this "
+    "many times, when it dies without finishing (killed by a signal tpurun did not get, a "
+    "lost TPU worker or unreachable storage (exit 69), its hang watchdog (exit 3), a "
+    "preemption (exit 75) tpurun did not ask for). 0: train in this process.",
+)
+JSON = flags.DEFINE_bool(
+    "json", False, "report: print the report as one JSON object instead of a table."
+)
+
 COMMON_FLAGS = (
     "config",
     "model_dir",
@@ -288,6 +300,7 @@ COMMAND_FLAGS = {
         "hang_timeout",
         "profile_steps",
         "eval_every",
+        "max_restarts",
     ),
     "eval": (*COMMON_FLAGS, "split", "continuous", "eval_timeout", "best", "checkpoint"),
     "predict": (*COMMON_FLAGS, "input", "output", "prompt", "best", "checkpoint"),
@@ -297,6 +310,7 @@ COMMAND_FLAGS = {
     # always traces on the CPU.
     "check": (*COMMON_FLAGS, "target", "report", "price_per_chip_hour"),
     "list": (),
+    "report": ("model_dir", "json"),
 }
 # Always accepted: absl's own (logging, flagfile, help).
 ABSL_FLAGS = ("flagfile", "verbosity", "v", "logtostderr", "alsologtostderr", "log_dir")

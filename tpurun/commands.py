@@ -7,9 +7,14 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
+import os
 import re
 import sys
+import time
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
@@ -24,6 +29,7 @@ from tpurun import (
     inputs,
     lease,
     precision,
+    report,
     sidecar,
     splits,
     storage,
@@ -33,11 +39,12 @@ from tpurun import (
 )
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
+from tpurun.actions.goodput import GoodputRecord, initial_account
 from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller
-from tpurun.errors import RunError, UsageError
+from tpurun.errors import Preempted, RunError, Unavailable, UsageError
 from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
@@ -57,6 +64,8 @@ def run(run: RunConfig) -> None:
         explained = storage_errors.explain(e.message, type(e).__name__)
         if explained is None:
             raise
+        if storage_errors.is_transient(e.message, type(e).__name__):
+            raise Unavailable(explained) from None  # exit 69: --max_restarts restarts it
         raise RunError(explained) from None
 
 
@@ -82,9 +91,11 @@ def _run(run: RunConfig) -> None:
         require_checkpoint(run)
     outputs_before = _outputs(run)
     record = None
+    account: GoodputRecord | None = None
     try:
         # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
         where = strategy.build(run) if run.command != "export" else None
+        cluster_ready = time.time()
         if where is not None:
             where.check_batch_sizes(run)
             if where.is_tpu and run.config.precision == "mixed_float16":
@@ -95,14 +106,25 @@ def _run(run: RunConfig) -> None:
             splits.resolve(type(model), run.config)  # a bad split name fails before the record
         run, arrays = count_examples(run, model)
         if where is None or where.is_chief:  # one record per run, not per worker
-            record = write_record(run)
+            record, written = write_record(run)
+            if run.command == "train" and where is not None:
+                account = GoodputRecord(record, written)
+                account.account["cluster_ready"] = cluster_ready
+                account.account["device"] = {
+                    "kind": where.device_kind or "CPU",
+                    "replicas": where.num_replicas,
+                }
         tf.keras.utils.set_random_seed(run.seed)
         with precision.policy(run.config.precision):
-            run_command(run, where, model, held, arrays)
+            run_command(run, where, model, held, arrays, account)
+            if account is not None and where is not None:
+                finish_account(run, where, model, account)
             if record is not None and where is not None:
                 # Under the run's policy: the estimate builds the model as the run did.
                 check.record_memory(record, run, where, model)
-    except BaseException:
+    except BaseException as e:
+        if account is not None and "end" not in account.account:
+            _end_quietly(account, e)
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
         # Ctrl-C) removes the model_dir it created, or else its run record: no
@@ -185,6 +207,7 @@ def run_command(
     model: Model,
     held: lease.Lease | None = None,
     arrays: TrainArrays | None = None,
+    account: GoodputRecord | None = None,
 ) -> None:
     """Runs the command; a data error becomes the model's diagnosis when it has one.
 
@@ -194,7 +217,7 @@ def run_command(
             export_command(run, model)  # serving has no replicas: no strategy
         elif run.command == "train":
             assert where is not None
-            train(run, where, model, held, arrays)
+            train(run, where, model, held, arrays, account)
         else:
             assert where is not None
             {"eval": evaluate, "predict": predict}[run.command](run, where, model)
@@ -204,7 +227,7 @@ def run_command(
             raise
         # TensorFlow's own words ("Restart your program to reset") do not say that
         # another worker is gone, nor that every worker must be restarted.
-        raise RunError(
+        raise Unavailable(
             f"lost contact with another worker of the cluster ({reason}); one failed or "
             "was preempted (its own log says why): restart every worker with the same "
             "command, which resumes from the last checkpoint"
@@ -275,6 +298,7 @@ def train(
     model: Model,
     held: lease.Lease | None = None,
     arrays: TrainArrays | None = None,
+    account: GoodputRecord | None = None,
 ) -> None:
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
@@ -300,7 +324,7 @@ def train(
         logging.warning(replicas_differ)
     # The run's one thread for storage: checkpoints written in the background, events
     # uploaded. Closed (everything handed to it written) before the lease is released.
-    with background.Writer() as writer:
+    with background.Writer() as writer, _writing(account, writer):
         watching = actions.for_training(
             run,
             is_chief=where.is_chief,
@@ -314,10 +338,21 @@ def train(
             where,
             trainer,
             # ResumeCost: made just before the restore it times.
-            actions=[*watching, *([RenewLease(held, writer)] if held else []), ResumeCost()],
+            actions=[
+                # The account first: the supervisor hears of a step before it is logged.
+                *([account] if account else []),
+                *watching,
+                *([RenewLease(held, writer)] if held else []),
+                ResumeCost(),
+            ],
             evaluate=evaluate_checkpoint,
             writer=writer,
         ).train()
+
+
+def _writing(account: GoodputRecord | None, writer: background.Writer) -> Any:
+    """The account's writes through the run's writer while it trains (none: nothing)."""
+    return account.writing_through(writer) if account else contextlib.nullcontext()
 
 
 def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:
@@ -402,7 +437,8 @@ def prepare_model_dir(run: RunConfig) -> bool:
         # On gs:// what failed and its fix (a bucket, credentials, a role), else the message.
         message = str(getattr(e, "message", None) or e)
         explained = storage_errors.explain(message, type(e).__name__)
-        raise RunError(
+        transient = explained and storage_errors.is_transient(message, type(e).__name__)
+        raise (Unavailable if transient else RunError)(
             f"cannot write to --model_dir={run.model_dir}: {explained}"
             if explained
             else f"cannot write to --model_dir={run.model_dir} ({one_line(e)}); "
@@ -411,11 +447,75 @@ def prepare_model_dir(run: RunConfig) -> bool:
     return created
 
 
-def write_record(run: RunConfig) -> str:
-    """The run record: run config and versions, one JSON file per run under model_dir/runs."""
+def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The run record: run config and versions, one JSON file per run under model_dir/runs
+    (a train's also the start of its time account: `actions.goodput`). Its path and content."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     runs = storage.make_dir(run.model_dir, storage.join(run.model_dir, "runs"))
     path = storage.join(runs, f"{stamp}-{run.command}.json")
-    storage.write_atomically(path, run.record(tf.__version__) + "\n")
+    record = json.loads(run.record(tf.__version__))
+    if run.command == "train":
+        record["goodput"] = initial_account()
+    storage.write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
-    return path
+    return path, record
+
+
+def _end_quietly(account: GoodputRecord, error: BaseException) -> None:
+    """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
+    reason = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}.get(type(error), "error")
+    try:
+        account.finish(reason)
+    except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
+        logging.warning("Could not write the end of the run record: %s", e)
+
+
+# The FLOPs of the step are counted at the end of every train (1-3 s of XLA compile on a CPU
+# for Iris); the test suite, which trains hundreds of times, sets this to 0.
+COUNT_FLOPS_ENV = "TPURUN_COUNT_FLOPS"
+
+
+def finish_account(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord) -> None:
+    """A finished train: the step's FLOPs and the device's peak into the account (counted now,
+    after training: never on a step's time), the report's line and TensorBoard scalars, then
+    the account's end. Never raises: the training succeeded."""
+    fields: dict[str, Any] = {}
+    trained = "training_start" in account.account  # not "already at step N"
+    if trained and os.environ.get(COUNT_FLOPS_ENV, "1") == "0":
+        fields["peak_why"] = f"{COUNT_FLOPS_ENV}=0: the FLOPs of the step were not counted"
+    elif trained:
+        try:
+            fields["model_flops_per_step"] = check.train_step_flops(run, where, model)
+        except Exception as e:  # noqa: BLE001 - a report without FLOPs is still a report
+            logging.warning("Could not count the FLOPs of the train step: %s", one_line(e, 300))
+        peak, why = check.peak_flops(where)
+        fields["peak_flops_per_s"] = peak
+        if why:
+            fields["peak_why"] = why
+    try:
+        if trained:
+            mine = storage.basename(account.path)
+            others = [
+                r["goodput"]
+                for name, r in report.records.train_records(run.model_dir)
+                if name != mine and r.get("goodput")
+            ]
+            summary = report.account([*others, account.ended("finished", **fields)])
+            print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
+            _write_scalars(run.model_dir, summary)
+        account.finish("finished", **fields)
+    except Exception as e:  # noqa: BLE001
+        logging.warning("Could not write the run's time account: %s", one_line(e, 300))
+
+
+def _write_scalars(model_dir: str, summary: report.Report) -> None:
+    """goodput/* and mfu for TensorBoard, at the run's last step."""
+    with tf.summary.create_file_writer(model_dir).as_default(step=summary.steps):
+        tf.summary.scalar("goodput/goodput_share", summary.goodput_share)
+        tf.summary.scalar("goodput/goodput_s", summary.goodput_s)
+        for name, seconds in summary.badput_s.items():
+            tf.summary.scalar(f"goodput/{name}_s", seconds)
+        if summary.mfu is not None:
+            tf.summary.scalar("mfu", summary.mfu)
+        if summary.achieved_flops_per_s:
+            tf.summary.scalar("achieved_flops_per_s", summary.achieved_flops_per_s)

@@ -211,7 +211,10 @@ class Controller:
                 final = step == last or stop or evaluate
                 self._saved(save, save.wait() if final else save.poll())
                 if evaluate and self.evaluate is not None:
+                    began = time.monotonic()
                     self.evaluate(path)
+                    for action in self.actions:
+                        action.evaluated(step, time.monotonic() - began)
             if stop and step < last:
                 raise Preempted(
                     f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "
@@ -222,6 +225,7 @@ class Controller:
         for each in saved:
             for action in self.actions:
                 action.after_save(each.step, each.path)
+                action.save_waited(each.step, each.waited)
         for action in self.actions:
             action.saves(save.state)
 

@@ -24,6 +24,13 @@ class RunError(TpurunError):
     exit_code = 1
 
 
+class Unavailable(TpurunError):
+    """A failure that passes by itself: a lost TPU worker or cluster peer, storage that stayed
+    unreachable past its retries (exit code 69). Rerun (or `--max_restarts`) to resume."""
+
+    exit_code = 69  # EX_UNAVAILABLE: a service is unavailable
+
+
 class Preempted(TpurunError):
     """SIGTERM (a TPU VM's preemption notice): a checkpoint was saved; rerun to continue."""
 
@@ -35,6 +42,7 @@ EXIT_OK = 0
 EXIT_PREEMPTED = Preempted.exit_code
 EXIT_RUN_FAILURE = RunError.exit_code
 EXIT_USAGE = UsageError.exit_code
+EXIT_UNAVAILABLE = Unavailable.exit_code
 # `train` made no progress for --hang_timeout seconds (a stuck infeed or TPU) and was
 # ended by its watchdog (tpurun.watchdog), not by an exception: the main thread is
 # blocked inside TensorFlow. The latest checkpoint is intact; rerun to resume from it.

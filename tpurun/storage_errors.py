@@ -92,6 +92,17 @@ def for_request(path: str, status: int | None, text: str = "") -> str:
     )
 
 
+def is_transient(message: str, type_name: str = "") -> bool:
+    """Whether a failed gs:// request was storage unreachable or failing (5xx, 408, 429, no
+    answer) after TensorFlow's retries: a failure that passes by itself."""
+    text = " ".join(message.split())
+    status = _STATUS.search(text)
+    if status is not None:
+        code = int(status.group(1))
+        return code >= 500 or code in (408, 429)
+    return _unreachable(text, type_name)
+
+
 def _unreachable(text: str, type_name: str) -> bool:
     return type_name in ("UnavailableError", "DeadlineExceededError", "AbortedError") or any(
         words in text for words in _UNREACHABLE

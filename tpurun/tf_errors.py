@@ -6,7 +6,7 @@ import re
 import sys
 
 from tpurun import user_code
-from tpurun.errors import EXIT_RUN_FAILURE
+from tpurun.errors import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE
 
 # What TensorFlow puts around the message of an error raised inside a tf.function
 # ("Graph execution error:", the node and its Python trace, "[[{{node ...}}]]"), and
@@ -15,6 +15,11 @@ _GRAPH_NOISE = ("Graph execution error:", "Detected at node", "File ", "<stack t
 _DATASET_PREFIX = re.compile(r"^Error in user-defined function passed to .*? with iterator: \S+: ")
 # Before the message of an error an eager op raised: "{{function_node __wrapped__<op>...}} ".
 _FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
+
+
+# TensorFlow's errors for what passes by itself (a lost TPU worker or peer, a deadline, an
+# aborted collective): exit EXIT_UNAVAILABLE, which `train --max_restarts` restarts.
+TRANSIENT = ("UnavailableError", "DeadlineExceededError", "AbortedError")
 
 
 def describe(error: BaseException) -> tuple[str, int]:
@@ -28,7 +33,8 @@ def describe(error: BaseException) -> tuple[str, int]:
         import tensorflow as tf
 
         if isinstance(error, tf.errors.OpError):
-            return f"{type(error).__name__}: {op_error_line(error.message)}", EXIT_RUN_FAILURE
+            code = EXIT_UNAVAILABLE if type(error).__name__ in TRANSIENT else EXIT_RUN_FAILURE
+            return f"{type(error).__name__}: {op_error_line(error.message)}", code
     where = user_code.raised_at(error)
     if where is not None:
         kind = type(error).__name__

@@ -86,6 +86,13 @@ class Action:
     def after_save(self, step: int, path: str) -> None:
         """A checkpoint was saved: it is whole, and the newest."""
 
+    def save_waited(self, step: int, seconds: float) -> None:
+        """The checkpoint of `step` became the newest; the training loop waited `seconds` for
+        it (the copy to host memory, or all of it when it was waited for)."""
+
+    def evaluated(self, step: int, seconds: float) -> None:
+        """The checkpoint of `step` was evaluated in this process, in `seconds`."""
+
     def saves(self, state: SaveState) -> None:
         """Where the checkpoint saves stand, after every host loop and save (one in flight
         in the background, how long the last took)."""

@@ -58,8 +58,10 @@ from tpurun import model as model_lib
 from tpurun.check import fit_report, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
+from tpurun.check.peaks import peak_flops
 from tpurun.check.preflight import TargetMemory
 from tpurun.check.replica_rules import batch_norm_warning
+from tpurun.check.step_flops import train_step_flops
 from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
 from tpurun.check.tpu_compiler import client
@@ -75,9 +77,11 @@ __all__ = [
     "batch_norm_warning",
     "main",
     "out_of_memory",
+    "peak_flops",
     "record_memory",
     "report",
     "run_checks",
+    "train_step_flops",
 ]
 
 # The cores of a Cloud TPU v2-8 / v3-8: what `tpurun check` checks for by default.

@@ -1,0 +1,390 @@
+"""train --max_restarts: which endings restart, the wait for a TPU node, and the supervisor
+through the CLI (its trainer children killed for real; no process left behind)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import OFFLINE_ENV, tensorboard_scalars, tpurun_in_process
+from test_resume import assert_bit_identical
+from test_tpu import PROJECT, ZONE, FakeCloudTpuApi
+
+from tpurun import report
+from tpurun.supervisor import child_argv, tpu_wait
+from tpurun.supervisor.exits import Ending
+
+# --- Unit tests ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("returncode", "restarts", "what"),
+    [
+        (-9, True, "the trainer was killed by SIGKILL"),
+        (-11, True, "the trainer was killed by SIGSEGV"),
+        (69, True, "the trainer lost a TPU worker or cluster peer"),
+        (3, True, "the trainer made no progress for --hang_timeout"),
+        (75, True, "the trainer was preempted"),
+        (0, False, "the trainer exited 0"),
+        (1, False, "the trainer exited 1"),  # a run failure: a NaN, bad data
+        (2, False, "the trainer exited 2"),  # usage or config
+        (130, False, "the trainer exited 130"),
+    ],
+)
+def test_which_endings_restart(returncode, restarts, what):
+    ending = Ending(returncode)
+    assert ending.restartable(asked_to_stop=False) is restarts
+    assert not ending.restartable(asked_to_stop=True)  # a stop tpurun forwarded: never
+    assert ending.what().startswith(what)
+    assert ending.exit_code == (128 - returncode if returncode < 0 else returncode)
+
+
+def test_the_child_gets_the_same_flags_without_max_restarts():
+    argv = ["tpurun", "train", "--config=iris", "--max_restarts=2", "--max_restarts", "3", "-x"]
+    assert child_argv(argv) == [sys.executable, "-m", "tpurun", "train", "--config=iris", "-x"]
+
+
+def test_a_multi_worker_cluster_is_counted_from_tf_config(monkeypatch):
+    from tpurun.supervisor import cluster_size
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster_size() == 1
+    workers = {"chief": ["a:1"], "worker": ["b:1", "c:1"], "evaluator": ["d:1"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": workers}))
+    assert cluster_size() == 3
+
+
+@pytest.fixture
+def fake_api(monkeypatch):
+    api = FakeCloudTpuApi()
+    monkeypatch.setenv("TPU_API_DISCOVERY_URL", api.discovery_url)
+    monkeypatch.setenv("TPURUN_TPU_ANONYMOUS_CREDENTIALS", "1")
+    yield api
+    api.close()
+
+
+def node_gets(api: FakeCloudTpuApi) -> int:
+    return sum(1 for path in api.requests if path.startswith("/v1/projects/"))
+
+
+def test_the_wait_polls_a_preempted_node_until_it_is_ready(fake_api):
+    fake_api.add_node("spot", state="PREEMPTED", health="HEALTH_UNSPECIFIED")
+    full_name = next(iter(fake_api.nodes))
+    said: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        if node_gets(fake_api) >= 6:  # the third look sees it READY
+            fake_api.nodes[full_name].update(state="READY", health="HEALTHY")
+
+    polls = tpu_wait.wait_until_usable(
+        tpu_wait.client("spot", ZONE, PROJECT), say=said.append, poll_seconds=0, sleep=sleep
+    )
+    assert polls == 4 and node_gets(fake_api) == 2 * polls  # state and health per look
+    assert said == [
+        "tpurun train: waiting for the TPU 'spot' to be READY and HEALTHY: it is PREEMPTED, "
+        "HEALTH_UNSPECIFIED (it cannot come back by itself: waiting for it to be created "
+        "again under its name, by a queued resource or by you)"
+    ]
+
+
+def test_the_wait_gives_up_after_its_time(fake_api):
+    fake_api.add_node("gone", state="STOPPED")
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    polls = tpu_wait.wait_until_usable(
+        tpu_wait.client("gone", ZONE, PROJECT),
+        say=lambda line: None,
+        poll_seconds=10,
+        wait_seconds=35,
+        clock=lambda: now[0],
+        sleep=sleep,
+    )
+    assert polls is None and now[0] == 30
+
+
+# --- Through the CLI: the supervisor and its trainers as processes ---------------------
+
+pytestmark_slow = pytest.mark.slow
+STARTED = re.compile(r"trainer started \(pid (\d+)")
+
+
+class Supervised:
+    """`tpurun train --max_restarts=...` in a process of its own; its stderr (and its
+    trainers', which share it) read as it comes."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.began = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tpurun", "train", *args],
+            env={**os.environ, **OFFLINE_ENV, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("")  # the end
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, start: int = 0, timeout: float = 300) -> tuple[int, re.Match]:
+        """The first line from `start` on matching `pattern`: its index and match."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for i in range(start, len(self.lines)):
+                    found = regex.search(self.lines[i])
+                    if found:
+                        return i, found
+                    if self.lines[i] == "":
+                        raise AssertionError(f"ended without {pattern!r}:\n{self.log[-4000:]}")
+                start = len(self.lines)
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"no {pattern!r} in time:\n{self.log[-4000:]}"
+                self._changed.wait(remaining)
+
+    def trainer(self, start: int = 0) -> tuple[int, int]:
+        """The index of the next `trainer started` line and the pid it names."""
+        i, found = self.wait_for(STARTED.pattern, start)
+        return i, int(found.group(1))
+
+    def finish(self, timeout: float = 300) -> int:
+        code = self.process.wait(timeout=timeout)
+        self.seconds = time.monotonic() - self.began
+        self._reader.join(timeout=60)
+        return code
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in STARTED.findall(self.log)]
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def assert_nothing_left(run: Supervised) -> None:
+    alive = [pid for pid in [run.process.pid, *run.pids()] if running(pid)]
+    assert not alive, f"processes left running: {alive}"
+
+
+# The flops model at a size whose steps take milliseconds on a CPU (a lost step is
+# measurable), saving every 50 steps in loops of 5.
+FLOPS = (
+    "--config=flops",
+    "--use_tpu=false",
+    "--config.flops.n=256",
+    "--config.flops.matmuls=8",
+    "--batch_size=256",
+    "--iterations=5",
+    "--save_checkpoints_steps=50",
+    "--train_steps=600",
+)
+LOOP = re.compile(r"\] step (\d+)/600 .*? ([\d.]+) steps/sec")
+SAVED = re.compile(r"Saved checkpoint \S+/ckpt-(\d+)\.")
+RESUMED = re.compile(r"Resuming from \S+ \(step (\d+)\)")
+RESTART = re.compile(r"^restart \d", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def flops_reference(tmp_path_factory) -> Path:
+    model_dir = tmp_path_factory.mktemp("flops-reference")
+    result = tpurun_in_process("train", *FLOPS, f"--model_dir={model_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model_dir / "ckpt-600"
+
+
+def logged_at(line: str) -> float:
+    """The time (epoch seconds) of an absl log line: `I1126 11:50:26.402502 ...`."""
+    stamp = datetime.datetime.strptime(
+        f"{datetime.date.today().year}{line[1:5]} {line[6:21]}", "%Y%m%d %H:%M:%S.%f"
+    )
+    return stamp.timestamp()
+
+
+@pytest.mark.slow
+def test_two_sigkills_are_restarted_and_end_bit_identical_and_the_report_counts_them(
+    tmp_path, flops_reference
+):
+    """Each trainer is SIGKILLed at a random host loop 25-45 steps past its newest saved
+    checkpoint, after its second save; the third finishes."""
+    rng = random.Random(30)
+    run = Supervised(
+        *FLOPS, f"--model_dir={tmp_path}", "--max_restarts=2", env={"TPURUN_COUNT_FLOPS": "1"}
+    )
+    kills, start = [], 0
+    for _ in range(2):
+        start, pid = run.trainer(start)
+        gap = rng.randint(25, 45)
+        saved: list[int] = []
+        while True:
+            start, found = run.wait_for(f"{LOOP.pattern}|{SAVED.pattern}", start + 1)
+            if found.group(3):
+                saved.append(int(found.group(3)))
+            elif len(saved) >= 2 and int(found.group(1)) - saved[-1] >= gap:
+                break
+        os.kill(pid, signal.SIGKILL)
+        # The step of the loop line, when it was logged, and when the kill came (the
+        # trainer went on training meanwhile), and the log lines of this trainer.
+        kills.append((int(found.group(1)), logged_at(run.lines[start]), time.time(), start))
+    assert run.finish() == 0, run.log[-4000:]
+    assert_nothing_left(run)
+    log = run.log
+    restarts = re.findall(
+        r"^restart (\d)/2: the trainer was killed by SIGKILL at about step "
+        r"([\d,]+); resuming from ckpt-(\d+)$",
+        log,
+        re.MULTILINE,
+    )
+    assert [r[0] for r in restarts] == ["1", "2"], log[-4000:]
+    resumed = [int(s) for s in RESUMED.findall(log)]
+    assert [int(r[2]) for r in restarts] == resumed  # the line names the checkpoint used
+    assert_bit_identical(tmp_path / "ckpt-600", flops_reference)
+
+    summary = report.read(str(tmp_path))
+    assert (summary.disruptions, summary.restarts, summary.steps) == (2, 2, 600)
+    # The time the retrained steps took, by the trainers' own log: from the loop line of the
+    # checkpoint the next trainer resumed from to the kill.
+    lost = 0.0
+    for (_, _, killed, at), resumed_from in zip(kills, resumed, strict=True):
+        (saved_at,) = [
+            logged_at(line)
+            for line in run.lines[:at]
+            if (loop := LOOP.search(line)) and int(loop.group(1)) == resumed_from
+        ][-1:]
+        lost += killed - saved_at
+    assert summary.badput_s["lost_progress"] == pytest.approx(lost, rel=0.25), (
+        kills,
+        resumed,
+        summary,
+    )
+    accounted = summary.goodput_s + sum(summary.badput_s.values())
+    assert accounted == pytest.approx(summary.wall_s)
+    assert accounted == pytest.approx(run.seconds, rel=0.05)
+    assert summary.model_flops_per_step == pytest.approx((6 * 8 - 2) * 256 * 256**2, rel=0.02)
+    assert summary.mfu is None and summary.achieved_flops_per_s
+    assert "tpurun train: goodput " in log and "MFU n/a" in log
+    scalars = tensorboard_scalars(tmp_path)
+    assert scalars["goodput/lost_progress_s"] == [
+        (600, pytest.approx(summary.badput_s["lost_progress"], rel=1e-3))
+    ]
+    assert "mfu" not in scalars  # a CPU: no peak, no MFU
+
+
+@pytest.mark.slow
+def test_with_a_named_tpu_a_restart_waits_for_ready_and_a_third_death_ends_it(tmp_path, fake_api):
+    """Each trainer is killed as soon as it starts (before it imports TensorFlow): the
+    first while its node is PREEMPTED, so the restart polls until the test makes it READY."""
+    fake_api.add_node("spot")
+    full_name = next(iter(fake_api.nodes))
+    run = Supervised(
+        "--config=iris",
+        "--tpu=spot",
+        f"--tpu_zone={ZONE}",
+        f"--gcp_project={PROJECT}",
+        f"--model_dir={tmp_path}",
+        "--max_restarts=2",
+        env={
+            "TPURUN_TPU_POLL_SECONDS": "0.2",
+            "TPU_API_DISCOVERY_URL": fake_api.discovery_url,
+            "TPURUN_TPU_ANONYMOUS_CREDENTIALS": "1",
+        },
+    )
+    start, pid = run.trainer()
+    fake_api.nodes[full_name]["state"] = "PREEMPTED"
+    os.kill(pid, signal.SIGKILL)
+    start, _ = run.wait_for(
+        r"^restart 1/2: the trainer was killed by SIGKILL before its "
+        r"first step; starting from scratch$",
+        start,
+    )
+    start, _ = run.wait_for(
+        "waiting for the TPU 'spot' to be READY and HEALTHY: it is PREEMPTED", start
+    )
+    deadline = time.monotonic() + 120
+    while node_gets(fake_api) < 6:  # three looks at it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    fake_api.nodes[full_name]["state"] = "READY"
+    start, ready = run.wait_for(r"the TPU 'spot' is READY \(after (\d+) look", start)
+    assert int(ready.group(1)) >= 3 and node_gets(fake_api) == 2 * int(ready.group(1))
+    for restart in (2, 3):
+        start, pid = run.trainer(start)
+        os.kill(pid, signal.SIGKILL)
+        if restart == 2:
+            start, _ = run.wait_for(r"^restart 2/2: the trainer was killed by SIGKILL", start)
+    assert run.finish() == 128 + signal.SIGKILL
+    (line,) = [x for x in run.lines if ": error: " in x]
+    assert line == (
+        "tpurun train: error: the trainer was killed by SIGKILL before its "
+        "first step; no restart left (--max_restarts=2, all spent); the latest checkpoint is "
+        "none (nothing saved): rerun the same command to resume from it\n"
+    )
+    assert len(run.pids()) == 3
+    assert_nothing_left(run)
+
+
+@pytest.mark.slow
+def test_sigterm_to_tpurun_is_one_save_exit_75_and_no_restart(tmp_path):
+    run = Supervised(
+        "--config=iris",
+        "--use_tpu=false",
+        "--train_steps=100000000",
+        "--save_checkpoints_steps=100000000",
+        "--save_checkpoints_secs=1000000",
+        f"--model_dir={tmp_path}",
+        "--max_restarts=2",
+    )
+    run.wait_for(r"\] step \d+/100000000 ")
+    run.process.send_signal(signal.SIGTERM)
+    assert run.finish() == 75, run.log[-4000:]
+    assert len(SAVED.findall(run.log)) == 1
+    assert not RESTART.search(run.log) and len(run.pids()) == 1
+    assert_nothing_left(run)
+
+
+@pytest.mark.slow
+def test_a_usage_error_of_the_trainer_is_not_retried(tmp_path):
+    # Iris has no split "nope": found once the trainer imported TensorFlow and built the model.
+    run = Supervised(
+        "--config=iris",
+        "--use_tpu=false",
+        "--config.eval.split=nope",
+        f"--model_dir={tmp_path}",
+        "--max_restarts=2",
+    )
+    assert run.finish() == 2
+    assert len(run.pids()) == 1 and not RESTART.search(run.log)
+    (line,) = [x for x in run.lines if ": error: " in x]
+    assert "--split=nope is not a split of Iris" in line
+    assert_nothing_left(run)

@@ -1,0 +1,185 @@
+"""The run record's time account: what this train process did and when, written as it goes.
+
+`tpurun report` reads it (`tpurun.report.goodput` documents the fields); a process
+that is killed leaves its account up to its last write. The record is rewritten
+whole through the run's background writer (only the newest version of a path is
+written, so a fast loop costs a dict update), at most every WRITE_EVERY seconds for
+the loops and at once for a save, an evaluation and the first loop; the end is
+written before the process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tpurun import storage
+from tpurun.actions.base import Action, LoopStats
+from tpurun.background import Writer
+
+WRITE_EVERY = 2.0  # seconds between writes of the loops' progress
+
+# Set by `tpurun train --max_restarts` for the trainer it starts (tpurun.supervisor).
+SUPERVISED_ENV = "TPURUN_SUPERVISED"  # "<restart>/<max_restarts>"
+SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"  # when the supervisor started this process (epoch s)
+PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # JSON {"t", "cause", "step", "step_t"}
+# A pipe to the supervisor: "<step> <epoch s>" after every host loop, so it knows the last
+# step and when it was reached even if the process is killed between two record writes.
+PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"
+
+
+def process_start() -> float:
+    """When this process started (epoch seconds): the supervisor's spawn time, else the
+    kernel's start time of the process, else now."""
+    spawned = os.environ.get(SPAWNED_AT_ENV)
+    if spawned:
+        with contextlib.suppress(ValueError):
+            return float(spawned)
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return time.time()
+
+
+def initial_account() -> dict[str, Any]:
+    """The account as the run record is first written: the process's start, and the death
+    and restart number the supervisor passed on."""
+    account: dict[str, Any] = {"process_start": process_start(), "updated": time.time()}
+    supervised = os.environ.get(SUPERVISED_ENV)
+    if supervised:
+        account["restart"] = int(supervised.split("/")[0])
+        account["spawned_at"] = account["process_start"]
+    death = os.environ.get(PREVIOUS_DEATH_ENV)
+    if death:
+        with contextlib.suppress(ValueError):
+            account["previous_death"] = json.loads(death)
+    return account
+
+
+def _progress_fd() -> int | None:
+    """The supervisor's progress pipe, made non-blocking; None when not supervised."""
+    value = os.environ.get(PROGRESS_FD_ENV)
+    if not value:
+        return None
+    try:
+        fd = int(value)
+        os.set_blocking(fd, False)
+    except (ValueError, OSError):
+        return None
+    return fd
+
+
+class GoodputRecord(Action):
+    """Keeps the `goodput` object of the run record at `path` (`record`: the whole record as
+    written first) up to date: training start, loops, saves, evaluations, the end."""
+
+    def __init__(self, path: str, record: dict[str, Any]):
+        self._path = path
+        self._record = record
+        self.account: dict[str, Any] = record.setdefault("goodput", initial_account())
+        self.account.setdefault("loops", {"count": 0, "steps": 0, "seconds": 0.0})
+        self.account["loops"].setdefault("input_seconds", 0.0)
+        self.account.setdefault("saves", [])
+        self.account.setdefault("evaluations", [])
+        self._writer: Writer | None = None
+        self._written = 0.0
+        self._progress_fd = _progress_fd()
+        self._reached: dict[int, float] = {}  # recent host loops: step -> when it ended
+
+    def mark(self, name: str, **fields: Any) -> None:
+        """Records a moment of the start-up (`cluster_ready`): its time, and `fields`."""
+        self.account[name] = {"t": time.time(), **fields} if fields else time.time()
+
+    @contextlib.contextmanager
+    def writing_through(self, writer: Writer) -> Iterator[None]:
+        """Writes go through `writer` while training runs (off the loop)."""
+        self._writer = writer
+        try:
+            yield
+        finally:
+            self._writer = None
+
+    def start(self, step: int, last_step: int) -> None:
+        self.account["training_start"] = {"t": time.time(), "step": step}
+        self.account["last"] = {"step": step, "t": time.time()}
+        self._tell_supervisor(step)
+        self._write(now=True)
+
+    def after_loop(self, stats: LoopStats) -> None:
+        loops = self.account["loops"]
+        first = loops["count"] == 0
+        loops["count"] += 1
+        loops["steps"] += stats.num_steps
+        loops["seconds"] += stats.seconds
+        loops["input_seconds"] += stats.input_seconds
+        if first:
+            self.account["first_loop"] = {
+                "steps": stats.num_steps,
+                "seconds": stats.seconds,
+                "input_seconds": stats.input_seconds,
+            }
+        self.account["last"] = {"step": stats.step, "t": time.time()}
+        self._reached[stats.step] = self.account["last"]["t"]
+        if len(self._reached) > 64:  # a save is polled a few loops after its step at most
+            del self._reached[min(self._reached)]
+        self._tell_supervisor(stats.step)
+        self._write(now=first)
+
+    def save_waited(self, step: int, seconds: float) -> None:
+        save = {"step": step, "t": time.time(), "blocking_s": seconds}
+        if step in self._reached:  # when the loop reached its step: a resume's point
+            save["reached_t"] = self._reached[step]
+        self.account["saves"].append(save)
+        self._write(now=True)
+
+    def evaluated(self, step: int, seconds: float) -> None:
+        self.account["evaluations"].append({"step": step, "t": time.time(), "seconds": seconds})
+        self._write(now=True)
+
+    def finish(self, reason: str, **fields: Any) -> None:
+        """The end of the process (`reason`: finished, preempted, error, interrupted) and what
+        is known only then (the step's FLOPs, the device's peak), written now."""
+        self.account.update(fields)
+        last = self.account.get("last") or {}
+        self.account["end"] = {"t": time.time(), "reason": reason, "step": last.get("step")}
+        self._write(now=True, wait=True)
+
+    def ended(self, reason: str, **fields: Any) -> dict[str, Any]:
+        """This account as it would read if the process ended now (for the report `train`
+        ends with, before the end is written)."""
+        last = self.account.get("last") or {}
+        ending = {"end": {"t": time.time(), "reason": reason, "step": last.get("step")}}
+        return {**self.account, **fields, **ending}
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def _tell_supervisor(self, step: int) -> None:
+        """One line on the supervisor's pipe; never waits (a full pipe drops the line)."""
+        if self._progress_fd is None:
+            return
+        try:
+            os.write(self._progress_fd, f"{step} {time.time():.6f}\n".encode())
+        except (BlockingIOError, BrokenPipeError, OSError):
+            pass
+
+    def _write(self, now: bool = False, wait: bool = False) -> None:
+        moment = time.time()
+        if not now and moment - self._written < WRITE_EVERY:
+            return
+        self._written = moment
+        self.account["updated"] = moment
+        text = json.dumps(self._record, indent=2, default=str) + "\n"
+        if self._writer is not None and not wait:
+            self._writer.write(self._path, text)
+        else:
+            storage.write_atomically(self._path, text)

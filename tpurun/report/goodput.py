@@ -1,0 +1,272 @@
+"""Where a model_dir's training time went, from its run records: pure arithmetic, no I/O.
+
+Each train process writes, as it goes, a `goodput` object into its run record
+(`tpurun.actions.goodput.GoodputRecord`: the times are seconds since the epoch, the
+durations seconds):
+
+    process_start, spawned_at, restart, previous_death {t, cause, step, step_t},
+    cluster_ready,
+    training_start {t, step}, first_loop {steps, seconds, input_seconds},
+    loops {count, steps, seconds, input_seconds}, last {step, t}, saves [{step, t,
+    blocking_s}], evaluations [{step, t, seconds}], end {t, reason, step}, updated,
+    model_flops_per_step, peak_flops_per_s, device
+
+`account` splits the time from the first process's start to the last one's end into
+the categories below; they add up to `wall_s` by construction (`other` is what is
+left of each process's time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+CATEGORIES = (
+    "startup",  # process start to the first step: imports, cluster, TPU init, build, restore
+    "compile",  # the first host loop beyond a steady one of as many steps
+    "checkpoint",  # the time the loop waited for saves
+    "evaluation",  # in-process evaluations
+    "input_wait",  # steps waiting for their batches
+    "lost_progress",  # steps trained after the last checkpoint before a death, trained again
+    "downtime",  # from a death to the next start
+    "other",  # the rest: the host between loops, the end of a run
+)
+FINISHED = "finished"
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    wall_s: float
+    goodput_s: float
+    badput_s: dict[str, float]
+    disruptions: int
+    restarts: int
+    steps: int
+    model_flops_per_step: float | None
+    achieved_flops_per_s: float | None
+    mfu: float | None
+    processes: int = 0
+    step_seconds: float | None = None  # a steady step's time, the newest process's
+    mfu_why: str | None = None  # why mfu is null
+
+    @property
+    def goodput_share(self) -> float:
+        return self.goodput_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def largest_badput(self) -> tuple[str, float]:
+        name = max(CATEGORIES, key=lambda c: self.badput_s[c])
+        return name, self.badput_s[name]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "wall_s": self.wall_s,
+            "goodput_s": self.goodput_s,
+            "badput_s": dict(self.badput_s),
+            "disruptions": self.disruptions,
+            "restarts": self.restarts,
+            "steps": self.steps,
+            "model_flops_per_step": self.model_flops_per_step,
+            "achieved_flops_per_s": self.achieved_flops_per_s,
+            "mfu": self.mfu,
+        }
+
+
+@dataclasses.dataclass
+class _Process:
+    record: dict[str, Any]
+    start: float
+    end: float = 0.0
+    died: bool = False  # ended without saying how (killed): its end is the death's time
+    heard_step: int = 0  # its last step as its supervisor heard it (after its record's last)
+
+    @property
+    def trained(self) -> bool:
+        return bool(self.record.get("training_start"))
+
+    @property
+    def first_step(self) -> int:
+        return int(self.record["training_start"]["step"])
+
+    @property
+    def last_step(self) -> int:
+        last = self.record.get("last") or {}
+        return int(last.get("step", self.first_step))
+
+    @property
+    def last_t(self) -> float:
+        return float(self.record.get("updated") or self.start)
+
+
+def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
+    """The train processes of `records` (each a run record's `goodput`), oldest first, with
+    their ends: as recorded, else the death the next process was told of, else the last
+    update."""
+    found = sorted(
+        (
+            _Process(g, float(g["process_start"]))
+            for g in records
+            if g.get("process_start") is not None
+        ),
+        key=lambda p: p.start,
+    )
+    for i, p in enumerate(found):
+        end = p.record.get("end")
+        if end:
+            p.end = float(end["t"])
+            continue
+        p.died = True
+        following = found[i + 1] if i + 1 < len(found) else None
+        death = (following.record.get("previous_death") or {}) if following else {}
+        if death.get("step_t") and p.trained and float(death["step_t"]) >= p.last_t:
+            # The supervisor heard of its last step, and when: it trained until then (the
+            # steps after its record's last write: lost progress, counted as time); what
+            # follows (the loop it was in, its teardown) is downtime.
+            p.end = float(death["step_t"])
+            p.heard_step = int(death.get("step") or 0)
+            continue
+        p.end = float(death["t"]) if death.get("t") else p.last_t
+        p.end = max(p.end, p.last_t)
+    return found
+
+
+def account(records: Sequence[dict[str, Any]]) -> Report:
+    """The report over the `goodput` objects of a model_dir's train run records."""
+    found = processes(records)
+    badput = dict.fromkeys(CATEGORIES, 0.0)
+    if not found:
+        return Report(0.0, 0.0, badput, 0, 0, 0, None, None, None, mfu_why="no train run")
+    goodput = 0.0
+    kept_steps = 0
+    step_seconds = None
+    disruptions = restarts = 0
+    for i, p in enumerate(found):
+        later = found[i + 1 :]
+        if p.record.get("previous_death") and p.record.get("restart"):
+            restarts += 1
+        finished = (p.record.get("end") or {}).get("reason") == FINISHED
+        if (later and not finished) or (not later and p.died):
+            disruptions += 1
+        parts, kept_s, kept, step_time = _split(p, later)
+        goodput += kept_s
+        kept_steps += kept
+        step_seconds = step_time if step_time is not None else step_seconds
+        for name in CATEGORIES:
+            badput[name] += parts[name]
+        if later:
+            badput["downtime"] += max(0.0, later[0].start - p.end)
+    wall = found[-1].end - found[0].start
+    flops = _newest(found, "model_flops_per_step")
+    peak = _newest(found, "peak_flops_per_s")
+    achieved = flops / step_seconds if flops and step_seconds else None
+    mfu = achieved / peak if achieved and peak else None
+    why = None
+    if mfu is None:
+        why = (
+            (_newest(found, "peak_why") or "no peak FLOP/s known for this device")
+            if flops
+            else "the FLOPs of the train step were not counted (a run that finished counts them)"
+        )
+    return Report(
+        wall_s=wall,
+        goodput_s=goodput,
+        badput_s=badput,
+        disruptions=disruptions,
+        restarts=restarts,
+        steps=kept_steps,
+        model_flops_per_step=flops,
+        achieved_flops_per_s=achieved,
+        mfu=mfu,
+        processes=len(found),
+        step_seconds=step_seconds,
+        mfu_why=why,
+    )
+
+
+def _split(
+    p: _Process, later: Sequence[_Process]
+) -> tuple[dict[str, float], float, int, float | None]:
+    """One process's time: its badput by category, its goodput (seconds on steps the final
+    checkpoint kept), those steps, and its steady step time (None if it trained none)."""
+    parts = dict.fromkeys(CATEGORIES, 0.0)
+    duration = p.end - p.start
+    if not p.trained:
+        parts["startup"] = duration
+        return parts, 0.0, 0, None
+    parts["startup"] = float(p.record["training_start"]["t"]) - p.start
+    loops = p.record.get("loops") or {}
+    first = p.record.get("first_loop") or {}
+    seconds = float(loops.get("seconds", 0.0))
+    waited = float(loops.get("input_seconds", 0.0))
+    steps = int(loops.get("steps", 0))
+    first_busy = float(first.get("seconds", 0.0)) - float(first.get("input_seconds", 0.0))
+    first_steps = int(first.get("steps", 0))
+    step_time: float | None = None
+    if steps > first_steps:
+        step_time = (seconds - waited - first_busy) / (steps - first_steps)
+    elif steps:
+        step_time = (seconds - waited) / steps  # one loop: its compile cannot be told apart
+    compile_s = max(0.0, first_busy - first_steps * step_time) if step_time is not None else 0.0
+    busy = max(0.0, seconds - waited - compile_s)
+    parts["compile"] = compile_s
+    parts["input_wait"] = waited
+    parts["checkpoint"] = sum(float(s["blocking_s"]) for s in p.record.get("saves", []))
+    parts["evaluation"] = sum(float(e["seconds"]) for e in p.record.get("evaluations", []))
+    # A killed process's time after its last record was written: training (it was in a
+    # host loop, most likely), up to the step its supervisor heard of last.
+    tail = max(0.0, p.end - p.last_t) if p.died else 0.0
+    trained = max(0, max(p.last_step, p.heard_step) - p.first_step)
+    kept_to = _kept_to(p, later)
+    kept = min(trained, max(0, kept_to - p.first_step))
+    # The kept steps' time: at the steady step time (the loops' time is that times their
+    # steps), never more than the process spent training.
+    kept_s = min(busy + tail, kept * step_time) if step_time is not None else 0.0
+    parts["lost_progress"] = max(0.0, busy + tail - kept_s)
+    by_clock = _lost_by_the_clock(p, kept_to, compile_s, waited, trained - kept, trained)
+    if p.died and by_clock is not None:
+        parts["lost_progress"] = by_clock
+    parts["other"] = duration - sum(parts.values()) - kept_s
+    return parts, kept_s, kept, step_time
+
+
+def _lost_by_the_clock(
+    p: _Process, kept_to: int, compile_s: float, waited: float, lost: int, trained: int
+) -> float | None:
+    """A killed process's time from the step the next one resumed at to its last step, by
+    the clock (the host between the loops too), less the saves' and evaluations' blocking
+    time and the input wait in it; None when the moment of that step is not known."""
+    if kept_to <= p.first_step:
+        reached = float(p.record["training_start"]["t"]) + compile_s
+    else:
+        at = [s.get("reached_t") for s in p.record.get("saves", []) if int(s["step"]) == kept_to]
+        if not at or at[-1] is None:
+            return None
+        reached = float(at[-1])
+    blocked = sum(
+        float(s["blocking_s"]) for s in p.record.get("saves", []) if float(s["t"]) > reached
+    )
+    blocked += sum(
+        float(e["seconds"]) for e in p.record.get("evaluations", []) if float(e["t"]) > reached
+    )
+    input_share = waited * lost / trained if trained else 0.0
+    return max(0.0, p.end - reached - blocked - input_share)
+
+
+def _kept_to(p: _Process, later: Sequence[_Process]) -> int:
+    """The last step of `p` that the final checkpoint still holds: the step a later process
+    restored (the lowest, if several), else p's last step if it saved at its end, else its
+    last save."""
+    restored = [q.first_step for q in later if q.trained]
+    if restored:
+        return min(restored)
+    if not p.died and (p.record.get("end") or {}).get("reason") in (FINISHED, "preempted"):
+        return p.last_step
+    saves = [int(s["step"]) for s in p.record.get("saves", []) if int(s["step"]) <= p.last_step]
+    return max(saves, default=p.first_step)
+
+
+def _newest(found: Sequence[_Process], key: str) -> Any:
+    for p in reversed(found):
+        if p.record.get(key) is not None:
+            return p.record[key]
+    return None
