@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import commands, config_files
+from tpurun import commands, config_files, tf_errors
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig, merge_flags
 
@@ -36,7 +36,7 @@ LOST_WORKER = (
 def test_alost_worker_reason_is_told_apart_from_unavailable_storage():
     import tensorflow as tf
 
-    from tpurun.commands import lost_worker_reason
+    from tpurun.tf_errors import lost_worker_reason
 
     lost = tf.errors.UnavailableError(None, None, LOST_WORKER)
     assert lost_worker_reason(lost) == "recvmsg:Connection reset by peer"
@@ -57,7 +57,7 @@ def test_alost_worker_reason_is_told_apart_from_unavailable_storage():
     ids=["aborted_by", "a_job_named"],
 )
 def test_lost_worker_reason_is_the_line_that_says_why(message, reason):
-    assert commands.lost_worker_reason(tf.errors.UnavailableError(None, None, message)) == reason
+    assert tf_errors.lost_worker_reason(tf.errors.UnavailableError(None, None, message)) == reason
 
 
 def test_workers_probing_one_model_dir_at_once_all_find_it_writable(tmp_path):

@@ -7,11 +7,8 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-import os
-import re
 import sys
 import time
 from typing import Any
@@ -29,29 +26,30 @@ from tpurun import (
     inputs,
     lease,
     precision,
-    report,
+    run_account,
     sidecar,
     splits,
     storage,
     storage_errors,
     strategy,
+    tf_errors,
     train_config,
 )
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
-from tpurun.actions.goodput import GoodputRecord, initial_account
+from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
 from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller
-from tpurun.errors import Preempted, RunError, Unavailable, UsageError
+from tpurun.errors import RunError, Unavailable, UsageError
 from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
-from tpurun.tf_errors import one_line, op_error_line
+from tpurun.tf_errors import one_line
 from tpurun.train import Trainer
 
 
@@ -118,13 +116,13 @@ def _run(run: RunConfig) -> None:
         with precision.policy(run.config.precision):
             run_command(run, where, model, held, arrays, account)
             if account is not None and where is not None:
-                finish_account(run, where, model, account)
+                run_account.finish(run, where, model, account)
             if record is not None and where is not None:
                 # Under the run's policy: the estimate builds the model as the run did.
                 check.record_memory(record, run, where, model)
     except BaseException as e:
         if account is not None and "end" not in account.account:
-            _end_quietly(account, e)
+            run_account.end_quietly(account, e)
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
         # Ctrl-C) removes the model_dir it created, or else its run record: no
@@ -222,7 +220,11 @@ def run_command(
             assert where is not None
             {"eval": evaluate, "predict": predict}[run.command](run, where, model)
     except tf.errors.UnavailableError as error:
-        reason = lost_worker_reason(error) if where is not None and where.num_workers > 1 else None
+        reason = (
+            tf_errors.lost_worker_reason(error)
+            if where is not None and where.num_workers > 1
+            else None
+        )
         if reason is None:
             raise
         # TensorFlow's own words ("Restart your program to reset") do not say that
@@ -243,19 +245,6 @@ def run_command(
         if diagnosis is None:
             raise
         raise RunError(diagnosis) from error
-
-
-def lost_worker_reason(error: tf.errors.UnavailableError) -> str | None:
-    """Why a collective with the other workers was aborted; None if the error is not that.
-
-    Unavailable storage (a GCS outage) raises the same error type, and must not be
-    reported as a lost worker.
-    """
-    message = error.message
-    if "Collective ops is aborted" not in message and "/job:" not in message:
-        return None
-    aborted = re.search(r"Collective ops is aborted by: ([^\n]*)", message)
-    return (aborted.group(1) if aborted else op_error_line(message)).strip()[:200]
 
 
 def diagnose_data(run: RunConfig, model: Model, error: Exception) -> str | None:
@@ -324,7 +313,7 @@ def train(
         logging.warning(replicas_differ)
     # The run's one thread for storage: checkpoints written in the background, events
     # uploaded. Closed (everything handed to it written) before the lease is released.
-    with background.Writer() as writer, _writing(account, writer):
+    with background.Writer() as writer, writing_through(account, writer):
         watching = actions.for_training(
             run,
             is_chief=where.is_chief,
@@ -348,11 +337,6 @@ def train(
             evaluate=evaluate_checkpoint,
             writer=writer,
         ).train()
-
-
-def _writing(account: GoodputRecord | None, writer: background.Writer) -> Any:
-    """The account's writes through the run's writer while it trains (none: nothing)."""
-    return account.writing_through(writer) if account else contextlib.nullcontext()
 
 
 def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:
@@ -459,63 +443,3 @@ def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
     storage.write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
     return path, record
-
-
-def _end_quietly(account: GoodputRecord, error: BaseException) -> None:
-    """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
-    reason = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}.get(type(error), "error")
-    try:
-        account.finish(reason)
-    except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
-        logging.warning("Could not write the end of the run record: %s", e)
-
-
-# The FLOPs of the step are counted at the end of every train (1-3 s of XLA compile on a CPU
-# for Iris); the test suite, which trains hundreds of times, sets this to 0.
-COUNT_FLOPS_ENV = "TPURUN_COUNT_FLOPS"
-
-
-def finish_account(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord) -> None:
-    """A finished train: the step's FLOPs and the device's peak into the account (counted now,
-    after training: never on a step's time), the report's line and TensorBoard scalars, then
-    the account's end. Never raises: the training succeeded."""
-    fields: dict[str, Any] = {}
-    trained = "training_start" in account.account  # not "already at step N"
-    if trained and os.environ.get(COUNT_FLOPS_ENV, "1") == "0":
-        fields["peak_why"] = f"{COUNT_FLOPS_ENV}=0: the FLOPs of the step were not counted"
-    elif trained:
-        try:
-            fields["model_flops_per_step"] = check.train_step_flops(run, where, model)
-        except Exception as e:  # noqa: BLE001 - a report without FLOPs is still a report
-            logging.warning("Could not count the FLOPs of the train step: %s", one_line(e, 300))
-        peak, why = check.peak_flops(where)
-        fields["peak_flops_per_s"] = peak
-        if why:
-            fields["peak_why"] = why
-    try:
-        if trained:
-            mine = storage.basename(account.path)
-            others = [
-                r["goodput"]
-                for name, r in report.records.train_records(run.model_dir)
-                if name != mine and r.get("goodput")
-            ]
-            summary = report.account([*others, account.ended("finished", **fields)])
-            print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
-            _write_scalars(run.model_dir, summary)
-        account.finish("finished", **fields)
-    except Exception as e:  # noqa: BLE001
-        logging.warning("Could not write the run's time account: %s", one_line(e, 300))
-
-
-def _write_scalars(model_dir: str, summary: report.Report) -> None:
-    """goodput/* and mfu for TensorBoard, at the run's last step."""
-    with tf.summary.create_file_writer(model_dir).as_default(step=summary.steps):
-        tf.summary.scalar("goodput/goodput_share", summary.goodput_share)
-        tf.summary.scalar("goodput/goodput_s", summary.goodput_s)
-        for name, seconds in summary.badput_s.items():
-            tf.summary.scalar(f"goodput/{name}_s", seconds)
-        if summary.mfu is not None:
-            tf.summary.scalar("mfu", summary.mfu)
-        if summary.achieved_flops_per_s:
-            tf.summary.scalar("achieved_flops_per_s", summary.achieved_flops_per_s)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from tpurun import user_code
 from tpurun.errors import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE
+
+if TYPE_CHECKING:  # tpurun's errors are described without importing TensorFlow
+    import tensorflow as tf
 
 # What TensorFlow puts around the message of an error raised inside a tf.function
 # ("Graph execution error:", the node and its Python trace, "[[{{node ...}}]]"), and
@@ -95,3 +99,16 @@ def op_error_line(message: str) -> str:
         return _FUNCTION_NODE.sub("", lines[0])
     meaningful = [line for line in lines if not line.startswith(_GRAPH_NOISE)]
     return _DATASET_PREFIX.sub("", meaningful[-1]) if meaningful else lines[0]
+
+
+def lost_worker_reason(error: tf.errors.UnavailableError) -> str | None:
+    """Why a collective with the other workers was aborted; None if the error is not that.
+
+    Unavailable storage (a GCS outage) raises the same error type, and must not be
+    reported as a lost worker.
+    """
+    message = error.message
+    if "Collective ops is aborted" not in message and "/job:" not in message:
+        return None
+    aborted = re.search(r"Collective ops is aborted by: ([^\n]*)", message)
+    return (aborted.group(1) if aborted else op_error_line(message)).strip()[:200]

@@ -183,3 +183,10 @@ class GoodputRecord(Action):
             self._writer.write(self._path, text)
         else:
             storage.write_atomically(self._path, text)
+
+
+def writing_through(
+    account: GoodputRecord | None, writer: Writer
+) -> contextlib.AbstractContextManager[None]:
+    """The account's writes through the run's writer while it trains (no account: nothing)."""
+    return account.writing_through(writer) if account else contextlib.nullcontext()

@@ -1,0 +1,81 @@
+"""The end of a finished train's time account: the step's FLOPs and the device's peak,
+the report's closing line and TensorBoard's goodput scalars (issue 30's `tpurun report`,
+docs/restarts.md). Run after the last step, never on a step's time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tpurun import check, report, storage
+from tpurun.actions.goodput import GoodputRecord
+from tpurun.cluster import Cluster
+from tpurun.errors import Preempted
+from tpurun.model import Model
+from tpurun.run_config import RunConfig
+from tpurun.tf_errors import one_line
+
+
+def end_quietly(account: GoodputRecord, error: BaseException) -> None:
+    """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
+    reason = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}.get(type(error), "error")
+    try:
+        account.finish(reason)
+    except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
+        logging.warning("Could not write the end of the run record: %s", e)
+
+
+# The FLOPs of the step are counted at the end of every train (1-3 s of XLA compile on a CPU
+# for Iris); the test suite, which trains hundreds of times, sets this to 0.
+COUNT_FLOPS_ENV = "TPURUN_COUNT_FLOPS"
+
+
+def finish(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord) -> None:
+    """A finished train: the step's FLOPs and the device's peak into the account (counted now,
+    after training: never on a step's time), the report's line and TensorBoard scalars, then
+    the account's end. Never raises: the training succeeded."""
+    fields: dict[str, Any] = {}
+    trained = "training_start" in account.account  # not "already at step N"
+    if trained and os.environ.get(COUNT_FLOPS_ENV, "1") == "0":
+        fields["peak_why"] = f"{COUNT_FLOPS_ENV}=0: the FLOPs of the step were not counted"
+    elif trained:
+        try:
+            fields["model_flops_per_step"] = check.train_step_flops(run, where, model)
+        except Exception as e:  # noqa: BLE001 - a report without FLOPs is still a report
+            logging.warning("Could not count the FLOPs of the train step: %s", one_line(e, 300))
+        peak, why = check.peak_flops(where)
+        fields["peak_flops_per_s"] = peak
+        if why:
+            fields["peak_why"] = why
+    try:
+        if trained:
+            mine = storage.basename(account.path)
+            others = [
+                r["goodput"]
+                for name, r in report.records.train_records(run.model_dir)
+                if name != mine and r.get("goodput")
+            ]
+            summary = report.account([*others, account.ended("finished", **fields)])
+            print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
+            _write_scalars(run.model_dir, summary)
+        account.finish("finished", **fields)
+    except Exception as e:  # noqa: BLE001
+        logging.warning("Could not write the run's time account: %s", one_line(e, 300))
+
+
+def _write_scalars(model_dir: str, summary: report.Report) -> None:
+    """goodput/* and mfu for TensorBoard, at the run's last step."""
+    with tf.summary.create_file_writer(model_dir).as_default(step=summary.steps):
+        tf.summary.scalar("goodput/goodput_share", summary.goodput_share)
+        tf.summary.scalar("goodput/goodput_s", summary.goodput_s)
+        for name, seconds in summary.badput_s.items():
+            tf.summary.scalar(f"goodput/{name}_s", seconds)
+        if summary.mfu is not None:
+            tf.summary.scalar("mfu", summary.mfu)
+        if summary.achieved_flops_per_s:
+            tf.summary.scalar("achieved_flops_per_s", summary.achieved_flops_per_s)
