@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from bench_mnist import write_data  # scripts/bench_mnist.py: the same synthetic digits
 from offline_env import run_json_worker  # scripts/offline_env.py
 
 ITERATIONS = 50  # steps per host call (tpurun) and per execution (fit)
@@ -73,17 +74,6 @@ def main() -> None:
     print(f"{label:<40} {1000 * found['fit']:>10.1f}")
     ratio = found["fit"] / found["tpurun"]
     print(f"\nkeras-io fit / tpurun step time = {ratio:.2f}  (> 1: tpurun faster)")
-
-
-def write_data(data_dir: str) -> None:
-    import numpy as np
-    from tpurun.models import image_records
-
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, size=(4096, 28, 28), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=4096)
-    image_records.write_records(images, labels, data_dir, "train", 1024)
-    image_records.write_records(images[:256], labels[:256], data_dir, "test", 256)
 
 
 def run_worker(args: argparse.Namespace) -> dict:
