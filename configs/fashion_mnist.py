@@ -26,17 +26,7 @@ from tpurun import config_defaults
 
 def get_config() -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="fashion_mnist")
-    config.data = ml_collections.ConfigDict()
-    # As in configs/mnist.py: --data_dir with train-*.tfrecord / test-*.tfrecord, or globs.
-    config.data.data_dir = ""
-    config.data.train_files = ""
-    config.data.eval_files = ""
-    config.data.shuffle_buffer = 10_000
-    config.data.cycle_length = 4
-    # The training examples an epoch counts (--train_epochs, --eval_every=epoch): the
-    # official training split, which scripts/convert_mnist.py writes. TFRecords do not
-    # say how many they hold; set it for other data.
-    config.data.train_examples = 60_000
+    config.data = config_defaults.image_records_data()
     # The exported signature's input: "tf_example" = serialized tf.Example strings of
     # the TFRecord schema (`examples`, parsed inside the SavedModel, as TensorFlow
     # Serving's classify API sends them), or "image" = float32 [batch, 784] pixels

@@ -39,16 +39,7 @@ from tpurun import config_defaults
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="wgan_gp")
-    config.data = ml_collections.ConfigDict()
-    # As in configs/mnist.py: --data_dir with train-*.tfrecord / test-*.tfrecord, or globs.
-    config.data.data_dir = ""
-    config.data.train_files = ""
-    config.data.eval_files = ""
-    config.data.shuffle_buffer = 10_000
-    config.data.cycle_length = 4
-    # The training examples an epoch counts (--train_epochs): MNIST's and Fashion-MNIST's
-    # training split (TFRecords do not say how many they hold; set it for other data).
-    config.data.train_examples = 60_000
+    config.data = config_defaults.image_records_data()
 
     config.noise_dim = 64
     config.generator_base = 64  # the dense layer's 4x4 channels

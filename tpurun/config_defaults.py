@@ -113,6 +113,25 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     return config
 
 
+def image_records_data() -> ml_collections.ConfigDict:
+    """`config.data` of a model reading the MNIST TFRecord schema (mnist, fashion_mnist,
+    wgan_gp): where the records are and how they are read."""
+    data = ml_collections.ConfigDict()
+    # A directory with train-*.tfrecord and test-*.tfrecord (what convert_mnist.py
+    # writes); --data_dir sets it. The globs below win over it when set; several
+    # globs are separated by commas. Local paths or gs://.
+    data.data_dir = ""
+    data.train_files = ""
+    data.eval_files = ""
+    data.shuffle_buffer = 10_000
+    data.cycle_length = 4  # training files read in parallel
+    # The training examples an epoch counts (--train_epochs, --eval_every=epoch): the
+    # official training split of MNIST and Fashion-MNIST, which scripts/convert_mnist.py
+    # writes. TFRecords do not say how many they hold; set it for other data.
+    data.train_examples = 60_000
+    return data
+
+
 def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
     """One optimizer's recipe, `config.optimizer` (or a `config.optimizers.<name>`): every key
     at its default (which leaves it off), then `keys`, e.g. beta_1=0.5 for adam."""
