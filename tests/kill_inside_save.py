@@ -4,6 +4,7 @@
 
 POINT is where, inside the save, the process dies:
   merge   the tensors are in ckpt-<step>_temp/, not yet merged into ckpt-<step>.*
+  upload  a background save to gs://: ckpt-<step>.data-* uploaded, its .index not yet
   state   ckpt-<step>.* is complete, the `checkpoint` state file not yet rewritten
   delete  the state is rewritten and an old checkpoint's .index deleted, its .data not
 (tpurun.checkpoints.Saver writes the state file once per save, then deletes.)
@@ -19,6 +20,7 @@ import sys
 from tensorflow.python.ops import gen_io_ops
 
 from tpurun import checkpoints, storage
+from tpurun.background import checkpoint_upload
 
 point, nth = sys.argv[1], int(sys.argv[2])
 calls = {"count": 0}
@@ -36,6 +38,18 @@ def dying(original):
 
 if point == "merge":
     gen_io_ops.merge_v2_checkpoints = dying(gen_io_ops.merge_v2_checkpoints)
+elif point == "upload":
+    original_upload = checkpoint_upload.upload
+
+    def upload(local, target):
+        # Dies before the Nth upload of an .index: its .data is uploaded.
+        if target.endswith(".index"):
+            calls["count"] += 1
+            if calls["count"] == nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+        original_upload(local, target)
+
+    checkpoint_upload.upload = upload
 elif point == "state":
     checkpoints.write_state = dying(checkpoints.write_state)
 elif point == "delete":
@@ -51,7 +65,7 @@ elif point == "delete":
 
     storage.remove_file = remove_file
 else:
-    raise SystemExit(f"unknown kill point {point!r}: merge, state or delete")
+    raise SystemExit(f"unknown kill point {point!r}: merge, upload, state or delete")
 
 from tpurun import cli  # noqa: E402 - after the patches, as the CLI imports TensorFlow lazily
 

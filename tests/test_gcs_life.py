@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -285,19 +287,37 @@ def test_sigkill_at_random_moments_while_a_save_is_in_flight_on_gcs_then_resume_
     assert not [n for n in names if "_temp" in n or "tempstate" in n or "tpurun-tmp" in n], names
 
 
-def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(bucket, gcs, reference):
+def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(
+    bucket, gcs, reference, tmp_path, monkeypatch
+):
+    """A background save to gs:// is written on the local disk, then uploaded (.index last):
+    killed between its uploads, it leaves a .data without its .index on gs:// and its
+    local directory, both removed by the next run."""
     model_dir = f"{bucket}/iris"
     common = (*SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}")
+    local = tmp_path / "tmp"  # the runs' temporary directory (TMPDIR)
+    local.mkdir()
     killed = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), "merge", "6", "train"]
+        [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), "upload", "6", "train"]
         + list(common),
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "TMPDIR": str(local)},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")  # what the kill left
+    # What the kill left: the data uploaded, not its .index; the local copy.
+    assert tf.io.gfile.exists(f"{model_dir}/ckpt-60.data-00000-of-00001")
+    assert not tf.io.gfile.exists(f"{model_dir}/ckpt-60.index")
+    (left,) = staging_dirs(local)  # beside it, TensorFlow's GCS client's own upload buffers
+    assert re.fullmatch(r"tpurun-ckpt-\d+-\w+", left.name) and (left / "ckpt.index").exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(local))
     result = assert_ok(tpurun_in_process("train", *common))
     assert f"Resuming from {model_dir}/ckpt-50 (step 50)" in result.stderr
     assert not tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")
+    assert staging_dirs(local) == []
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
+
+
+def staging_dirs(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name.startswith("tpurun-ckpt-")]

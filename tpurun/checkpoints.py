@@ -27,6 +27,7 @@ from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
 from tpurun import optimization, records, storage, tf_internals, train_config
+from tpurun.background import checkpoint_upload
 from tpurun.errors import RunError
 from tpurun.model import OPTIMIZER, Model
 from tpurun.run_config import RunConfig
@@ -47,8 +48,6 @@ NOT_DAMAGE = (
 )
 STATE_FILE = "checkpoint"
 _SCRATCH = re.compile(r"(chief|worker)-\d+")  # a worker's scratch directory, by task
-
-
 _CHECKPOINT_FILE = re.compile(
     f"(?:{storage.CHECKPOINT_INDEX.pattern})|(?:{storage.CHECKPOINT_DATA.pattern})"
 )
@@ -105,11 +104,11 @@ class Saver:
     def commit(self, snapshot: Snapshot) -> str:
         """Writes `snapshot` as its checkpoint, then makes it the newest: the state file
         names it, and the checkpoints beyond `keep_checkpoint_max` are deleted."""
+        path = snapshot.path
         if snapshot.tensors is None:
-            path = self._checkpoint.write(snapshot.path)
+            path = self._checkpoint.write(path)
         else:
-            tf_internals.write_host_copy(snapshot.tensors, snapshot.path)
-            path = snapshot.path
+            checkpoint_upload.write(snapshot.tensors, path)
         kept = [p for p in self._kept if p != path] + [path]
         dropped, keep = kept[: -self._keep], kept[-self._keep :]
         write_state(self._model_dir, keep)

@@ -184,6 +184,16 @@ def _read(value: Any) -> Any:
     return value.tensor if isinstance(value, _saveable_object.SaveSpec) else value
 
 
+def host_copy_devices(copy: Any) -> set[str]:
+    """The devices a `host_copy`'s tensors are on (where their save would run)."""
+    devices = set()
+    for values in copy.values():
+        for value in values.values():
+            for tensor in value.values() if isinstance(value, dict) else [value]:
+                devices.add(getattr(tensor, "device", "") or "")
+    return devices
+
+
 def write_host_copy(copy: Any, prefix: str) -> None:
     """Writes a `host_copy` as the checkpoint `prefix`, from any thread, as `Checkpoint.write`
     does: the tensors into `<prefix>_temp/`, then merged into `<prefix>.index` and `.data-*`."""
