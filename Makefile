@@ -42,8 +42,9 @@ demo: install
 # Three pytest processes, each test file in one of them (a file's shared trainings are
 # made once). Many tests wait on a process they started (a killed trainer, a worker, the
 # GCS server, the TPU compiler): with two, a 2-core machine's cores idled meanwhile
-# (whole suite 666 s with 2, 565 s with 3 on the same idle 2-core machine).
-PYTEST_WORKERS ?= 4
+# (whole suite 666 s with 2, 565 s with 3 on the same idle 2-core machine). Four were
+# slower (626 s): the CPU-bound checks then took twice as long.
+PYTEST_WORKERS ?= 3
 
 test: install lint
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15

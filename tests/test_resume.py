@@ -141,10 +141,11 @@ SAVING = re.compile(r"\] step (\d+)/\d+ .*  saving ckpt-(\d+)")
 def test_sigkill_at_random_moments_while_a_save_is_in_flight_then_resume_is_bit_identical(
     tmp_path, reference
 ):
-    """Three attempts killed at random steps while a save is being written in the background
-    (each write slowed by 2 x 0.1 s: one is always in flight), at a random moment of it."""
+    """Two attempts killed at random steps while a save is being written in the background
+    (each write slowed by 2 x 0.1 s: one is always in flight), at a random moment of it
+    (the gs:// variant, tests/test_gcs_life.py, kills two more)."""
     rng = random.Random(4)
-    targets = sorted(rng.sample(range(30, 280, 10), 3))
+    targets = sorted(rng.sample(range(30, 280, 10), 2))
     killed_at, starts = [], []
     for target in targets:
         process = train_process(tmp_path, slow_saves=0.1)
@@ -168,7 +169,7 @@ def test_sigkill_at_random_moments_while_a_save_is_in_flight_then_resume_is_bit_
     starts.append(int(re.search(r"Resuming from \S+ \(step (\d+)\)", err).group(1)))
     # Every attempt resumed from a checkpoint at most two saves behind the loop it was
     # killed after: the one in flight is lost, the one before it was whole.
-    for killed, start in zip(killed_at, starts[-3:], strict=True):
+    for killed, start in zip(killed_at, starts[-2:], strict=True):
         assert killed - 20 <= start, (killed_at, starts)
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
     assert not [p for p in tmp_path.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
