@@ -16,7 +16,7 @@ Only where the tensors are on this process's host (a single-process run: CPU,
 GPUs, a TPU VM's chips): the write runs where the tensors are, and another
 host's local disk is not this one's. The local directory is in the system's
 temporary directory (TMPDIR), removed after the upload; one a killed run left
-is removed by the next staged save of this machine. A local write that fails
+is removed by the first staged save of the next run on this machine. A local write that fails
 (the local disk full) is logged and the checkpoint written to gs:// directly.
 """
 
@@ -37,6 +37,7 @@ from tpurun import storage, tf_internals
 _STAGING = re.compile(r"tpurun-ckpt-(?P<pid>\d+)-[a-z0-9_]+")
 _LOCAL_PREFIX = "ckpt"
 _CHUNK = 64 << 20
+_SWEPT: set[str] = set()  # the temporary directories this process cleared of dead runs' staging
 
 
 def write(copy: Any, prefix: str) -> None:
@@ -91,8 +92,12 @@ def _on_this_host(copy: Any) -> bool:
 
 
 def _remove_dead_runs_staging() -> None:
-    """Removes the staging directories of runs of this machine that were killed mid-save."""
+    """Removes the staging directories of runs of this machine that were killed mid-save:
+    once per process (the runs that die while it trains leave theirs to the next run)."""
     root = tempfile.gettempdir()
+    if root in _SWEPT:
+        return
+    _SWEPT.add(root)
     try:
         names = os.listdir(root)
     except OSError:
