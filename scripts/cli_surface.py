@@ -1,0 +1,98 @@
+"""tpurun's command-line surface, written to a directory, to compare two trees' behaviour.
+
+What a user sees of every command without training anything: `tpurun --help`, each
+command's `--help`, `tpurun list`, a few refused command lines, and for every shipped
+config `tpurun check` (its findings) and `tpurun check --target=v5e-8 --report` (the
+JSON figures). A change that only moves code (a refactor) must leave all of it
+identical:
+
+    python scripts/cli_surface.py --out=/tmp/surface-before      # on the old tree
+    python scripts/cli_surface.py --out=/tmp/surface-after       # on the new one
+    diff -r /tmp/surface-before /tmp/surface-after
+
+`--quick` leaves out the checks (seconds instead of minutes). Lines that say how long
+something took (the TPU compiler's sizing log lines) are dropped: they differ by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "wgan_gp", "flops")
+COMMANDS = ("train", "eval", "predict", "export", "check", "list", "report")
+REFUSED = {
+    "unknown-command": ["trian"],
+    "unknown-flag": ["train", "--batchsize=8"],
+    "bad-batch": ["train", "--batch_size=7", "--num_shards=2", "--use_tpu=false"],
+    "flag-of-another-command": ["eval", "--export_dir=/tmp/x"],
+    "bad-config-key": ["train", "--config.optimizer.learnin_rate=0.1"],
+    "tpu-name-without-zone": ["train", "--tpu=my-tpu"],
+    "report-without-target": ["check", "--report=/tmp/x.json"],
+}
+# absl's log line prefix (I1127 12:31:44.990166 140381511342976 preflight.py:170]) and
+# figures of time, which differ from one run to the next.
+_LOG_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ")
+_SECONDS = re.compile(r"\bin \d+(\.\d+)? s\b")
+
+
+def run_tpurun(args: list[str], cwd: str) -> str:
+    env = dict(os.environ, NO_GCE_CHECK="true", GCE_METADATA_HOST="127.0.0.1:1")
+    env.update(GCE_METADATA_IP="127.0.0.1:1", GCS_RETRY_CONFIG_MAX_RETRIES="0")
+    result = subprocess.run(
+        [sys.executable, "-m", "tpurun", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        check=False,
+    )
+    lines = [f"exit {result.returncode}", "--- stdout", *result.stdout.splitlines(), "--- stderr"]
+    for line in result.stderr.splitlines():
+        if _LOG_PREFIX.match(line):
+            continue
+        lines.append(_SECONDS.sub("in N s", line))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="the directory to write the surface to")
+    parser.add_argument("--quick", action="store_true", help="leave out tpurun check")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # A fixed, empty working directory: `list` shows no config files there, and the
+    # --report path the check prints is the same in both trees.
+    cwd = "/tmp/tpurun-cli-surface"
+    shutil.rmtree(cwd, ignore_errors=True)
+    os.makedirs(cwd)
+    (out / "help.txt").write_text(run_tpurun(["--help"], cwd))
+    (out / "version.txt").write_text(run_tpurun(["--version"], cwd))
+    for command in COMMANDS:
+        (out / f"help-{command}.txt").write_text(run_tpurun([command, "--help"], cwd))
+    (out / "list.txt").write_text(run_tpurun(["list"], cwd))
+    for name, argv in REFUSED.items():
+        (out / f"refused-{name}.txt").write_text(run_tpurun(argv, cwd))
+    if args.quick:
+        return
+    for config in CONFIGS:
+        print(f"checking {config}", file=sys.stderr)
+        text = run_tpurun(["check", f"--config={config}"], cwd)
+        (out / f"check-{config}.txt").write_text(text)
+        report = pathlib.Path(cwd) / f"{config}.json"
+        text = run_tpurun(
+            ["check", f"--config={config}", "--target=v5e-8", f"--report={report}"], cwd
+        )
+        (out / f"check-target-{config}.txt").write_text(text)
+        if report.exists():
+            (out / f"check-target-{config}.json").write_text(report.read_text())
+
+
+if __name__ == "__main__":
+    main()
