@@ -28,8 +28,8 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from tpurun.errors import RunError, UsageError
+from tpurun.errors.tf_errors import one_line
 from tpurun.model import Classifier, InputParams, Mode, to_json
-from tpurun.tf_errors import one_line
 
 HEIGHT = WIDTH = 28
 PIXELS = HEIGHT * WIDTH

@@ -16,8 +16,8 @@ import pandas as pd
 import tensorflow as tf
 
 from tpurun.errors import RunError
+from tpurun.errors.tf_errors import one_line
 from tpurun.model import Classifier, InputParams, Mode, TrainArrays, register
-from tpurun.tf_errors import one_line
 
 FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
 LABEL = "Species"

@@ -27,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpurun.errors import RunError, UsageError
+from tpurun.errors.tf_errors import one_line
 from tpurun.model import InputParams, Mode, Model, TrainArrays, register
-from tpurun.tf_errors import one_line
 
 VOCAB = 256  # byte values
 FEATURE = "ids"

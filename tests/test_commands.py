@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import commands, config_files, tf_errors
-from tpurun.errors import RunError
+from tpurun import commands, config_files
+from tpurun.errors import RunError, tf_errors
 from tpurun.run_config import RunConfig, merge_flags
 
 
@@ -36,7 +36,7 @@ LOST_WORKER = (
 def test_alost_worker_reason_is_told_apart_from_unavailable_storage():
     import tensorflow as tf
 
-    from tpurun.tf_errors import lost_worker_reason
+    from tpurun.errors.tf_errors import lost_worker_reason
 
     lost = tf.errors.UnavailableError(None, None, LOST_WORKER)
     assert lost_worker_reason(lost) == "recvmsg:Connection reset by peer"

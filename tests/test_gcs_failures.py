@@ -16,8 +16,7 @@ import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok, tensorboard_scalars
 
-from tpurun import storage_errors
-from tpurun.errors import EXIT_HUNG, EXIT_UNAVAILABLE
+from tpurun.errors import EXIT_HUNG, EXIT_UNAVAILABLE, storage_errors
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
 

@@ -1,11 +1,11 @@
-"""tpurun.tf_errors: the one line a user sees of an error, from TensorFlow's long messages."""
+"""tpurun.errors.tf_errors: the one line a user sees of an error, from TensorFlow's long messages."""
 
 from __future__ import annotations
 
 import pytest
 import tensorflow as tf
 
-from tpurun.tf_errors import describe, first_line, one_line, op_error_line, user_code_line
+from tpurun.errors.tf_errors import describe, first_line, one_line, op_error_line, user_code_line
 
 # Real messages of errors raised inside a tf.function (TensorFlow 2.21).
 GRAPH_ERRORS = {

@@ -1,4 +1,4 @@
-"""tpurun.user_code: finding the user's own file:line in a traceback or a traced message."""
+"""tpurun.errors.user_code: finding the user's own file:line in a traceback or a traced message."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tpurun import user_code
+from tpurun.errors import user_code
 
 TPURUN = os.path.dirname(os.path.abspath(user_code.__file__))
 

@@ -29,9 +29,9 @@ from google.protobuf import text_format
 from tpurun import optimization, records, storage, tf_internals, train_config
 from tpurun.background import checkpoint_upload
 from tpurun.errors import RunError
+from tpurun.errors.tf_errors import one_line
 from tpurun.model import OPTIMIZER, Model
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
 
 # What a read raises when the storage, not the file, failed (GCS unavailable, no
 # permission): never a reason to call a checkpoint damaged. A damaged file raises

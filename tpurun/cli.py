@@ -151,7 +151,7 @@ def main(argv: Sequence[str]) -> int:
         _report(command, "interrupted")
         return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
-        from tpurun import tf_errors
+        from tpurun.errors import tf_errors
 
         message, code = tf_errors.describe(e)
         _report(command, message)

@@ -30,9 +30,7 @@ from tpurun import (
     sidecar,
     splits,
     storage,
-    storage_errors,
     strategy,
-    tf_errors,
     train_config,
 )
 from tpurun import model as model_lib
@@ -42,14 +40,14 @@ from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller
-from tpurun.errors import RunError, Unavailable, UsageError
+from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
+from tpurun.errors.tf_errors import one_line
 from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
-from tpurun.tf_errors import one_line
 from tpurun.train import Trainer
 
 

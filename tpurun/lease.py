@@ -41,8 +41,8 @@ from typing import Any
 
 from absl import logging
 
-from tpurun import storage, storage_errors
-from tpurun.errors import RunError
+from tpurun import storage
+from tpurun.errors import RunError, storage_errors
 
 FILE = "trainer.lease"
 RENEW_SECONDS = 60.0

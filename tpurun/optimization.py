@@ -54,9 +54,9 @@ import tensorflow as tf
 
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
+from tpurun.errors.tf_errors import one_line
 from tpurun.optimization_config import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
 from tpurun.schedules import learning_rate
-from tpurun.tf_errors import one_line
 
 # Keras' private hook this module extends (see the module docstring); checked when an
 # optimizer is built, so a Keras without it fails loudly instead of not clipping.

@@ -16,9 +16,9 @@ from tpurun import check, report, storage
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster
 from tpurun.errors import Preempted
+from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
 
 
 def end_quietly(account: GoodputRecord, error: BaseException) -> None:

@@ -39,8 +39,7 @@ from collections.abc import Iterable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import storage_errors
-from tpurun.errors import RunError
+from tpurun.errors import RunError, storage_errors
 
 # tpurun's names in a model_dir, matched in full (re.fullmatch) against a file's name.
 CHECKPOINT_TEMP = re.compile(r"ckpt-\d+_temp")  # TensorFlow's scratch of an unfinished save

@@ -34,8 +34,8 @@ from absl import logging
 from tpurun import tpu_api
 from tpurun.cluster import Cluster, tpu_device_files, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
+from tpurun.errors.tf_errors import first_line, one_line
 from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node
-from tpurun.tf_errors import first_line, one_line
 
 _T = TypeVar("_T")
 

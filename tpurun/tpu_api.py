@@ -22,8 +22,8 @@ from typing import Any
 import tensorflow as tf
 
 from tpurun.errors import RunError
+from tpurun.errors.tf_errors import first_line
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import first_line
 
 DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"
 ANONYMOUS_CREDENTIALS_ENV = "TPURUN_TPU_ANONYMOUS_CREDENTIALS"

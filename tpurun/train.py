@@ -33,10 +33,10 @@ from tpurun import device_data, inputs
 from tpurun.actions.base import LoopStats
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
+from tpurun.errors.tf_errors import one_line
 from tpurun.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays, build_models, has_own_train_step
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
 from tpurun.training_step import keyed_random
 from tpurun.training_step.state import TrainState
 

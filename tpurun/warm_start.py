@@ -10,9 +10,9 @@ from absl import logging
 
 from tpurun import checkpoints, storage
 from tpurun.errors import RunError, UsageError
+from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model, build_keras_model
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import one_line
 
 # What reading a checkpoint that does not fit (or is damaged) raises.
 DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)

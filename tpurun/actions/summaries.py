@@ -12,7 +12,7 @@ from tpurun import storage
 from tpurun.actions.base import Action, LoopStats
 from tpurun.background import Writer
 from tpurun.background.events import StagedEvents
-from tpurun.tf_errors import user_code_line
+from tpurun.errors.tf_errors import user_code_line
 
 
 class TrainSummaries(Action):

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tpurun.check import introspection
 from tpurun.errors import RunError
-from tpurun.tf_errors import user_code_line
+from tpurun.errors.tf_errors import user_code_line
 
 # What each buffer of a step holds.
 WEIGHTS = "weights"  # the model's variables

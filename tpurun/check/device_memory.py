@@ -24,9 +24,9 @@ from tpurun.check.input_rules import BATCH_FLAGS
 from tpurun.check.preflight import Preflight, StepSize
 from tpurun.check.steps import StepChecker, global_batch
 from tpurun.cluster import Cluster
+from tpurun.errors.tf_errors import user_code_line
 from tpurun.model import Mode, Model, has_generate
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import user_code_line
 
 # A size as XLA and the TPU runtime print them (tsl's HumanReadableNumBytes): binary
 # units with one letter, "49.34G", "528.00M", "4.0K", "0B".

@@ -13,8 +13,8 @@ from tpurun.check.findings import ERROR, STEP_NAMES, Problem, shape_text
 from tpurun.check.graph_walk import CONTROL_FLOW_OPS, DATA_DEPENDENT_OPS, RawFinding
 from tpurun.check.introspection import LayerScopes
 from tpurun.check.origin import created_at
+from tpurun.errors.tf_errors import user_code_line
 from tpurun.model import Mode
-from tpurun.tf_errors import user_code_line
 
 DTYPE_FIXES = {
     tf.int64: (

@@ -37,7 +37,7 @@ from tpurun.check.buffers import (
     WEIGHTS,
     EstimateError,
 )
-from tpurun.tf_errors import user_code_line
+from tpurun.errors.tf_errors import user_code_line
 
 __all__ = [
     "CATEGORIES",

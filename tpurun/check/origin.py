@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tpurun.user_code import in_text, is_user_file, relative
+from tpurun.errors.user_code import in_text, is_user_file, relative
 
 
 def created_at(op: tf.Operation) -> str | None:

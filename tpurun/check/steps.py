@@ -29,12 +29,12 @@ from tpurun.check.fixes import graph_problems, trace_failure
 from tpurun.check.graph_walk import GraphWalker
 from tpurun.check.introspection import KerasNames, LayerScopes
 from tpurun.cluster import Cluster
+from tpurun.errors.tf_errors import user_code_line
 from tpurun.evaluate import Evaluator
 from tpurun.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig
-from tpurun.tf_errors import user_code_line
 from tpurun.train import Trainer
 
 Runner = Trainer | Evaluator | Predictor

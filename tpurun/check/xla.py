@@ -19,8 +19,8 @@ from tpurun.check.fixes import unsupported_problem
 from tpurun.check.graph_walk import SUMMARY_OPS
 from tpurun.check.introspection import LayerScopes
 from tpurun.check.origin import created_at_from_text
+from tpurun.errors.tf_errors import first_line, user_code_line
 from tpurun.model import Mode
-from tpurun.tf_errors import first_line, user_code_line
 
 
 def populate_xla_registry() -> None:

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tpurun.check import buffers, introspection
 from tpurun.check.buffers import EstimateError, Expected
-from tpurun.tf_errors import user_code_line
+from tpurun.errors.tf_errors import user_code_line
 
 STAGE = "hlo_serialized"
 

@@ -6,8 +6,7 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from tpurun import user_code
-from tpurun.errors import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE
+from tpurun.errors import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE, user_code
 
 if TYPE_CHECKING:  # tpurun's errors are described without importing TensorFlow
     import tensorflow as tf
