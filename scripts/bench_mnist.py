@@ -90,8 +90,7 @@ def run_in_subprocess(name: str, data_dir: str, args: argparse.Namespace) -> flo
 
 
 def run_config(data_dir: str, precision: str):
-    from tpurun import config_files
-    from tpurun.run_config import RunConfig, merge_flags
+    from tpurun.run_config import RunConfig, config_files, merge_flags
 
     flags = {"data_dir": data_dir, "batch_size": BATCH, "iterations": ITERATIONS}
     config = merge_flags(

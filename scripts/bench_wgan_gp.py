@@ -80,9 +80,9 @@ def run_worker(args: argparse.Namespace) -> dict:
     """Seconds per step of each loop (median of the repeats), and what fit compiled with."""
     import keras
 
-    from tpurun import config_files, strategy
     from tpurun import model as model_lib
-    from tpurun.run_config import RunConfig, merge_flags
+    from tpurun import strategy
+    from tpurun.run_config import RunConfig, config_files, merge_flags
 
     flags = {"data_dir": args.data_dir, "iterations": ITERATIONS, "precision": "float32"}
     config = merge_flags(config_files.load(config_files.resolve("wgan_gp")), flags)

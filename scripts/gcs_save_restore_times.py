@@ -38,9 +38,9 @@ def main() -> None:
         import keras
         import tensorflow as tf
 
-        from tpurun import checkpoints, config_files
+        from tpurun import checkpoints
         from tpurun import model as model_lib
-        from tpurun.run_config import merge_flags
+        from tpurun.run_config import config_files, merge_flags
 
         config = merge_flags(config_files.load(config_files.resolve("mnist")), {})
         keras_model = model_lib.build_keras_model(model_lib.create(config))

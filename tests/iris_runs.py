@@ -8,9 +8,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpurun import config_files
 from tpurun.model import create
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 
 def iris_run(

@@ -22,13 +22,13 @@ from conftest import capture_info_logs
 from conftest import tensorboard_scalars as scalars
 from fakes import FakeClock, fake_checkpoint
 
-from tpurun import actions, config_defaults, config_files, watchdog
+from tpurun import actions, config_defaults, watchdog
 from tpurun.actions import hang, progress
 from tpurun.actions.base import SaveState
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.summaries import TrainSummaries
-from tpurun.run_config import RunConfig, merge_flags
-from tpurun.splits import Splits
+from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config.splits import Splits
 
 LOG_LINE = re.compile(
     r"step (\d+)/(\d+)  loss [\d.]+  [\d.]+ steps/sec  \d+ examples/sec  input wait (\d+)%"

@@ -11,9 +11,9 @@ import ml_collections
 import pytest
 from fakes import delete_checkpoint, fake_checkpoint
 
-from tpurun import best, config_files
+from tpurun import best
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig
+from tpurun.run_config import RunConfig, config_files
 
 
 def best_run(model_dir: Path, metric: str = "accuracy", mode: str = "max") -> RunConfig:

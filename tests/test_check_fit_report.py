@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tpurun import config_files
 from tpurun.check import fit_report, targets
 from tpurun.check.findings import merge
 from tpurun.check.memory import Array, MemoryEstimate
 from tpurun.check.preflight import StepMemory, TargetMemory
 from tpurun.model import Mode
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 V5E_8 = targets.parse("v5e-8")
 GB = 10**9

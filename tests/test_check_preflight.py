@@ -16,14 +16,13 @@ import tensorflow as tf
 from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines
 from test_check import findings, shipped_config_args
 
-from tpurun import config_files
 from tpurun import model as model_lib
 from tpurun.check import memory
 from tpurun.check.steps import StepChecker
 from tpurun.check.tpu_compiler import client
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 SEED_CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "flops")
 # Seed configs sized in bfloat16 activations, not as shipped (float32): their check is the

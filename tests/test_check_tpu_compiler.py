@@ -25,7 +25,6 @@ from test_check import shipped_config_args
 from tpurun.models.flops import train_step_flops
 
 import tpurun.check
-from tpurun import config_files
 from tpurun import model as model_lib
 from tpurun.check import fit_report, memory, preflight, step_bounds, targets
 from tpurun.check.memory import INPUT, OPTIMIZER, WEIGHTS
@@ -35,7 +34,7 @@ from tpurun.check.tpu_compiler import client, program
 from tpurun.check.tpu_compiler.sizing import CompiledStep, TpuSizer
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 V5E = targets.generation("v5e")
 V5E_8 = targets.parse("v5e-8")

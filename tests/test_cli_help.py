@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, assert_ok
 
-from tpurun import cli, config_files
+from tpurun import cli
+from tpurun.run_config import config_files
 
 COMMANDS = ("train", "eval", "predict", "export", "list", "check", "report")
 COMMON = (

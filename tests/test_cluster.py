@@ -7,10 +7,10 @@ import json
 import pytest
 import tensorflow as tf
 
-from tpurun import cluster, config_files, strategy
+from tpurun import cluster, strategy
 from tpurun.cluster import Cluster, is_chief_process, is_chief_task
 from tpurun.errors import UsageError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 
 def iris_run(**flags) -> RunConfig:

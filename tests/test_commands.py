@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import commands, config_files
+from tpurun import commands
 from tpurun.errors import RunError, tf_errors
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 
 def iris_run(model_dir, command: str = "train", **fields) -> RunConfig:

@@ -10,8 +10,8 @@ import ml_collections
 import pytest
 from conftest import REPO
 
-from tpurun import config_files
 from tpurun.errors import UsageError
+from tpurun.run_config import config_files
 
 IRIS_PATH = os.path.realpath(REPO / "configs" / "iris.py")
 

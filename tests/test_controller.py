@@ -18,13 +18,13 @@ import tensorflow as tf
 from conftest import capture_info_logs
 from fakes import FakeClock
 
-from tpurun import checkpoints, config_files, controller, train_config
+from tpurun import checkpoints, controller, train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.background import Writer
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller, crossed, loop_cadence, sigterm_notice
 from tpurun.errors import Preempted, RunError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 LOOP_SECONDS = 7.0  # fake seconds each host loop takes
 

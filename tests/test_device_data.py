@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 from conftest import assert_ok, capture_info_logs
 
-from tpurun import config_files, device_data, inputs, strategy
+from tpurun import device_data, inputs, strategy
 from tpurun import model as model_lib
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import InputBound, LogLines
@@ -29,7 +29,7 @@ from tpurun.check.steps import StepChecker
 from tpurun.cluster import Cluster
 from tpurun.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 GLOBAL_BATCH, SEED = 16, 3
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")

@@ -92,8 +92,9 @@ def test_eight_replicas_get_the_same_global_batch_in_eight_slices():
     import tensorflow as tf
     from tpurun.models.iris import Iris
 
-    from tpurun import config_files, inputs, strategy
+    from tpurun import inputs, strategy
     from tpurun.model import Mode
+    from tpurun.run_config import config_files
 
     config = ml_collections.FrozenConfigDict(config_files.load(config_files.resolve("iris")))
     eight = strategy.local(8).strategy

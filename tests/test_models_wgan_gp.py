@@ -133,7 +133,7 @@ def test_accumulation_is_refused_before_anything_is_made(tmp_path):
 
 
 def test_the_config_generates_1000_images_by_default():
-    from tpurun import config_files
+    from tpurun.run_config import config_files
 
     config = config_files.load(config_files.resolve("wgan_gp"))
     assert config.generate.count == 1000

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import config_defaults, optimization, optimization_config, schedules
+from tpurun import config_defaults, optimization, schedules
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, merge_flags, recipe_keys
 
 STEPS = 1000
 
@@ -32,7 +32,7 @@ def recipe_config(**keys) -> ml_collections.ConfigDict:
 
 def recipe(**keys) -> ml_collections.FrozenConfigDict:
     config = ml_collections.FrozenConfigDict(recipe_config(**keys))
-    optimization_config.validate(config, train_steps=config.train.steps)
+    recipe_keys.validate(config, train_steps=config.train.steps)
     return config
 
 
@@ -491,5 +491,5 @@ def test_a_bad_value_is_one_line_naming_key_value_and_range(keys, words):
 
 def test_every_recipe_key_has_a_default():
     optimizer = config_defaults.base_config(model="x").optimizer
-    assert set(optimizer.keys()) == set(optimization_config.RECIPE_KEYS)
+    assert set(optimizer.keys()) == set(recipe_keys.RECIPE_KEYS)
     assert "ema_decay" in config_defaults.base_config(model="x").train

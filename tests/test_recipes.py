@@ -148,7 +148,8 @@ def test_eval_with_ema_reports_the_averages_not_the_raw_weights(tpurun_cli, tmp_
     # The same loss from a model holding the averages the checkpoint keeps.
     import tensorflow as tf
 
-    from tpurun import config_files, model, optimization
+    from tpurun import model, optimization
+    from tpurun.run_config import config_files
 
     config = config_files.load(config_files.resolve("iris"))
     config.train.ema_decay = 0.9

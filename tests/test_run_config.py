@@ -8,9 +8,9 @@ import platform
 import ml_collections
 import pytest
 
-from tpurun import __version__, config_defaults, config_files
+from tpurun import __version__, config_defaults
 from tpurun.errors import EXIT_USAGE, UsageError
-from tpurun.run_config import RunConfig, aligned_to_loop, check_divisible, merge_flags
+from tpurun.run_config import RunConfig, aligned_to_loop, check_divisible, config_files, merge_flags
 
 
 @pytest.mark.parametrize("batch_size, replicas", [(96, 8), (8, 8), (7, 1), (1024, 32)], ids=str)

@@ -14,11 +14,11 @@ import pytest
 from conftest import capture_info_logs
 from fakes import FakeClock, delete_checkpoint, fake_checkpoint, step_of
 
-from tpurun import config_files, sidecar
+from tpurun import sidecar
 from tpurun.errors import RunError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config.splits import Splits
 from tpurun.sidecar import POLL_SECONDS
-from tpurun.splits import Splits
 
 # Iris's one split, and a model's test split beside its selecting val.
 IRIS = Splits(names=("test",), best="test", chosen="test", also=())

@@ -1,12 +1,13 @@
-"""tpurun.splits: a model's eval splits and the config's choices among them (no TensorFlow)."""
+"""tpurun.run_config.splits: a model's eval splits and the config's choices among them (no TensorFlow)."""
 
 from __future__ import annotations
 
 import ml_collections
 import pytest
 
-from tpurun import config_defaults, splits
+from tpurun import config_defaults
 from tpurun.errors import RunError, UsageError
+from tpurun.run_config import splits
 
 
 def config(**eval_keys) -> ml_collections.ConfigDict:

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 from conftest import IN_PROCESS_REPLICAS, capture_info_logs
 
-from tpurun import config_files, packed_reduction, strategy, tpu
+from tpurun import packed_reduction, strategy, tpu
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 
 def iris_run(**fields) -> RunConfig:

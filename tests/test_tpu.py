@@ -20,9 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import OFFLINE_ENV, error_lines, free_local_ports, metadata_server_watched, run_tpurun
 
-from tpurun import config_files
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config import RunConfig, config_files, merge_flags
 
 PROJECT = "test-project"
 ZONE = "us-central1-b"

@@ -31,7 +31,7 @@ from conftest import (
     tpurun_in_process,
 )
 
-from tpurun import config_files
+from tpurun.run_config import config_files
 
 pytestmark = pytest.mark.slow
 

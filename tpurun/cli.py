@@ -22,9 +22,16 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal
+from tpurun import __version__, cli_flags, supervisor, terminal
 from tpurun.errors import TpurunError, UsageError
-from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
+from tpurun.run_config import (
+    FLAG_TO_CONFIG_KEY,
+    RunConfig,
+    bounds,
+    config_files,
+    merge_flags,
+    parse_checkpoint,
+)
 
 FLAGS = flags.FLAGS
 

@@ -28,7 +28,6 @@ from tpurun import (
     precision,
     run_account,
     sidecar,
-    splits,
     storage,
     strategy,
     train_config,
@@ -47,7 +46,7 @@ from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.predict import Predictor, write_rows
-from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
+from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
 from tpurun.train import Trainer
 
 

@@ -26,7 +26,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.precision = "float32"
 
     # The training recipe, built into a Keras optimizer by tpurun/optimization.py and
-    # checked by tpurun/optimization_config.py (`optimizer_recipe` has its keys).
+    # checked by tpurun/run_config/recipe_keys.py (`optimizer_recipe` has its keys).
     config.optimizer = optimizer_recipe()
     # Named optimizers, for a model whose own train_step updates several parts with
     # optimizers of their own (a GAN's generator and critic): each a whole recipe,

@@ -11,9 +11,10 @@ import json
 import keras
 import tensorflow as tf
 
-from tpurun import splits, storage
+from tpurun import storage
 from tpurun.errors import RunError
 from tpurun.model import Model
+from tpurun.run_config import splits
 
 # Eval results that are counts, not a measure of the model.
 NOT_METRICS = ("num_examples", "global_step")

@@ -4,7 +4,7 @@
 training loop uses as any other: build it on the trainable variables in the
 strategy's scope, call `apply_gradients` inside `strategy.run` with each replica's
 own (not yet summed) gradients. The keys, their defaults and meaning are in
-`tpurun.config_defaults`; their checks in `tpurun.optimization_config`.
+`tpurun.config_defaults`; their checks in `tpurun.run_config.recipe_keys`.
 
 What Keras 3 (TensorFlow backend) does under tf.distribute, and what tpurun adds:
 
@@ -55,7 +55,7 @@ import tensorflow as tf
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import one_line
-from tpurun.optimization_config import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
+from tpurun.run_config.recipe_keys import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
 from tpurun.schedules import learning_rate
 
 # Keras' private hook this module extends (see the module docstring); checked when an

@@ -15,7 +15,7 @@ from tpurun import checkpoints, records, storage
 from tpurun.errors import RunError
 from tpurun.eval_results import evaluated_before
 from tpurun.run_config import RunConfig
-from tpurun.splits import Splits
+from tpurun.run_config.splits import Splits
 
 # How often a sidecar looks for a new checkpoint: one stat of the small `checkpoint`
 # state file (on gs:// one metadata request, fewer within TensorFlow's 5-second stat

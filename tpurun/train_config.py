@@ -22,10 +22,10 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from tpurun import bounds, optimization_config, records, storage
+from tpurun import records, storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, bounds, recipe_keys
 
 FILE = "train_config.json"
 # The config's name, beside its keys in the record: a key no config has.
@@ -79,7 +79,7 @@ def resumable_changes(trained: dict) -> tuple[str, ...]:
     schedules = {key: recipe.get("schedule", "constant") for key, recipe in recipes.items()}
     changes = [*RESUMABLE_CHANGES]
     changes += [f"{key}.learning_rate" for key, s in schedules.items() if s == "constant"]
-    if any(s in optimization_config.SCHEDULES_ENDING_AT_TRAIN_STEPS for s in schedules.values()):
+    if any(s in recipe_keys.SCHEDULES_ENDING_AT_TRAIN_STEPS for s in schedules.values()):
         changes = [key for key in changes if key not in ("train.steps", "train.epochs")]
     return tuple(changes)
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import best, splits, storage
+from tpurun import best, storage
 from tpurun.eval_results import summary_line, write_results
-from tpurun.run_config import RunConfig
-from tpurun.splits import Splits
+from tpurun.run_config import RunConfig, splits
+from tpurun.run_config.splits import Splits
 
 Evaluate = Callable[[str, str], dict[str, float]]  # checkpoint path, split -> eval results
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tpurun import device_data, inputs, splits
+from tpurun import device_data, inputs
 from tpurun.check import input_rules, replica_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
@@ -34,7 +34,7 @@ from tpurun.evaluate import Evaluator
 from tpurun.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.predict import Predictor
-from tpurun.run_config import RunConfig
+from tpurun.run_config import RunConfig, splits
 from tpurun.train import Trainer
 
 Runner = Trainer | Evaluator | Predictor

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tpurun.bounds import is_number
 from tpurun.errors import UsageError
+from tpurun.run_config.bounds import is_number
 
 SCHEDULES = ("constant", "exponential", "piecewise", "cosine", "linear")
 # Schedules whose curve ends at train.steps: a resumed run may not change it (checkpoints.py).

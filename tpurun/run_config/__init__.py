@@ -17,8 +17,9 @@ from typing import Any
 
 import ml_collections
 
-from tpurun import __version__, bounds, optimization_config
+from tpurun import __version__
 from tpurun.errors import UsageError
+from tpurun.run_config import bounds, recipe_keys
 
 COMMANDS = ("train", "eval", "predict", "export", "check")
 
@@ -259,7 +260,7 @@ _REQUIRED_KEYS = (
     "train.device_data",
     "train.device_data_mb",
     "train.xla",
-    *(f"optimizer.{key}" for key in optimization_config.RECIPE_KEYS),
+    *(f"optimizer.{key}" for key in recipe_keys.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",
 )
@@ -330,7 +331,7 @@ def _validate(run: RunConfig) -> None:
     bounds.check_sizes(config)
     # A run counted in epochs knows its steps once its examples are counted.
     unresolved = bool(config.train.epochs) and not run.train_examples
-    optimization_config.validate(config, train_steps=None if unresolved else config.train.steps)
+    recipe_keys.validate(config, train_steps=None if unresolved else config.train.steps)
     if config.precision not in PRECISIONS:
         raise UsageError(
             f"--precision={config.precision} (config.precision) is not a precision; use one of "
