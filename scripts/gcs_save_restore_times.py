@@ -3,7 +3,7 @@
     .venv/bin/python scripts/gcs_save_restore_times.py [--repeats 5]
 
 The default mnist config's model and Adam state (a checkpoint of ~5 MB), saved as
-`tpurun train` saves (tpurun.checkpoints.Saver; on gs:// also with TensorFlow's
+`tpurun train` saves (tpurun.storage.checkpoints.Saver; on gs:// also with TensorFlow's
 CheckpointManager, which tpurun used before, for comparison), and read back whole
 as a resume does. gs:// is the test GCS server (tests/fake_gcs: fake-gcs-server behind a
 loopback proxy): its times are the cost of the requests and of the proxy on this
@@ -38,9 +38,9 @@ def main() -> None:
         import keras
         import tensorflow as tf
 
-        from tpurun import checkpoints
         from tpurun import model as model_lib
         from tpurun.run_config import config_files, merge_flags
+        from tpurun.storage import checkpoints
 
         config = merge_flags(config_files.load(config_files.resolve("mnist")), {})
         keras_model = model_lib.build_keras_model(model_lib.create(config))

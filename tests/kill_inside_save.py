@@ -7,7 +7,7 @@ POINT is where, inside the save, the process dies:
   upload  a background save to gs://: ckpt-<step>.data-* uploaded, its .index not yet
   state   ckpt-<step>.* is complete, the `checkpoint` state file not yet rewritten
   delete  the state is rewritten and an old checkpoint's .index deleted, its .data not
-(tpurun.checkpoints.Saver writes the state file once per save, then deletes.)
+(tpurun.storage.checkpoints.Saver writes the state file once per save, then deletes.)
 This is what a preemption or an OOM kill can do to a real run, made repeatable.
 """
 
@@ -19,8 +19,9 @@ import sys
 
 from tensorflow.python.ops import gen_io_ops
 
-from tpurun import checkpoints, storage
-from tpurun.background import checkpoint_upload
+from tpurun import storage
+from tpurun.storage import checkpoints
+from tpurun.storage.background import checkpoint_upload
 
 point, nth = sys.argv[1], int(sys.argv[2])
 calls = {"count": 0}

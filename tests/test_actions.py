@@ -341,7 +341,7 @@ def test_progress_bar_shows_steps_loss_and_eta_and_puts_logs_above_it():
 
 
 def test_log_lines_and_the_progress_bar_show_the_epoch(caplog):
-    from tpurun.train_config import EpochCount
+    from tpurun.storage.train_config import EpochCount
 
     capture_info_logs(caplog)
     epochs = EpochCount(examples=6400, per_step=32, total=2)  # 200 steps per epoch
@@ -567,8 +567,8 @@ def test_report_eval_on_another_worker_only_prints(tmp_path, capsys):
 
 def test_a_failed_best_update_is_a_warning_not_a_failure(tmp_path, monkeypatch, caplog, capsys):
     """The chief alone writes these: failing would leave the other workers blocked."""
-    from tpurun import best
     from tpurun.actions.evaluation import ReportEval
+    from tpurun.storage import best
 
     def fail(*args):
         raise tf.errors.UnavailableError(None, None, "storage is down")

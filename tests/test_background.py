@@ -1,4 +1,4 @@
-"""tpurun.background: the run's writer thread, TensorBoard events staged in memory, and what
+"""tpurun.storage.background: the run's writer thread, TensorBoard events staged in memory, and what
 goes through the writer (the lease's renewal, a worker's part in a background save).
 
 No test waits on the wall clock: the writer's thread is held by a job that waits for an
@@ -19,10 +19,10 @@ from iris_runs import iris_run
 from tpurun import tf_internals
 from tpurun.actions.base import LoopStats
 from tpurun.actions.lease import RenewLease
-from tpurun.background import Writer, checkpoint_upload, events
-from tpurun.background.events import StagedEvents
 from tpurun.errors import RunError
-from tpurun.lease import Lease
+from tpurun.storage.background import Writer, checkpoint_upload, events
+from tpurun.storage.background.events import StagedEvents
+from tpurun.storage.lease import Lease
 
 
 def held(writer: Writer) -> threading.Event:

@@ -1,4 +1,4 @@
-"""tpurun.best: the best checkpoint so far by config.eval.best_metric, kept in model_dir/best,
+"""tpurun.storage.best: the best checkpoint so far by config.eval.best_metric, kept in model_dir/best,
 on fake checkpoint files (the end-to-end runs are in test_train_and_eval.py)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import ml_collections
 import pytest
 from fakes import delete_checkpoint, fake_checkpoint
 
-from tpurun import best
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig, config_files
+from tpurun.storage import best
 
 
 def best_run(model_dir: Path, metric: str = "accuracy", mode: str = "max") -> RunConfig:

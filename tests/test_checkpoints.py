@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpurun import checkpoints
+from tpurun.storage import checkpoints
 
 
 def model_and_optimizer(seed: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:

@@ -18,13 +18,14 @@ import tensorflow as tf
 from conftest import capture_info_logs
 from fakes import FakeClock
 
-from tpurun import checkpoints, controller, train_config
+from tpurun import controller
 from tpurun.actions.base import Action, LoopStats
-from tpurun.background import Writer
 from tpurun.cluster import Cluster
 from tpurun.controller import Controller, crossed, loop_cadence, sigterm_notice
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.storage import checkpoints, train_config
+from tpurun.storage.background import Writer
 
 LOOP_SECONDS = 7.0  # fake seconds each host loop takes
 

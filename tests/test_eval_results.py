@@ -1,4 +1,4 @@
-"""tpurun.eval_results: what every evaluation reports, and the files and line it makes."""
+"""tpurun.storage.eval_results: what every evaluation reports, and the files and line it makes."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import keras
 import pytest
 
 from tpurun.errors import RunError
-from tpurun.eval_results import (
+from tpurun.evaluate import eval_metrics
+from tpurun.model import Model
+from tpurun.storage.eval_results import (
     NOT_METRICS,
-    eval_metrics,
     evaluated_before,
     metric_names,
     results_path,
     summary_line,
     write_results,
 )
-from tpurun.model import Model
 
 RESULTS = {"accuracy": 0.96666, "loss": 0.05349, "num_examples": 30, "global_step": 1000}
 

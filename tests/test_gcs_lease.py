@@ -1,4 +1,4 @@
-"""One trainer per model_dir (tpurun.lease), on a local disk and on gs://.
+"""One trainer per model_dir (tpurun.storage.lease), on a local disk and on gs://.
 
 The first trainer runs in a process of its own (it is signalled); the second, and
 the one that takes over a killed trainer's lease, run in this process.
@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok
 
-from tpurun import checkpoints, lease
 from tpurun.errors import EXIT_PREEMPTED
+from tpurun.storage import checkpoints, lease
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
 

@@ -44,7 +44,7 @@ from test_resume import (
 )
 
 from tests.synthetic_images import write_digit_records
-from tpurun.background import events
+from tpurun.storage.background import events
 
 pytestmark = pytest.mark.slow
 STEPS = 100  # the killed runs': a save every 10-step loop on gs:// costs ~0.3 s

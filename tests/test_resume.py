@@ -325,7 +325,7 @@ def fill_the_disk(monkeypatch, where: str) -> None:
     background and one the loop waits for both go through these."""
     from tensorflow.python.ops import io_ops
 
-    from tpurun import checkpoints
+    from tpurun.storage import checkpoints
 
     if where == "tensors":
         save_v2 = io_ops.save_v2

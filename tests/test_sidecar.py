@@ -101,7 +101,7 @@ def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, clock
     def evaluate(path):
         if step_of(path) == 30:  # deleted while being read
             delete_checkpoint(tmp_path, 30)
-            from tpurun.checkpoints import CheckpointGone
+            from tpurun.storage.checkpoints import CheckpointGone
 
             raise CheckpointGone(f"checkpoint {path} is gone (data file not found)")
         return Sidecar().evaluate(path)

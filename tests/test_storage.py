@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tpurun import records, storage
+from tpurun import storage
 from tpurun.errors import RunError
+from tpurun.storage import records
 
 
 @pytest.fixture
@@ -316,7 +317,7 @@ def test_a_tpurun_process_sees_at_once_what_another_process_removed_and_saved(
 ):
     """A resume's removal of ckpt-60_temp/ and the next save's state file, seen by a process
     that looked before: fresh with tpurun's setting; a user's own cache age is kept."""
-    from tpurun import checkpoints
+    from tpurun.storage import checkpoints
 
     model_dir = f"{bucket}/iris"
     temp = f"{model_dir}/ckpt-60_temp"

@@ -31,6 +31,7 @@ from conftest import (
     tpurun_in_process,
 )
 
+from tpurun import restore
 from tpurun.run_config import config_files
 
 pytestmark = pytest.mark.slow
@@ -40,11 +41,11 @@ COMMON = ("--config=iris", "--use_tpu=false")
 
 def model_weights(checkpoint: Path) -> list[np.ndarray]:
     """The Iris model's weights in a checkpoint, restored as tpurun restores them."""
-    from tpurun import checkpoints, model
+    from tpurun import model
 
     config = ml_collections.FrozenConfigDict(config_files.load(config_files.resolve("iris")))
     keras_model = model.create(config).build()
-    checkpoints.restore_model(keras_model, str(checkpoint))
+    restore.restore_model(keras_model, str(checkpoint))
     return [w.numpy() for w in keras_model.weights]
 
 

@@ -9,9 +9,9 @@ import ml_collections
 import pytest
 from iris_runs import iris_run as run_with_flags
 
-from tpurun import train_config
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig, config_files
+from tpurun.storage import train_config
 
 
 def iris_run(model_dir, **keys) -> RunConfig:

@@ -18,19 +18,14 @@ from absl import logging
 
 from tpurun import (
     actions,
-    background,
-    best,
     check,
-    checkpoints,
     cluster,
     inputs,
-    lease,
     precision,
     run_account,
     sidecar,
     storage,
     strategy,
-    train_config,
 )
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
@@ -41,12 +36,13 @@ from tpurun.cluster import Cluster
 from tpurun.controller import Controller
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
-from tpurun.eval_results import eval_metrics, summary_line, write_json
-from tpurun.evaluate import Evaluator
+from tpurun.evaluate import Evaluator, eval_metrics
 from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
+from tpurun.storage import background, best, checkpoints, lease, train_config
+from tpurun.storage.eval_results import summary_line, write_json
 from tpurun.train import Trainer
 
 

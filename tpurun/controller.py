@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.actions.save import SaveCheckpoint, Saved
-from tpurun.background import Writer
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import EPOCH, RunConfig, aligned_to_loop
+from tpurun.storage import checkpoints, train_config
+from tpurun.storage.background import Writer
 from tpurun.train import Trainer
 from tpurun.warm_start import warm_start
 

@@ -8,13 +8,24 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, inputs
+from tpurun import inputs, restore
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import RunError
-from tpurun.eval_results import eval_metrics
 from tpurun.model import Mode, Model, build_models
 from tpurun.run_config import RunConfig
+from tpurun.storage import checkpoints
+from tpurun.storage.eval_results import NOT_METRICS
 from tpurun.training_step.state import unique
+
+
+def eval_metrics(model: Model) -> dict[str, keras.metrics.Metric]:
+    """The model's metrics plus the mean loss: what every evaluation reports."""
+    metrics = dict(model.metrics())
+    for reserved in ("loss", *NOT_METRICS):
+        if reserved in metrics:
+            raise RunError(f"{type(model).__name__}.metrics() may not name a metric {reserved!r}")
+    metrics["loss"] = keras.metrics.Mean()
+    return metrics
 
 
 class Evaluator:
@@ -32,7 +43,7 @@ class Evaluator:
         with self.strategy.scope():
             self.models = build_models(model)
             self.keras_model = self.models[model.serving_model]
-            self._averages = checkpoints.averages_of(model, self.models, run.config)
+            self._averages = restore.averages_of(model, self.models, run.config)
         self.metrics = eval_metrics(model)
         self.num_examples = keras.metrics.Sum()
         self._loop = tf.function(self._host_loop)
@@ -98,7 +109,7 @@ class Evaluator:
             # Every worker reads the chief's files: in train --eval_every the others
             # may finish their part of the save before the chief has written its.
             self._barrier()
-        checkpoints.restore_weights(self.models, checkpoint_path, self._averages)
+        restore.restore_weights(self.models, checkpoint_path, self._averages)
         for metric in (*self.metrics.values(), self.num_examples):
             metric.reset_state()
         limit = self.run.config.eval.steps

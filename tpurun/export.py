@@ -12,10 +12,11 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, precision, storage
+from tpurun import precision, restore, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, build_models
 from tpurun.run_config import RunConfig
+from tpurun.storage import checkpoints
 
 
 def serving_input_spec(model: Model):
@@ -67,8 +68,8 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     """
     models = build_models(model)  # default strategy: serving has no replicas
     keras_model = models[model.serving_model]  # what the signature serves
-    averages = checkpoints.averages_of(model, models, run.config)
-    checkpoints.restore_weights(models, checkpoint_path, averages)
+    averages = restore.averages_of(model, models, run.config)
+    restore.restore_weights(models, checkpoint_path, averages)
     # keras.export.ExportArchive, not tf.saved_model.save: only it saves Keras 3
     # variables so that TF1-style loaders (saved_model_cli, TF Serving) find them.
     archive = keras.export.ExportArchive()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpurun import checkpoints, inputs, precision, storage
+from tpurun import inputs, precision, restore, storage
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode, Model, build_models, has_generate, json_line
@@ -31,7 +31,7 @@ class Predictor:
         with self.strategy.scope():
             self.models = build_models(model)
             self.keras_model = self.models[model.serving_model]  # what predicts
-            self._averages = checkpoints.averages_of(model, self.models, run.config)
+            self._averages = restore.averages_of(model, self.models, run.config)
         self._step = tf.function(self._host_step)
 
     @property
@@ -53,7 +53,7 @@ class Predictor:
 
         For a model with its own `generate`: the rows it returns.
         """
-        checkpoints.restore_weights(self.models, checkpoint_path, self._averages)
+        restore.restore_weights(self.models, checkpoint_path, self._averages)
         if has_generate(self.model):
             yield from self.model.generate(self.keras_model, self.strategy)
             return

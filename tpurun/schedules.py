@@ -5,7 +5,7 @@ A schedule is a Keras LearningRateSchedule, evaluated at the run's global step
 GAN critic's several updates per step), the step a checkpoint restores: a resumed
 run continues on the curve. It is not in the
 checkpoint (only variables are): it is rebuilt from the config, which is why
-tpurun.train_config refuses a resume that changes it.
+tpurun.storage.train_config refuses a resume that changes it.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, records, storage
+from tpurun import storage
 from tpurun.errors import RunError
-from tpurun.eval_results import evaluated_before
 from tpurun.run_config import RunConfig
 from tpurun.run_config.splits import Splits
+from tpurun.storage import checkpoints, records
+from tpurun.storage.eval_results import evaluated_before
 
 # How often a sidecar looks for a new checkpoint: one stat of the small `checkpoint`
 # state file (on gs:// one metadata request, fewer within TensorFlow's 5-second stat

@@ -8,11 +8,12 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, storage
+from tpurun import storage
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model, build_keras_model
 from tpurun.run_config import RunConfig
+from tpurun.storage import checkpoints
 
 # What reading a checkpoint that does not fit (or is damaged) raises.
 DAMAGE_ERRORS = (tf.errors.OpError, ValueError, AssertionError)

@@ -4,7 +4,7 @@
 * `evaluation`: evaluate a checkpoint, then its results file, TensorBoard, the best, a line;
 * `progress`: a live line on a terminal or log lines, the input-bound warning, the resume cost;
 * `summaries.TrainSummaries`: TensorBoard scalars per loop and the model's graph (on gs://
-  uploaded in the background: `tpurun.background`);
+  uploaded in the background: `tpurun.storage.background`);
 * `profiler.ProfileSteps`: `--profile_steps`;
 * `hang.HangTimeout`: `--hang_timeout`.
 
@@ -19,14 +19,14 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tpurun import train_config
 from tpurun.actions.base import Action, LoopStats
 from tpurun.actions.hang import HangTimeout
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.progress import InputBound, LogLines, ProgressBar
 from tpurun.actions.summaries import TrainSummaries
-from tpurun.background import Writer
 from tpurun.run_config import RunConfig
+from tpurun.storage import train_config
+from tpurun.storage.background import Writer
 
 __all__ = ["Action", "LoopStats", "for_training"]
 

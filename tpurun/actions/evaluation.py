@@ -12,10 +12,11 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import best, storage
-from tpurun.eval_results import summary_line, write_results
+from tpurun import storage
 from tpurun.run_config import RunConfig, splits
 from tpurun.run_config.splits import Splits
+from tpurun.storage import best
+from tpurun.storage.eval_results import summary_line, write_results
 
 Evaluate = Callable[[str, str], dict[str, float]]  # checkpoint path, split -> eval results
 

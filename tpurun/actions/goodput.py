@@ -19,7 +19,7 @@ from typing import Any
 
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats
-from tpurun.background import Writer
+from tpurun.storage.background import Writer
 
 WRITE_EVERY = 2.0  # seconds between writes of the loops' progress
 

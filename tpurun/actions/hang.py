@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 from absl import logging
 
-from tpurun import checkpoints, watchdog
+from tpurun import watchdog
 from tpurun.actions.base import Action, LoopStats, SaveState
+from tpurun.storage import checkpoints
 
 
 class HangTimeout(Action):

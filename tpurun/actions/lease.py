@@ -1,12 +1,12 @@
-"""Keeping the trainer's lease on model_dir fresh (see `tpurun.lease`)."""
+"""Keeping the trainer's lease on model_dir fresh (see `tpurun.storage.lease`)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 
 from tpurun.actions.base import Action, LoopStats
-from tpurun.background import Writer
-from tpurun.lease import Lease
+from tpurun.storage.background import Writer
+from tpurun.storage.lease import Lease
 
 
 class RenewLease(Action):

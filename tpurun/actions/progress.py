@@ -14,7 +14,7 @@ import tqdm.contrib
 from absl import logging
 
 from tpurun.actions.base import Action, LoopStats, SaveState
-from tpurun.train_config import EpochCount
+from tpurun.storage.train_config import EpochCount
 
 # Above this share of a host loop spent waiting for input, the run is input-bound:
 # the accelerator idles more than it computes...

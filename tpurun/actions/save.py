@@ -10,12 +10,13 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, tf_internals
+from tpurun import tf_internals
 from tpurun.actions.base import SaveState
-from tpurun.background import Writer
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig
+from tpurun.storage import checkpoints
+from tpurun.storage.background import Writer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class _InFlight:
 
 
 class SaveCheckpoint:
-    """`save(step)` writes `ckpt-<step>` (atomically: see `tpurun.checkpoints`); returns its path.
+    """`save(step)` writes `ckpt-<step>` (atomically: see `tpurun.storage.checkpoints`); returns its path.
 
     With config.train.async_checkpoint (and a `writer`), the save copies the state at
     the step into host memory and the writer's thread writes it while training goes

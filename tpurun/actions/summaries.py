@@ -10,9 +10,9 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats
-from tpurun.background import Writer
-from tpurun.background.events import StagedEvents
 from tpurun.errors.tf_errors import user_code_line
+from tpurun.storage.background import Writer
+from tpurun.storage.background.events import StagedEvents
 
 
 class TrainSummaries(Action):

@@ -53,7 +53,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, precision, strategy, train_config
+from tpurun import inputs, precision, strategy
 from tpurun import model as model_lib
 from tpurun.check import fit_report, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
@@ -70,6 +70,7 @@ from tpurun.cluster import Cluster
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
+from tpurun.storage import train_config
 
 __all__ = [
     "DEFAULT_REPLICAS",

@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import records, storage
+from tpurun import storage
 from tpurun.check import fit_report
 from tpurun.check.input_rules import BATCH_FLAGS
 from tpurun.check.preflight import Preflight, StepSize
@@ -27,6 +27,7 @@ from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.model import Mode, Model, has_generate
 from tpurun.run_config import RunConfig
+from tpurun.storage import records
 
 # A size as XLA and the TPU runtime print them (tsl's HumanReadableNumBytes): binary
 # units with one letter, "49.34G", "528.00M", "4.0K", "0B".

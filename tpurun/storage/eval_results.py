@@ -1,33 +1,20 @@
 """What an evaluation reports: the model's metrics plus the mean loss, and their bookkeeping.
 
-Shared by the Evaluator (which computes them), the eval actions (which write and
-print them) and the best checkpoint (which compares one of them).
+The Evaluator computes them (`tpurun.evaluate.eval_metrics`); the eval actions
+write and print them, and the best checkpoint compares one of them.
 """
 
 from __future__ import annotations
 
 import json
 
-import keras
 import tensorflow as tf
 
 from tpurun import storage
-from tpurun.errors import RunError
-from tpurun.model import Model
 from tpurun.run_config import splits
 
 # Eval results that are counts, not a measure of the model.
 NOT_METRICS = ("num_examples", "global_step")
-
-
-def eval_metrics(model: Model) -> dict[str, keras.metrics.Metric]:
-    """The model's metrics plus the mean loss: what every evaluation reports."""
-    metrics = dict(model.metrics())
-    for reserved in ("loss", *NOT_METRICS):
-        if reserved in metrics:
-            raise RunError(f"{type(model).__name__}.metrics() may not name a metric {reserved!r}")
-    metrics["loss"] = keras.metrics.Mean()
-    return metrics
 
 
 def metric_names(results: dict[str, float]) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from tpurun import storage
-from tpurun.background.writer import Writer
+from tpurun.storage.background.writer import Writer
 
 # An events file is uploaded whole at most this many times, then the next one is
 # started: every byte of events goes up at most UPLOADS_PER_FILE times.

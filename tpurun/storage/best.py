@@ -27,10 +27,11 @@ from collections.abc import Iterable
 import tensorflow as tf
 from absl import logging
 
-from tpurun import checkpoints, records, storage
+from tpurun import storage
 from tpurun.errors import RunError, UsageError
-from tpurun.eval_results import NOT_METRICS
 from tpurun.run_config import RunConfig
+from tpurun.storage import checkpoints, records
+from tpurun.storage.eval_results import NOT_METRICS
 
 DIR = "best"
 RECORD = "best.json"

@@ -22,10 +22,11 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from tpurun import records, storage
+from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, bounds, recipe_keys
+from tpurun.storage import records
 
 FILE = "train_config.json"
 # The config's name, beside its keys in the record: a key no config has.

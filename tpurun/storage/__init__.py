@@ -15,7 +15,7 @@ gs:// and ram:// alike:
 * Temporary names are unique per process (`temporary_path`: host, pid, random)
   and created exclusively, so two processes never share one; a temporary left by
   a process that died is removed by the next run (`remove_leftovers`).
-* Records are read through `tpurun.records`: as written, or `DamagedRecord` naming
+* Records are read through `tpurun.storage.records`: as written, or `DamagedRecord` naming
   the file and what is wrong; each caller recovers or fails with one line.
 * A failed storage request is never taken for an answer: TensorFlow's `isdir` and
   `listdir` say "no such directory" when a gs:// request failed (a 503, a reset),

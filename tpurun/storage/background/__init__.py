@@ -15,6 +15,6 @@
 
 from __future__ import annotations
 
-from tpurun.background.writer import Writer
+from tpurun.storage.background.writer import Writer
 
 __all__ = ["Writer"]

@@ -1,0 +1,77 @@
+"""A checkpoint's trained weights into a built model, for eval, predict and export.
+
+The weights a command serves are the trained ones or, when the config keeps them
+(config.train.ema_decay), their moving averages; a checkpoint that does not fit the
+model built from this config is refused in one line. Resuming a training run is
+`tpurun.storage.checkpoints.restore_newest_intact`'s (the whole TrainState).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tpurun import optimization
+from tpurun.errors import RunError
+from tpurun.errors.tf_errors import one_line
+from tpurun.model import OPTIMIZER, Model
+from tpurun.storage.checkpoints import CheckpointGone
+
+
+def averages_of(
+    model: Model, models: dict[str, keras.Model], config: Any
+) -> optimization.MovingAverages | None:
+    """What eval, predict and export read besides the weights: the moving averages when the
+    config keeps them (config.train.ema_decay), said in the command's first line; else None.
+
+    They average the serving model's weights, kept by its optimizer: config.optimizer's,
+    or the one of config.optimizers named after the serving model. Call it in the
+    strategy scope `models` (`build_models`) were built in.
+    """
+    if not config.train.ema_decay:
+        return None
+    name = model.serving_model if config.get("optimizers") else None
+    logging.info(
+        "Using the moving averages of the weights%s (config.train.ema_decay=%g), not the raw "
+        "weights.",
+        f" of {model.serving_model}" if len(models) > 1 else "",
+        config.train.ema_decay,
+    )
+    variables = model.optimized_variables(models)[name or OPTIMIZER]
+    return optimization.MovingAverages(variables, config, name)
+
+
+def restore_weights(
+    models: dict[str, keras.Model], path: str, averages: optimization.MovingAverages | None
+) -> None:
+    """The weights eval, predict and export use (`averages_of`): the moving averages or the
+    trained weights, of `models` (`build_models`: one, or several by name)."""
+    if len(models) == 1:
+        restore_model(next(iter(models.values())), path)
+    else:
+        _restore(tf.train.Checkpoint(models=models), path)
+    if averages is not None:
+        averages.load(path)
+
+
+def restore_model(keras_model: keras.Model, path: str) -> None:
+    """Loads the model's weights (not the optimizer's) from a training checkpoint (the
+    serving model's, with several)."""
+    _restore(tf.train.Checkpoint(model=keras_model), path)
+
+
+def _restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
+    try:
+        status = checkpoint.read(path)
+    except tf.errors.NotFoundError as e:
+        raise CheckpointGone(f"checkpoint {path} is gone ({one_line(e, 200)})") from None
+    try:
+        status.expect_partial().assert_existing_objects_matched()
+    except AssertionError as e:
+        raise RunError(
+            f"checkpoint {path} does not match the model built from this config "
+            f"({one_line(e, 300)}); use the config it was trained with"
+        ) from None
