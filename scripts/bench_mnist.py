@@ -106,7 +106,7 @@ def run_worker(args: argparse.Namespace) -> float:
 
     from tpurun import model as model_lib
     from tpurun import precision as precision_lib
-    from tpurun import strategy
+    from tpurun.cluster import strategy
 
     run = run_config(args.data_dir, precision)
     cluster = strategy.build(run)

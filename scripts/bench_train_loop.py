@@ -197,7 +197,7 @@ def trainers(config_name: str, replicas: int, model_dir: str, rows: dict = INPUT
     import keras
 
     from tpurun import model as model_lib
-    from tpurun import strategy
+    from tpurun.cluster import strategy
     from tpurun.train import Trainer
 
     first = run_config(config_name, replicas, model_dir, True, **keys)

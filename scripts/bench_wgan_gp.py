@@ -81,7 +81,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     import keras
 
     from tpurun import model as model_lib
-    from tpurun import strategy
+    from tpurun.cluster import strategy
     from tpurun.run_config import RunConfig, config_files, merge_flags
 
     flags = {"data_dir": args.data_dir, "iterations": ITERATIONS, "precision": "float32"}

@@ -91,7 +91,7 @@ def pytest_unconfigure(config) -> None:
 def _split_cpu() -> None:
     import tensorflow as tf
 
-    from tpurun import strategy
+    from tpurun.cluster import strategy
 
     strategy.split_cpu(IN_PROCESS_REPLICAS)  # before any TensorFlow op of the session
     # And TensorFlow initialised with it now: until then a later split (an in-process

@@ -11,7 +11,8 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from tpurun import optimization, strategy
+from tpurun import optimization
+from tpurun.cluster import strategy
 
 GLOBAL_BATCH = 8
 FEATURES = np.random.RandomState(0).normal(size=(GLOBAL_BATCH, 3)).astype("float32")

@@ -7,8 +7,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from tpurun import cluster, strategy
-from tpurun.cluster import Cluster, is_chief_process, is_chief_task
+from tpurun import cluster
+from tpurun.cluster import Cluster, is_chief_process, is_chief_task, strategy
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
 

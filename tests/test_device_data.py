@@ -19,14 +19,14 @@ import pytest
 import tensorflow as tf
 from conftest import assert_ok, capture_info_logs
 
-from tpurun import device_data, inputs, strategy
+from tpurun import device_data, inputs
 from tpurun import model as model_lib
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import InputBound, LogLines
 from tpurun.check import memory
 from tpurun.check.preflight import Preflight
 from tpurun.check.steps import StepChecker
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, strategy
 from tpurun.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.run_config import RunConfig, config_files, merge_flags

@@ -92,7 +92,8 @@ def test_eight_replicas_get_the_same_global_batch_in_eight_slices():
     import tensorflow as tf
     from tpurun.models.iris import Iris
 
-    from tpurun import inputs, strategy
+    from tpurun import inputs
+    from tpurun.cluster import strategy
     from tpurun.model import Mode
     from tpurun.run_config import config_files
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from iris_runs import iris_checkpoint, iris_run, restored_iris
 from tpurun.models import iris
 
-from tpurun import strategy
+from tpurun.cluster import strategy
 from tpurun.errors import RunError
 from tpurun.evaluate import Evaluator
 from tpurun.model import Mode, create

@@ -27,7 +27,8 @@ import logging
 import sys
 import numpy as np
 from absl import logging as absl_logging
-from tpurun import cli, commands, model as model_lib, strategy
+from tpurun import cli, commands, model as model_lib
+from tpurun.cluster import strategy
 
 run = cli.parse(sys.argv[2], ["tpurun", *sys.argv[3:]])
 absl_logging.use_absl_handler()

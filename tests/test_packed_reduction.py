@@ -1,4 +1,4 @@
-"""tpurun.packed_reduction: the all-reduce of replicas on logical CPUs, one tensor per dtype.
+"""tpurun.cluster.packed_reduction: the all-reduce of replicas on logical CPUs, one tensor per dtype.
 
 It must add up exactly what TensorFlow's stock ReductionToOneDevice adds up, bit for
 bit: 1 and 8 replicas reach the same weights only if every sum is the same.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpurun import packed_reduction
+from tpurun.cluster import packed_reduction
 
 REPLICAS = 8
 # Gradients of a step: several shapes and dtypes, a scalar, one dtype alone.

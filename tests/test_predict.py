@@ -8,7 +8,7 @@ import tensorflow as tf
 from iris_runs import feature_columns, iris_checkpoint, iris_run, restored_iris
 from tpurun.models import iris
 
-from tpurun import strategy
+from tpurun.cluster import strategy
 from tpurun.model import create
 from tpurun.predict import Predictor
 

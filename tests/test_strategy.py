@@ -1,4 +1,4 @@
-"""tpurun.strategy: which tf.distribute strategy a run gets, on this CPU-only test process.
+"""tpurun.cluster.strategy: which tf.distribute strategy a run gets, on this CPU-only test process.
 
 The process's CPU is split into 8 logical devices at start-up (conftest), as
 `--num_shards=8` splits a fresh process's.
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from conftest import IN_PROCESS_REPLICAS, capture_info_logs
 
-from tpurun import packed_reduction, strategy, tpu
+from tpurun.cluster import packed_reduction, strategy, tpu
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tpurun import optimization, packed_reduction, tf_internals
+from tpurun import optimization, tf_internals
 from tpurun.check import introspection
+from tpurun.cluster import packed_reduction
 
 
 def test_no_launcher_adapter_falls_back():

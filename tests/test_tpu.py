@@ -1,4 +1,4 @@
-"""The Cloud TPU path (tpurun.tpu) against a fake Cloud TPU API served on 127.0.0.1.
+"""The Cloud TPU path (tpurun.cluster.tpu) against a fake Cloud TPU API served on 127.0.0.1.
 
 No test here reaches anything but 127.0.0.1: the TPU "workers" the fake API lists
 at 10.x addresses are only resolved, never connected to; in-process tests fail if
@@ -239,7 +239,7 @@ def make_run(tpu: str, **fields) -> RunConfig:
 
 
 def resolve_error(tpu: str) -> str:
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     with pytest.raises(RunError) as raised:
         tpu_lib.resolve(make_run(tpu))
@@ -253,7 +253,7 @@ def resolve_error(tpu: str) -> str:
 
 
 def test_ready_single_host_resolves_to_its_worker(fake_api):
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     fake_api.add_node("my-tpu")
     resolver = tpu_lib.resolve(make_run("my-tpu"))
@@ -264,7 +264,7 @@ def test_ready_single_host_resolves_to_its_worker(fake_api):
 
 
 def test_ready_pod_resolves_to_all_four_workers(fake_api):
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     fake_api.add_node("my-pod", workers=4)
     resolver = tpu_lib.resolve(make_run("my-pod"))
@@ -315,7 +315,7 @@ def test_missing_node_is_a_404_with_where_to_look(fake_api):
 
 
 def test_ready_but_unhealthy_node_resolves_with_a_warning(fake_api, caplog):
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     fake_api.add_node("sick-tpu", health="UNHEALTHY_TENSORFLOW", healthDescription="no TF server")
     assert tpu_lib.resolve(make_run("sick-tpu")).master() == "grpc://10.1.2.3:8470"
@@ -325,7 +325,7 @@ def test_ready_but_unhealthy_node_resolves_with_a_warning(fake_api, caplog):
 @pytest.mark.parametrize("change", ["preempted", "deleted"])
 def test_node_changing_after_the_lookup_gets_the_same_messages(fake_api, change):
     """cloud-tpu-client re-reads the node in cluster_spec(); its errors map to ours."""
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     fake_api.add_node("my-tpu")
     run = make_run("my-tpu")
@@ -380,7 +380,7 @@ def test_unreachable_api_names_it(monkeypatch):
 
 
 def test_grpc_address_is_used_as_is():
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     resolver = tpu_lib.resolve(make_run("grpc://10.9.8.7:8470", tpu_zone=None, gcp_project=None))
     assert resolver.master() == "grpc://10.9.8.7:8470"
@@ -388,14 +388,14 @@ def test_grpc_address_is_used_as_is():
 
 
 def test_malformed_grpc_address_is_a_usage_error():
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     with pytest.raises(UsageError, match=r"--tpu=grpc://host/x is not a grpc://HOST:PORT"):
         tpu_lib.resolve(make_run("grpc://host/x"))
 
 
 def test_local_without_tpu_chips_says_so():
-    from tpurun import tpu as tpu_lib
+    from tpurun.cluster import tpu as tpu_lib
 
     with pytest.raises(RunError) as raised:
         tpu_lib.connect(make_run("local"))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpurun import config_defaults, optimization, strategy
+from tpurun import config_defaults, optimization
+from tpurun.cluster import strategy
 from tpurun.errors import RunError
 from tpurun.training_step import OPTIMIZER
 from tpurun.training_step.state import TrainState

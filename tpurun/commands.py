@@ -16,23 +16,13 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import (
-    actions,
-    check,
-    cluster,
-    inputs,
-    precision,
-    run_account,
-    sidecar,
-    storage,
-    strategy,
-)
+from tpurun import actions, check, cluster, inputs, precision, run_account, sidecar, storage
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
 from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, strategy
 from tpurun.controller import Controller
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line

@@ -2,7 +2,7 @@
 
 Some things tpurun needs have no public TensorFlow API: the values a
 `tf.distribute.CrossDeviceOps` takes and returns (for the packed all-reduce of
-`tpurun.packed_reduction`), a registration deadline for the workers of a
+`tpurun.cluster.packed_reduction`), a registration deadline for the workers of a
 MultiWorkerMirroredStrategy, the proto of the `checkpoint` state file (public
 only through a deprecated helper), and a checkpoint's values copied to host memory
 to be written by another thread (the background save). Each adapter falls back to

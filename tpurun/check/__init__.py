@@ -53,7 +53,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, precision, strategy
+from tpurun import inputs, precision
 from tpurun import model as model_lib
 from tpurun.check import fit_report, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
@@ -66,7 +66,7 @@ from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
 from tpurun.check.tpu_compiler import client
 from tpurun.check.tpu_compiler.sizing import TpuSizer
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, strategy
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig

@@ -12,7 +12,9 @@ from typing import Any
 POLL_SECONDS = float(os.environ.get("TPURUN_TPU_POLL_SECONDS", "30"))
 # How long a restart waits for the node before giving up with the trainer's failure.
 WAIT_SECONDS = 3600.0
-ANONYMOUS_CREDENTIALS_ENV = "TPURUN_TPU_ANONYMOUS_CREDENTIALS"  # as tpurun.tpu_api: tests only
+ANONYMOUS_CREDENTIALS_ENV = (
+    "TPURUN_TPU_ANONYMOUS_CREDENTIALS"  # as tpurun.cluster.tpu_api: tests only
+)
 _USABLE_HEALTH = (None, "", "HEALTHY", "HEALTH_UNSPECIFIED")
 
 

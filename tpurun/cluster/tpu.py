@@ -14,7 +14,7 @@ server, which off GCE means waiting on an address that never answers. Connecting
 to an unreachable worker blocks forever in TF 2.21, so the API lookup, connecting
 and initialising share one deadline, --tpu_init_timeout.
 
-The Cloud TPU API itself (and its environment variables) is `tpurun.tpu_api`.
+The Cloud TPU API itself (and its environment variables) is `tpurun.cluster.tpu_api`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from typing import TypeVar
 import tensorflow as tf
 from absl import logging
 
-from tpurun import tpu_api
-from tpurun.cluster import Cluster, tpu_device_files, tpu_vm_detected
+from tpurun.cluster import Cluster, tpu_api, tpu_device_files, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import first_line, one_line
 from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node

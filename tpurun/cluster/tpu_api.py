@@ -1,6 +1,6 @@
 """The Cloud TPU API: looking a TPU node up by name, and what its answer (or failure) means.
 
-`tpurun.tpu` reads the node here before connecting, so a TPU that does not exist,
+`tpurun.cluster.tpu` reads the node here before connecting, so a TPU that does not exist,
 is not READY or cannot be read fails at once with its state and the fix.
 
 Environment:

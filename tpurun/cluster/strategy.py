@@ -1,6 +1,6 @@
 """Where a run executes: the tf.distribute strategy for `--use_tpu/--tpu/--num_shards/TF_CONFIG`.
 
-TPU when asked for (or configured/detected: `tpurun.tpu`); a GPU cluster when
+TPU when asked for (or configured/detected: `tpurun.cluster.tpu`); a GPU cluster when
 TF_CONFIG names several workers (MultiWorkerMirroredStrategy); else local:
 MirroredStrategy over GPUs or over logical CPU devices (so `--num_shards=8` on a
 laptop has the 8 replicas of a v3-8), OneDeviceStrategy for one GPU, and
@@ -16,8 +16,8 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from tpurun import packed_reduction, tf_internals, tpu
-from tpurun.cluster import Cluster, is_chief_task, tpu_vm_detected
+from tpurun import tf_internals
+from tpurun.cluster import Cluster, is_chief_task, packed_reduction, tpu, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
 

@@ -1,6 +1,6 @@
 """What a run executes on, once the strategy exists: `Cluster`, and facts about this machine.
 
-`tpurun.strategy` builds a Cluster (local devices, a GPU cluster) and `tpurun.tpu`
+`tpurun.cluster.strategy` builds a Cluster (local devices, a GPU cluster) and `tpurun.cluster.tpu`
 one for a Cloud TPU; everything else only reads it. Kept apart from both so that
 neither imports the other.
 """
