@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 from conftest import assert_ok, capture_info_logs
 
-from tpurun import device_data, inputs
+from tpurun import inputs
 from tpurun import model as model_lib
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import InputBound, LogLines
@@ -27,7 +27,8 @@ from tpurun.check import memory
 from tpurun.check.preflight import Preflight
 from tpurun.check.steps import StepChecker
 from tpurun.cluster import Cluster, strategy
-from tpurun.example_order import ExampleOrder
+from tpurun.inputs import device_data
+from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.run_config import RunConfig, config_files, merge_flags
 

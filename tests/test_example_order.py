@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpurun import example_order
-from tpurun.example_order import ExampleOrder
+from tpurun.inputs import example_order
+from tpurun.inputs.example_order import ExampleOrder
 
 
 def op_rows(positions: np.ndarray, seed: int, count: int) -> np.ndarray:

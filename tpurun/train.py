@@ -12,7 +12,7 @@ gradients of N micro-batches of `--batch_size` in-graph and applies them once. T
 host loop adds up the named scalars the step returns.
 
 The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
-data (`tpurun.device_data`): the arrays in every replica's memory and each replica
+data (`tpurun.inputs.device_data`): the arrays in every replica's memory and each replica
 step gathering its own batch. With device data and one replica (a CPU, a GPU) the
 whole host loop is compiled by XLA; under MirroredStrategy it is not (XLA compiles
 for one device, and the all-reduce and the mirrored variables' updates span all of
@@ -29,12 +29,13 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import device_data, inputs
+from tpurun import inputs
 from tpurun.actions.base import LoopStats
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
 from tpurun.errors.tf_errors import one_line
-from tpurun.example_order import ExampleOrder
+from tpurun.inputs import device_data
+from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays, build_models, has_own_train_step
 from tpurun.run_config import RunConfig
 from tpurun.training_step import keyed_random

@@ -22,7 +22,7 @@ class LoopStats:
     global_batch: int  # examples per step: the global batch x accumulated micro-batches
     learning_rate: float
     weights_finite: bool = True  # every trainable weight finite after the loop
-    # The batches were gathered on the device (tpurun.device_data): no input to wait for.
+    # The batches were gathered on the device (tpurun.inputs.device_data): no input to wait for.
     device_input: bool = False
     # Every named scalar the step returned (a GAN's d_loss, g_loss, gp), each the mean
     # over the loop's steps, in the step's order; empty: `loss` alone (`named_scalars`).

@@ -14,7 +14,7 @@ Even compiled as one XLA loop, N steps re-use one step's buffers: mnist's train
 step at batch 128 assigns 146 MB, a while loop of 5 or 50 of them 145 MB
 (tests/test_check_preflight.py checks it on Iris's step).
 
-A model that trains on device data (`Model.train_arrays`, tpurun.device_data) has
+A model that trains on device data (`Model.train_arrays`, tpurun.inputs.device_data) has
 its device-data train step estimated: its input is the arrays (and their order's
 table) that every replica holds for the whole run, and the batch it gathers from
 them is one of its temporaries; no batch is prefetched.
@@ -65,7 +65,7 @@ class StepMemory:
     max_batch: int | None = None
     micro_batches: int = 1  # train.accumulate_steps: batches stacked into one train step
     # The train step gathers its batches from the training arrays each replica holds
-    # (tpurun.device_data): they are its input, instead of the batches prefetched.
+    # (tpurun.inputs.device_data): they are its input, instead of the batches prefetched.
     device_data: bool = False
 
     @property

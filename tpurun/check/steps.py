@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tpurun import device_data, inputs
+from tpurun import inputs
 from tpurun.check import input_rules, replica_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
@@ -31,7 +31,8 @@ from tpurun.check.introspection import KerasNames, LayerScopes
 from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.evaluate import Evaluator
-from tpurun.example_order import ExampleOrder
+from tpurun.inputs import device_data
+from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig, splits

@@ -45,7 +45,7 @@ What the launcher guarantees, so the model never needs a device branch:
   examples that are not rows, the arrays, their `count` and a `batch` function).
   Then `input_fn` is asked for EVAL and PREDICT only: the launcher keeps the arrays
   in every replica's memory and each replica step gathers its own batch (device
-  data, `tpurun.device_data`; with one replica the whole host loop is compiled by
+  data, `tpurun.inputs.device_data`; with one replica the whole host loop is compiled by
   XLA), or feeds them through tf.data (`config.train.device_data=false`, or above
   the memory budget). Either way the batches are the same, reshuffled every epoch
   by `params.seed`, and a resumed run starts at its step in O(1).

@@ -1,7 +1,7 @@
 """`TrainArrays`: a model's training examples held in memory, given or declared.
 
 Part of the model interface (`tpurun.model` exports it): what `Model.train_arrays`
-returns, and what device data (`tpurun.device_data`) and `tpurun check` read.
+returns, and what device data (`tpurun.inputs.device_data`) and `tpurun check` read.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ class EpochCount:
     """Epochs in steps: `examples` per epoch, `per_step` examples per optimizer step (the
     global batch x accumulate_steps), `total` the epochs the run trains (0: it counts in
     steps). After s steps the input has given s x per_step examples: the epoch of step s
-    is s x per_step / examples, as the input stream's own position (tpurun.example_order)."""
+    is s x per_step / examples, as the input stream's own position (tpurun.inputs.example_order)."""
 
     examples: int
     per_step: int

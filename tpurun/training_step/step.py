@@ -80,7 +80,7 @@ class Step:
 
         Replica r holds the r-th slice of the global batch (the input deals
         consecutive per-replica batches to the replicas in order, tpurun.inputs and
-        tpurun.device_data), and with accumulation micro-batch m of replica r is
+        tpurun.inputs.device_data), and with accumulation micro-batch m of replica r is
         batch r * micro_batches + m of the step.
         """
         context = tf.distribute.get_replica_context()

@@ -1,7 +1,7 @@
 """The order of in-memory training examples: which examples batch k of a training stream holds.
 
 One scheme, used by both ways in-memory examples reach a step (`tpurun.inputs.
-seekable_batches` in tf.data, and `tpurun.device_data` inside the compiled step):
+seekable_batches` in tf.data, and `tpurun.inputs.device_data` inside the compiled step):
 
 * batch k of input pipeline p (of P) holds the positions [k*B, (k+1)*B) of its
   shard of an endless stream of examples; position i of the shard is position

@@ -5,7 +5,7 @@ once in each replica's memory - a TPU core's HBM, a GPU's memory, the host's
 memory for CPU replicas - as non-trainable variables outside any checkpoint, and
 each replica step computes its own batch from (seed, step): no infeed, no
 tf.data hand-over, nothing to wait for. The batches are those tf.data would have
-given (`tpurun.inputs.seekable_batches`; one scheme, `tpurun.example_order`): on
+given (`tpurun.inputs.seekable_batches`; one scheme, `tpurun.inputs.example_order`): on
 step s, replica r of R takes element s*R + r of its input pipeline's stream, as
 the distributed dataset deals them, and with gradient accumulation that element
 is `micro_batches` consecutive batches.
@@ -26,7 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun.cluster import Cluster
-from tpurun.example_order import ExampleOrder
+from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import TrainArrays
 
 # Automatic budgets per device. CPU replicas hold the arrays in host memory (under

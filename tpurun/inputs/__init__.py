@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun.errors import RunError
-from tpurun.example_order import ExampleOrder
+from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 
 
@@ -234,14 +234,14 @@ def seekable_batches(tensors: Any, params: InputParams) -> tf.data.Dataset:
 
     `tensors` is a structure of arrays with one row per example (what
     from_tensor_slices takes), or a TrainArrays. The stream is a pure function of
-    (params.seed, position), the order of `tpurun.example_order`: batch k of this
+    (params.seed, position), the order of `tpurun.inputs.example_order`: batch k of this
     input pipeline holds the examples at positions [k*B, (k+1)*B) of its shard of
     an endless sequence of epochs, each epoch a permutation of all examples by
     index_shuffle keyed by (seed, epoch). Starting at `params.start_batch` is
     therefore arithmetic, not a replay: a run resumed at step 10,000 starts as fast
     as one at step 10. Pipelines take every num_input_pipelines-th position, so
     they share the epochs without overlap. The same order as the batches a
-    replica gathers itself from device data (`tpurun.device_data`).
+    replica gathers itself from device data (`tpurun.inputs.device_data`).
     """
     examples = tensors if isinstance(tensors, TrainArrays) else TrainArrays(tensors)
     arrays = tf.nest.map_structure(tf.convert_to_tensor, examples.arrays)
