@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import config_defaults, optimization, schedules
+from tpurun import config_defaults, optimization
 from tpurun.errors import RunError, UsageError
+from tpurun.optimization import schedules
 from tpurun.run_config import RunConfig, merge_flags, recipe_keys
 
 STEPS = 1000

@@ -25,7 +25,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # computed in float32.
     config.precision = "float32"
 
-    # The training recipe, built into a Keras optimizer by tpurun/optimization.py and
+    # The training recipe, built into a Keras optimizer by tpurun/optimization/__init__.py and
     # checked by tpurun/run_config/recipe_keys.py (`optimizer_recipe` has its keys).
     config.optimizer = optimizer_recipe()
     # Named optimizers, for a model whose own train_step updates several parts with

@@ -55,8 +55,8 @@ import tensorflow as tf
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import one_line
+from tpurun.optimization.schedules import learning_rate
 from tpurun.run_config.recipe_keys import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
-from tpurun.schedules import learning_rate
 
 # Keras' private hook this module extends (see the module docstring); checked when an
 # optimizer is built, so a Keras without it fails loudly instead of not clipping.
