@@ -119,7 +119,7 @@ def run_worker(args: argparse.Namespace) -> float:
 
 
 def time_tpurun(run, cluster, model, args) -> list[float]:
-    from tpurun.train import Trainer
+    from tpurun.runners.train import Trainer
 
     trainer = Trainer(run, cluster, model)
     for _ in range(2):

@@ -2,7 +2,7 @@
 
 What it measures: microseconds per training step of
 
-* tpurun, device data: `tpurun.train.Trainer.train` (the real host loop) with the
+* tpurun, device data: `tpurun.runners.train.Trainer.train` (the real host loop) with the
              model's `train_arrays` on the device (the default for Iris): each
              replica step gathers its own batch, and with one replica the whole
              host loop is compiled by XLA;
@@ -198,7 +198,7 @@ def trainers(config_name: str, replicas: int, model_dir: str, rows: dict = INPUT
 
     from tpurun import model as model_lib
     from tpurun.cluster import strategy
-    from tpurun.train import Trainer
+    from tpurun.runners.train import Trainer
 
     first = run_config(config_name, replicas, model_dir, True, **keys)
     cluster = strategy.build(first)  # first: it splits the CPU before TF initialises

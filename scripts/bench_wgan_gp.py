@@ -107,7 +107,7 @@ def run_worker(args: argparse.Namespace) -> dict:
 
 def tpurun_loop(run, cluster, model):
     """`loop(steps)`: tpurun's Trainer, host loops of ITERATIONS steps."""
-    from tpurun.train import Trainer
+    from tpurun.runners.train import Trainer
 
     trainer = Trainer(run, cluster, model)
 

@@ -16,8 +16,10 @@ import json
 import os
 import sys
 
+from tpurun import storage
+
 # tpurun's __init__ runs before these modules import TensorFlow, as in the tpurun command.
-from tpurun import sidecar, storage
+from tpurun.runners import sidecar
 
 model_dir = sys.argv[1]
 watch = sidecar.StateWatch(model_dir)

@@ -17,7 +17,7 @@ from conftest import RUN_FAILURE, assert_fails, assert_ok
 
 from tpurun.check import device_memory
 from tpurun.cluster import Cluster
-from tpurun.train import Trainer
+from tpurun.runners.train import Trainer
 
 GIB = 1 << 30
 # The compiler's message as TensorFlow raises it, the page of allocations included

@@ -60,7 +60,7 @@ def test_time_cadence_saves_after_the_loop_that_passes_it(tpurun_cli, tmp_path, 
     assert only_end.stderr.count("Saved checkpoint") == 1
     # The controller's clock moves a second at each look: every host loop passes a 1 s
     # cadence, whatever this machine's speed (tests/test_controller.py has the cases).
-    from tpurun import controller
+    from tpurun.runners import controller
 
     clock = FakeClock()
 

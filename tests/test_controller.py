@@ -1,4 +1,4 @@
-"""tpurun.controller: the outer training loop, driven with a fake trainer.
+"""tpurun.runners.controller: the outer training loop, driven with a fake trainer.
 
 The fake trainer counts steps in one tf.Variable, saved and restored by the real
 checkpoint code in a tmp model_dir (tiny checkpoints: milliseconds each); fake
@@ -18,12 +18,12 @@ import tensorflow as tf
 from conftest import capture_info_logs
 from fakes import FakeClock
 
-from tpurun import controller
 from tpurun.actions.base import Action, LoopStats
 from tpurun.cluster import Cluster
-from tpurun.controller import Controller, crossed, loop_cadence, sigterm_notice
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.runners import controller
+from tpurun.runners.controller import Controller, crossed, loop_cadence, sigterm_notice
 from tpurun.storage import checkpoints, train_config
 from tpurun.storage.background import Writer
 

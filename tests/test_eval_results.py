@@ -8,8 +8,8 @@ import keras
 import pytest
 
 from tpurun.errors import RunError
-from tpurun.evaluate import eval_metrics
 from tpurun.model import Model
+from tpurun.runners.evaluate import eval_metrics
 from tpurun.storage.eval_results import (
     NOT_METRICS,
     evaluated_before,

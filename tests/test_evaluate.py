@@ -1,4 +1,4 @@
-"""tpurun.evaluate: the Evaluator's one exact pass, padding masked out of every metric.
+"""tpurun.runners.evaluate: the Evaluator's one exact pass, padding masked out of every metric.
 
 Iris's 30 test rows in batches that do not divide them, on 1 and 4 replicas: every
 count and metric is the one computed directly on the 30 rows.
@@ -16,8 +16,8 @@ from tpurun.models import iris
 
 from tpurun.cluster import strategy
 from tpurun.errors import RunError
-from tpurun.evaluate import Evaluator
 from tpurun.model import Mode, create
+from tpurun.runners.evaluate import Evaluator
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tpurun.export: a SavedModel whose serving signature gives the Keras model's predictions,
+"""tpurun.runners.export: a SavedModel whose serving signature gives the Keras model's predictions,
 written next to its target and renamed into place: never a half-written one."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 from iris_runs import feature_columns, iris_checkpoint, iris_run, restored_iris
 
-from tpurun import export
 from tpurun.errors import UsageError
 from tpurun.model import create
+from tpurun.runners import export
 
 ROWS = {
     "SepalLength": np.array([5.1, 5.9, 6.9, 4.4], np.float32),

@@ -38,8 +38,8 @@ cluster = strategy.build(run)
 TRAIN_WORKER = (
     PRELUDE
     + """
-from tpurun.controller import Controller
-from tpurun.train import Trainer
+from tpurun.runners.controller import Controller
+from tpurun.runners.train import Trainer
 if cluster.is_chief:
     commands.prepare_model_dir(run)
     commands.write_record(run)

@@ -1,4 +1,4 @@
-"""tpurun.predict: N rows in, N rows out, in input order, the padding stripped; or `generate`."""
+"""tpurun.runners.predict: N rows in, N rows out, in input order, the padding stripped; or `generate`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tpurun.models import iris
 
 from tpurun.cluster import strategy
 from tpurun.model import create
-from tpurun.predict import Predictor
+from tpurun.runners.predict import Predictor
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tpurun.sidecar: `eval --continuous`, evaluating every checkpoint of a model_dir as it
+"""tpurun.runners.sidecar: `eval --continuous`, evaluating every checkpoint of a model_dir as it
 appears, on fake checkpoint files and with fake evaluate/report callbacks.
 
 Time is a FakeClock patched in as the sidecar's `time`: its polls cost nothing and a
@@ -14,11 +14,11 @@ import pytest
 from conftest import capture_info_logs
 from fakes import FakeClock, delete_checkpoint, fake_checkpoint, step_of
 
-from tpurun import sidecar
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.run_config.splits import Splits
-from tpurun.sidecar import POLL_SECONDS
+from tpurun.runners import sidecar
+from tpurun.runners.sidecar import POLL_SECONDS
 
 # Iris's one split, and a model's test split beside its selecting val.
 IRIS = Splits(names=("test",), best="test", chosen="test", also=())
@@ -70,7 +70,7 @@ def clock(monkeypatch) -> FakeClock:
 def test_sidecar_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_final_step(
     tmp_path, clock
 ):
-    from tpurun.sidecar import evaluate_continuously
+    from tpurun.runners.sidecar import evaluate_continuously
 
     for step in (20, 10):
         fake_checkpoint(tmp_path, step)
@@ -90,7 +90,7 @@ def test_sidecar_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_f
 
 
 def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, clock):
-    from tpurun.sidecar import evaluate_continuously
+    from tpurun.runners.sidecar import evaluate_continuously
 
     for step in (10, 20, 30, 40):
         fake_checkpoint(tmp_path, step)
@@ -115,7 +115,7 @@ def test_sidecar_skips_deleted_and_already_evaluated_checkpoints(tmp_path, clock
 
 
 def test_sidecar_on_one_split_evaluates_what_was_evaluated_on_another(tmp_path, clock):
-    from tpurun.sidecar import evaluate_continuously
+    from tpurun.runners.sidecar import evaluate_continuously
 
     for step in (10, 20):
         fake_checkpoint(tmp_path, step)
@@ -137,7 +137,7 @@ def test_sidecar_on_one_split_evaluates_what_was_evaluated_on_another(tmp_path, 
 def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanwhile(
     tmp_path, clock
 ):
-    from tpurun.sidecar import evaluate_continuously
+    from tpurun.runners.sidecar import evaluate_continuously
 
     fake_checkpoint(tmp_path, 10)
 
@@ -154,7 +154,7 @@ def test_sidecar_raises_an_eval_error_even_when_the_checkpoint_was_deleted_meanw
 def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, clock):
     import tensorflow as tf
 
-    from tpurun.sidecar import evaluate_continuously
+    from tpurun.runners.sidecar import evaluate_continuously
 
     fake_checkpoint(tmp_path, 10)
 
@@ -168,7 +168,7 @@ def test_sidecar_read_error_of_a_checkpoint_still_there_is_raised(tmp_path, cloc
 
 
 def test_sidecar_stops_after_eval_timeout_without_a_new_checkpoint(tmp_path, clock):
-    from tpurun.sidecar import evaluate_continuously
+    from tpurun.runners.sidecar import evaluate_continuously
 
     fake_checkpoint(tmp_path, 10)
     sidecar = Sidecar()
@@ -187,7 +187,7 @@ def test_sidecar_stops_after_eval_timeout_without_a_new_checkpoint(tmp_path, clo
 
 
 def test_waiting_for_a_first_checkpoint_that_never_comes_is_an_error(tmp_path, clock):
-    from tpurun.sidecar import wait_for_checkpoint
+    from tpurun.runners.sidecar import wait_for_checkpoint
 
     with pytest.raises(RunError, match="no checkpoint appeared in .* within --eval_timeout=0.2s"):
         wait_for_checkpoint(iris_run(tmp_path / "model", eval_timeout=0.2))
@@ -195,7 +195,7 @@ def test_waiting_for_a_first_checkpoint_that_never_comes_is_an_error(tmp_path, c
 
 
 def test_waiting_sidecar_returns_once_a_checkpoint_appears(tmp_path, monkeypatch, caplog):
-    from tpurun.sidecar import wait_for_checkpoint
+    from tpurun.runners.sidecar import wait_for_checkpoint
 
     capture_info_logs(caplog)
     clock = FakeClock()

@@ -31,8 +31,8 @@ from conftest import (
     tpurun_in_process,
 )
 
-from tpurun import restore
 from tpurun.run_config import config_files
+from tpurun.runners import restore
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""tpurun.warm_start: a new run's weights from another run's checkpoint, by variable pattern.
+"""tpurun.runners.warm_start: a new run's weights from another run's checkpoint, by variable pattern.
 
 On Iris checkpoints written here (the CLI runs are in test_checkpoint_options.py).
 """
@@ -14,7 +14,7 @@ from iris_runs import iris_checkpoint, iris_run
 
 from tpurun.errors import RunError, UsageError
 from tpurun.model import create
-from tpurun.warm_start import warm_start
+from tpurun.runners.warm_start import warm_start
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """tpurun: train, evaluate, predict with and export TensorFlow models on Cloud TPUs.
 
 Importing this package is cheap on purpose: TensorFlow is imported only by the
-modules that run a job (`tpurun.cluster`, `tpurun.train`, ...), so `tpurun --help`
+modules that run a job (`tpurun.cluster`, `tpurun.runners.train`, ...), so `tpurun --help`
 and `tpurun list` answer in well under a second.
 
 Model authors need `tpurun.model`: the `Model` base class, `Mode`, `InputParams`

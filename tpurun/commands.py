@@ -16,24 +16,25 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import actions, check, cluster, inputs, precision, run_account, sidecar, storage
+from tpurun import actions, check, cluster, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
 from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster, strategy
-from tpurun.controller import Controller
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
-from tpurun.evaluate import Evaluator, eval_metrics
-from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
-from tpurun.predict import Predictor, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
+from tpurun.runners import sidecar
+from tpurun.runners.controller import Controller
+from tpurun.runners.evaluate import Evaluator, eval_metrics
+from tpurun.runners.export import export
+from tpurun.runners.predict import Predictor, write_rows
+from tpurun.runners.train import Trainer
 from tpurun.storage import background, best, checkpoints, lease, train_config
 from tpurun.storage.eval_results import summary_line, write_json
-from tpurun.train import Trainer
 
 
 def run(run: RunConfig) -> None:

@@ -40,7 +40,7 @@ from tpurun.check.targets import Target
 from tpurun.check.tpu_compiler.client import CompileError
 from tpurun.check.tpu_compiler.sizing import XLA_CPU, CompiledStep, TpuSizer
 from tpurun.model import Mode, has_generate
-from tpurun.train import Trainer
+from tpurun.runners.train import Trainer
 
 # A step's memory as the TPU compiler found it, or as XLA:CPU estimates it.
 StepSize = MemoryEstimate | CompiledStep

@@ -30,13 +30,13 @@ from tpurun.check.graph_walk import GraphWalker
 from tpurun.check.introspection import KerasNames, LayerScopes
 from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
-from tpurun.evaluate import Evaluator
 from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
-from tpurun.predict import Predictor
 from tpurun.run_config import RunConfig, splits
-from tpurun.train import Trainer
+from tpurun.runners.evaluate import Evaluator
+from tpurun.runners.predict import Predictor
+from tpurun.runners.train import Trainer
 
 Runner = Trainer | Evaluator | Predictor
 RUNNERS: dict[Mode, type[Runner]] = {

@@ -1,6 +1,6 @@
 """What an evaluation reports: the model's metrics plus the mean loss, and their bookkeeping.
 
-The Evaluator computes them (`tpurun.evaluate.eval_metrics`); the eval actions
+The Evaluator computes them (`tpurun.runners.evaluate.eval_metrics`); the eval actions
 write and print them, and the best checkpoint compares one of them.
 """
 

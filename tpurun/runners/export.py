@@ -12,10 +12,11 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import precision, restore, storage
+from tpurun import precision, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, build_models
 from tpurun.run_config import RunConfig
+from tpurun.runners import restore
 from tpurun.storage import checkpoints
 
 

@@ -8,11 +8,12 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, restore
+from tpurun import inputs
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import RunError
 from tpurun.model import Mode, Model, build_models
 from tpurun.run_config import RunConfig
+from tpurun.runners import restore
 from tpurun.storage import checkpoints
 from tpurun.storage.eval_results import NOT_METRICS
 from tpurun.training_step.state import unique

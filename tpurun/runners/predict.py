@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpurun import inputs, precision, restore, storage
+from tpurun import inputs, precision, storage
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode, Model, build_models, has_generate, json_line
 from tpurun.run_config import RunConfig
+from tpurun.runners import restore
 
 
 class Predictor:

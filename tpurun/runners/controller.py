@@ -1,6 +1,6 @@
 """The outer training loop: host loops, cadences, worker agreement, the NaN guard, preemption.
 
-Orbit's split: the Trainer (`tpurun.train`) owns the compiled inner loop and
+Orbit's split: the Trainer (`tpurun.runners.train`) owns the compiled inner loop and
 answers `train(num_steps)`; the Controller decides how many steps each call runs,
 when to save and evaluate, and when to stop, and hands explicit values (the
 step, the loop's `LoopStats`, the checkpoint path) to its actions (`tpurun.actions`):
@@ -24,10 +24,10 @@ from tpurun.actions.save import SaveCheckpoint, Saved
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import EPOCH, RunConfig, aligned_to_loop
+from tpurun.runners.train import Trainer
+from tpurun.runners.warm_start import warm_start
 from tpurun.storage import checkpoints, train_config
 from tpurun.storage.background import Writer
-from tpurun.train import Trainer
-from tpurun.warm_start import warm_start
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """The training runner: a model, its optimizers and the compiled host loop of `--iterations` steps.
 
 The Trainer knows nothing of cadences, checkpoint files, signals or what is shown:
-`tpurun.controller` asks it for `train(num_steps)` and decides the rest. What the
+`tpurun.runners.controller` asks it for `train(num_steps)` and decides the rest. What the
 run owns (models, named optimizers, the global step) is a
 `tpurun.training_step.TrainState`; the step is the model's `train_step`, by
 default the supervised one, handed a `Step`: the precision policy the model was

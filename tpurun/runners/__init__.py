@@ -1,0 +1,1 @@
+"""The runners: the training loop around the compiled host loops; eval, predict, export."""
