@@ -25,7 +25,8 @@ from pathlib import Path
 import manual
 import pytest
 
-from tpurun import cli, cli_flags
+from tpurun import cli
+from tpurun.cli import handles
 from tpurun.errors import TpurunError
 
 # Config files the manual names without shipping them, all of them the user's own
@@ -160,9 +161,9 @@ def test_a_renamed_flag_or_key_in_the_manual_fails(in_example_project, old, new,
 def test_a_flag_taken_from_a_command_fails(in_example_project, monkeypatch):
     """The code side: `train` no longer takes --eval_every, and the commands showing it fail."""
     monkeypatch.setitem(
-        cli_flags.COMMAND_FLAGS,
+        handles.COMMAND_FLAGS,
         "train",
-        tuple(n for n in cli_flags.COMMAND_FLAGS["train"] if n != "eval_every"),
+        tuple(n for n in handles.COMMAND_FLAGS["train"] if n != "eval_every"),
     )
     showing = [
         c for c in COMMANDS if c.text.startswith("tpurun train") and "--eval_every" in c.text

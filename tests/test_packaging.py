@@ -79,7 +79,7 @@ def test_wheel_carries_configs_models_and_data(tmp_path):
     modules = [str(path.relative_to(REPO)) for path in (REPO / "tpurun").rglob("*.py")]
     for expected in (
         *modules,
-        "tpurun/cli.py",
+        "tpurun/cli/__init__.py",
         "tpurun/check/__init__.py",
         "tpurun/actions/__init__.py",
         # The TPU compiler's process runs this file as a script (tpurun check --target).

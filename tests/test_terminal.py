@@ -1,6 +1,6 @@
 """A clean terminal: TensorFlow's known start-up lines and its Python INFO lines hidden.
 
-The unit tests feed tpurun.terminal real lines of TensorFlow 2.21 (copied from
+The unit tests feed tpurun.cli.terminal real lines of TensorFlow 2.21 (copied from
 a CPU machine's terminal) mixed with lines that must stay; the slow ones run
 `tpurun train` in a subprocess, on a pipe and on a pseudo-terminal.
 """
@@ -25,7 +25,7 @@ import pytest
 from absl import logging as absl_logging
 from conftest import OFFLINE_ENV, REPO, assert_ok, run_tpurun
 
-from tpurun import terminal
+from tpurun.cli import terminal
 
 # What TensorFlow 2.21 prints at start-up on a CPU machine, copied from its output.
 NOISE = [
@@ -86,7 +86,7 @@ def test_every_known_pattern_matches_a_real_line(index):
 
 WINDOW_SCRIPT = """
 import os, sys
-from tpurun import terminal
+from tpurun.cli import terminal
 noise, kept, end = {noise!r}, {kept!r}, {end!r}
 with terminal.known_lines_hidden():
     os.write(2, noise[0] + b"\\n" + b"C++ line 1\\n" + noise[1] + b"\\n")

@@ -22,7 +22,8 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, cli_flags, supervisor, terminal
+from tpurun import __version__, supervisor
+from tpurun.cli import handles, terminal
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import (
     FLAG_TO_CONFIG_KEY,
@@ -133,9 +134,9 @@ def main(argv: Sequence[str]) -> int:
             return show_report(invocation.report)
         run_config = invocation.run_config
         assert run_config is not None  # action "run" always has one
-        if command == "train" and supervisor.wanted(cli_flags.MAX_RESTARTS.value):
+        if command == "train" and supervisor.wanted(handles.MAX_RESTARTS.value):
             # The trainer runs in child processes; this one imports no TensorFlow.
-            return supervisor.supervise(list(argv), run_config, cli_flags.MAX_RESTARTS.value)
+            return supervisor.supervise(list(argv), run_config, handles.MAX_RESTARTS.value)
         logging.use_absl_handler()
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
@@ -187,7 +188,7 @@ def _verbose() -> bool:
 
 def command_help(command: str) -> str:
     lines = [f"usage: tpurun {command} [--flags]", "", COMMAND_HELP[command] + ".", "", "flags:"]
-    for name in cli_flags.COMMAND_FLAGS[command]:
+    for name in handles.COMMAND_FLAGS[command]:
         flag = FLAGS[name]
         default = "" if flag.default is None else f" (default: {flag.default})"
         lines.append(f"  --{name}")
@@ -227,12 +228,12 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         raise UsageError(_one_line(str(e).replace("ERROR::", ""))) from None
     argv, source = _resolve_config_arg(argv)
     config_files.check_override_keys(config_files.load(source), argv)
-    cli_flags.CONFIG_ARGV[:] = argv  # where config_flags finds the --config.<key> overrides
+    handles.CONFIG_ARGV[:] = argv  # where config_flags finds the --config.<key> overrides
     try:
         leftover = FLAGS(argv)
     except flags.UnrecognizedFlagError as e:
         # absl's "Unknown command line flag 'x'" does not say where the valid ones are.
-        close = difflib.get_close_matches(e.flagname, cli_flags.COMMAND_FLAGS[command], n=1)
+        close = difflib.get_close_matches(e.flagname, handles.COMMAND_FLAGS[command], n=1)
         hint = f" (did you mean --{close[0]}?)" if close else ""
         raise UsageError(
             f"unknown flag --{e.flagname}{hint}; `tpurun {command} --help` lists the flags"
@@ -245,26 +246,26 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         raise UsageError(f"--config: {_one_line(str(e))}") from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
-    allowed = set(cli_flags.COMMAND_FLAGS[command]) | set(cli_flags.ABSL_FLAGS)
+    allowed = set(handles.COMMAND_FLAGS[command]) | set(handles.ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed and not name.startswith("config."):
-            takers = [c for c, names in cli_flags.COMMAND_FLAGS.items() if name in names]
+            takers = [c for c, names in handles.COMMAND_FLAGS.items() if name in names]
             raise UsageError(
                 f"--{name} does not apply to `tpurun {command}`; drop it"
                 + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
             )
 
-    bounds.integer("--max_restarts", cli_flags.MAX_RESTARTS.value, 0, bounds.MAX_RESTARTS)
+    bounds.integer("--max_restarts", handles.MAX_RESTARTS.value, 0, bounds.MAX_RESTARTS)
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
-    config = merge_flags(cli_flags.CONFIG.value, flag_values, overridden)
-    model_dir = cli_flags.MODEL_DIR.value
+    config = merge_flags(handles.CONFIG.value, flag_values, overridden)
+    model_dir = handles.MODEL_DIR.value
     if model_dir is None:
         model_dir = os.path.join(os.getcwd(), source.name)
         if command != "check":  # check neither reads nor writes a model_dir
             print(f"tpurun {command}: --model_dir not set, using {model_dir}", file=sys.stderr)
-    use_tpu = cli_flags.USE_TPU.value
-    tpu = cli_flags.TPU.value or None
+    use_tpu = handles.USE_TPU.value
+    tpu = handles.TPU.value or None
     if tpu is None and use_tpu is not False:
         # Not with --use_tpu=false: a TPU_NAME left in the environment must not turn
         # an explicit local run into a "--tpu contradicts --use_tpu=false" error.
@@ -276,22 +277,22 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         model_dir=model_dir,
         use_tpu=use_tpu,
         tpu=tpu,
-        tpu_zone=cli_flags.TPU_ZONE.value,
-        gcp_project=cli_flags.GCP_PROJECT.value,
-        tpu_init_timeout=cli_flags.TPU_INIT_TIMEOUT.value,
-        num_shards=cli_flags.NUM_SHARDS.value,
-        export_dir=cli_flags.EXPORT_DIR.value,
-        best=cli_flags.BEST.value,
-        checkpoint=parse_checkpoint(cli_flags.CHECKPOINT.value),
-        force_resume=cli_flags.FORCE_RESUME.value,
-        force_takeover=cli_flags.FORCE_TAKEOVER.value,
-        hang_timeout=cli_flags.HANG_TIMEOUT.value,
-        profile_steps=_step_range(cli_flags.PROFILE_STEPS.value),
-        continuous=cli_flags.CONTINUOUS.value,
-        eval_timeout=cli_flags.EVAL_TIMEOUT.value,
-        target=cli_flags.TARGET.value,
-        report=cli_flags.REPORT.value,
-        price_per_chip_hour=cli_flags.PRICE_PER_CHIP_HOUR.value,
+        tpu_zone=handles.TPU_ZONE.value,
+        gcp_project=handles.GCP_PROJECT.value,
+        tpu_init_timeout=handles.TPU_INIT_TIMEOUT.value,
+        num_shards=handles.NUM_SHARDS.value,
+        export_dir=handles.EXPORT_DIR.value,
+        best=handles.BEST.value,
+        checkpoint=parse_checkpoint(handles.CHECKPOINT.value),
+        force_resume=handles.FORCE_RESUME.value,
+        force_takeover=handles.FORCE_TAKEOVER.value,
+        hang_timeout=handles.HANG_TIMEOUT.value,
+        profile_steps=_step_range(handles.PROFILE_STEPS.value),
+        continuous=handles.CONTINUOUS.value,
+        eval_timeout=handles.EVAL_TIMEOUT.value,
+        target=handles.TARGET.value,
+        report=handles.REPORT.value,
+        price_per_chip_hour=handles.PRICE_PER_CHIP_HOUR.value,
     )
 
 
@@ -309,11 +310,11 @@ def parse_report(argv: list[str]) -> ReportRequest:
         raise UsageError(_one_line(str(e))) from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
-    allowed = set(cli_flags.COMMAND_FLAGS["report"]) | set(cli_flags.ABSL_FLAGS)
+    allowed = set(handles.COMMAND_FLAGS["report"]) | set(handles.ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed:
             raise UsageError(f"--{name} does not apply to `tpurun report`; drop it")
-    return ReportRequest(cli_flags.MODEL_DIR.value or "", bool(cli_flags.JSON.value))
+    return ReportRequest(handles.MODEL_DIR.value or "", bool(handles.JSON.value))
 
 
 def show_report(request: ReportRequest | None) -> int:
