@@ -22,8 +22,8 @@ from conftest import capture_info_logs
 from conftest import tensorboard_scalars as scalars
 from fakes import FakeClock, fake_checkpoint
 
-from tpurun import actions, config_defaults, watchdog
-from tpurun.actions import hang, progress
+from tpurun import actions, config_defaults
+from tpurun.actions import hang, progress, watchdog
 from tpurun.actions.base import SaveState
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.summaries import TrainSummaries

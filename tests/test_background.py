@@ -18,7 +18,7 @@ from iris_runs import iris_run
 
 from tpurun import tf_internals
 from tpurun.actions.base import LoopStats
-from tpurun.actions.lease import RenewLease
+from tpurun.actions.lease_renewal import RenewLease
 from tpurun.errors import RunError
 from tpurun.storage.background import Writer, checkpoint_upload, events
 from tpurun.storage.background.events import StagedEvents

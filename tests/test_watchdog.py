@@ -1,4 +1,4 @@
-"""tpurun.watchdog: a thread that calls back once when nobody fed it for `timeout` seconds.
+"""tpurun.actions.watchdog: a thread that calls back once when nobody fed it for `timeout` seconds.
 
 Time is a FakeClock patched in as the module's `time`: a test moves it, then waits
 until the watchdog's thread has read it again, so nothing depends on how fast this
@@ -13,7 +13,7 @@ import threading
 import pytest
 from fakes import FakeClock
 
-from tpurun import watchdog
+from tpurun.actions import watchdog
 from tpurun.errors import EXIT_HUNG
 
 TIMEOUT = 0.04  # fake seconds; the thread polls every 0.01 real seconds

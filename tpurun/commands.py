@@ -20,7 +20,7 @@ from tpurun import actions, check, cluster, inputs, precision, run_account, stor
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
-from tpurun.actions.lease import RenewLease
+from tpurun.actions.lease_renewal import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors

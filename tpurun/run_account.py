@@ -57,7 +57,7 @@ def finish(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord)
             mine = storage.basename(account.path)
             others = [
                 r["goodput"]
-                for name, r in report.records.train_records(run.model_dir)
+                for name, r in report.run_records.train_records(run.model_dir)
                 if name != mine and r.get("goodput")
             ]
             summary = report.account([*others, account.ended("finished", **fields)])

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from tpurun import watchdog
+from tpurun.actions import watchdog
 from tpurun.actions.base import Action, LoopStats, SaveState
 from tpurun.storage import checkpoints
 

@@ -44,6 +44,6 @@ EXIT_RUN_FAILURE = RunError.exit_code
 EXIT_USAGE = UsageError.exit_code
 EXIT_UNAVAILABLE = Unavailable.exit_code
 # `train` made no progress for --hang_timeout seconds (a stuck infeed or TPU) and was
-# ended by its watchdog (tpurun.watchdog), not by an exception: the main thread is
+# ended by its watchdog (tpurun.actions.watchdog), not by an exception: the main thread is
 # blocked inside TensorFlow. The latest checkpoint is intact; rerun to resume from it.
 EXIT_HUNG = 3

@@ -13,7 +13,7 @@ import json
 
 from tpurun.errors import RunError
 from tpurun.report.goodput import CATEGORIES, Report, account
-from tpurun.report.records import train_records
+from tpurun.report.run_records import train_records
 
 __all__ = ["CATEGORIES", "Report", "account", "main", "read", "summary_line", "table"]
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from tpurun.report import records
+from tpurun.report import run_records
 from tpurun.run_config import RunConfig
 from tpurun.supervisor import tpu_wait
 from tpurun.supervisor.exits import Ending
@@ -187,8 +187,8 @@ class Supervisor:
         """(' at about step 4,310', 4000): the step the trainer last recorded, and the newest
         checkpoint (saved, as the records and the state file say), from the model_dir."""
         try:
-            found = records.train_records(self.run_config.model_dir)
-            latest = records.latest_checkpoint_step(self.run_config.model_dir)
+            found = run_records.train_records(self.run_config.model_dir)
+            latest = run_records.latest_checkpoint_step(self.run_config.model_dir)
         except Exception:  # noqa: BLE001 - the line without the steps is still the line
             return "", None
         mine = [
