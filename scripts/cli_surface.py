@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "wgan_gp", "flops")
+REPO = pathlib.Path(__file__).resolve().parent.parent
 COMMANDS = ("train", "eval", "predict", "export", "check", "list", "report")
 REFUSED = {
     "unknown-command": ["trian"],
@@ -60,6 +61,23 @@ def run_tpurun(args: list[str], cwd: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def data_flags(directory: pathlib.Path) -> dict[str, list[str]]:
+    """The configs' data, made here (the tests' synthetic digits, a short text), as flags."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from synthetic_images import write_digit_records
+
+    digits = write_digit_records(directory / "digits", train=64, test=16, examples_per_file=32)
+    text = directory / "text.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    image_flags = [f"--data_dir={digits}"]
+    return {
+        "mnist": image_flags,
+        "fashion_mnist": image_flags,
+        "wgan_gp": image_flags,
+        "shakespeare": [f"--config.data.path={text}"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the directory to write the surface to")
@@ -81,13 +99,15 @@ def main() -> None:
         (out / f"refused-{name}.txt").write_text(run_tpurun(argv, cwd))
     if args.quick:
         return
+    data = data_flags(pathlib.Path(cwd) / "data")
     for config in CONFIGS:
         print(f"checking {config}", file=sys.stderr)
-        text = run_tpurun(["check", f"--config={config}"], cwd)
+        flags = data.get(config, [])
+        text = run_tpurun(["check", f"--config={config}", *flags], cwd)
         (out / f"check-{config}.txt").write_text(text)
         report = pathlib.Path(cwd) / f"{config}.json"
         text = run_tpurun(
-            ["check", f"--config={config}", "--target=v5e-8", f"--report={report}"], cwd
+            ["check", f"--config={config}", "--target=v5e-8", f"--report={report}", *flags], cwd
         )
         (out / f"check-target-{config}.txt").write_text(text)
         if report.exists():
