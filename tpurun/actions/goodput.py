@@ -20,33 +20,14 @@ from typing import Any
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats
 from tpurun.storage.background import Writer
+from tpurun.supervisor.protocol import (
+    PREVIOUS_DEATH_ENV,
+    PROGRESS_FD_ENV,
+    SUPERVISED_ENV,
+    process_start,
+)
 
 WRITE_EVERY = 2.0  # seconds between writes of the loops' progress
-
-# Set by `tpurun train --max_restarts` for the trainer it starts (tpurun.supervisor).
-SUPERVISED_ENV = "TPURUN_SUPERVISED"  # "<restart>/<max_restarts>"
-SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"  # when the supervisor started this process (epoch s)
-PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # JSON {"t", "cause", "step", "step_t"}
-# A pipe to the supervisor: "<step> <epoch s>" after every host loop, so it knows the last
-# step and when it was reached even if the process is killed between two record writes.
-PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"
-
-
-def process_start() -> float:
-    """When this process started (epoch seconds): the supervisor's spawn time, else the
-    kernel's start time of the process, else now."""
-    spawned = os.environ.get(SPAWNED_AT_ENV)
-    if spawned:
-        with contextlib.suppress(ValueError):
-            return float(spawned)
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
-        return time.time()
 
 
 def initial_account() -> dict[str, Any]:

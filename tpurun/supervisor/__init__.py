@@ -25,14 +25,15 @@ from collections.abc import Iterator, Sequence
 
 from tpurun.report import run_records
 from tpurun.run_config import RunConfig
-from tpurun.supervisor import tpu_wait
+from tpurun.supervisor import protocol, tpu_wait
 from tpurun.supervisor.exits import Ending
+from tpurun.supervisor.protocol import (
+    PREVIOUS_DEATH_ENV,
+    PROGRESS_FD_ENV,
+    SPAWNED_AT_ENV,
+    SUPERVISED_ENV,
+)
 
-# The same names as tpurun.actions.goodput's, which this TensorFlow-free module cannot import.
-SUPERVISED_ENV = "TPURUN_SUPERVISED"
-SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"
-PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"
-PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"
 # Seconds before restart k: BACKOFF * 2^(k-1), at most MAX_BACKOFF.
 BACKOFF = 1.0
 MAX_BACKOFF = 60.0
@@ -124,7 +125,7 @@ class Supervisor:
             **os.environ,
             SUPERVISED_ENV: f"{restart}/{self.max_restarts}",
             # The first trainer's start is this process's: the job's wall time begins here.
-            SPAWNED_AT_ENV: repr(_process_start() if restart == 0 else time.time()),
+            SPAWNED_AT_ENV: repr(protocol.kernel_start() if restart == 0 else time.time()),
         }
         env.pop(PREVIOUS_DEATH_ENV, None)
         if death:
@@ -234,18 +235,6 @@ def cluster_size() -> int:
         return max(1, sum(len(tasks) for kind, tasks in cluster.items() if kind != "evaluator"))
     except (ValueError, AttributeError, TypeError):
         return 1
-
-
-def _process_start() -> float:
-    """When this process started (epoch seconds, from /proc), else now."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
-        return time.time()
 
 
 def say(line: str) -> None:
