@@ -106,7 +106,7 @@ COSINE_AT_100 = 0.1 * (0.9 * 0.5 * (1 + math.cos(math.pi * 0.1)) + 0.1)
 def test_schedule_value_at_a_step(keys, step, expected):
     config = recipe(learning_rate=0.1, **keys)
     optimizer = built(config, [keras.Variable([1.0])])
-    assert optimization.learning_rate_at(optimizer, step) == pytest.approx(
+    assert float(optimization.learning_rate_at(optimizer, step)) == pytest.approx(
         expected, rel=1e-6, abs=1e-9
     )
 
@@ -156,7 +156,7 @@ def test_batch_scaling_follows_the_batch_size_flag(schedule):
     merged = merge_flags(config, {"batch_size": 1024})  # --batch_size=1024
     optimizer = Iris(merged).optimizer()  # the Model hook: config.train.batch_size
     optimizer.build([keras.Variable([1.0])])
-    assert optimization.learning_rate_at(optimizer, 0) == pytest.approx(0.4)
+    assert float(optimization.learning_rate_at(optimizer, 0)) == pytest.approx(0.4)
 
 
 def test_no_batch_scaling_by_default():

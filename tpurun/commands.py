@@ -31,6 +31,7 @@ from tpurun.runners import sidecar
 from tpurun.runners.controller import Controller
 from tpurun.runners.evaluate import Evaluator, eval_metrics
 from tpurun.runners.export import export
+from tpurun.runners.forward_graph import forward_graph
 from tpurun.runners.predict import Predictor, write_rows
 from tpurun.runners.train import Trainer
 from tpurun.storage import background, best, checkpoints, lease, train_config
@@ -303,7 +304,7 @@ def train(
             is_chief=where.is_chief,
             model_name=type(model).__name__,
             input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
-            graph=trainer.forward_graph,
+            graph=lambda: forward_graph(trainer),
             writer=writer,
         )
         Controller(

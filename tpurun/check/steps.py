@@ -4,7 +4,7 @@
 runners' public `replica_step`), then applies the input rules to its batches,
 walks its traced graph and compiles it with XLA. A model with `train_arrays` has
 two train steps, both checked: the one that gathers its batch from device data
-(`Trainer.device_replica_step`, what trains by default) and the tf.data one it
+(`DeviceLoop.replica_step`, what trains by default) and the tf.data one it
 falls back to. The single-device build that compiled cleanly is kept
 (`single_device_steps`; for TRAIN the device-data step where it applies) for the
 memory estimate of `--target` (`tpurun.check.preflight`).
@@ -193,7 +193,7 @@ class StepChecker:
             return None  # (the line said once)
         trainer = self.build_runner(Mode.TRAIN, cluster)
         assert isinstance(trainer, Trainer)
-        if not trainer.prepare_device_data(arrays, place=False):
+        if trainer.plan_device_data(arrays) is None:
             self._tf_data_only = True
             return None
         return trainer
@@ -204,7 +204,7 @@ class StepChecker:
         """`runner`'s replica step and the specs of its arguments at a `per_replica` batch.
 
         On device data (a Trainer whose `device_data` is set) the step is
-        `Trainer.device_replica_step` on arrays dealt to `replicas` at that batch: it
+        `DeviceLoop.replica_step` on arrays dealt to `replicas` at that batch: it
         takes (step, the arrays and their order's table), and gathers its batch itself.
         Otherwise it takes a batch, `step_args` of `spec`.
         """
@@ -216,7 +216,7 @@ class StepChecker:
         )
 
         def device_replica_step(step: tf.Tensor, values: Any) -> tf.Tensor:
-            # Trainer.device_replica_step, on the data at this batch.
+            # DeviceLoop.replica_step, on the data at this batch.
             return runner.replica_step(*sized.replica_batch(step, values))
 
         return device_replica_step, (tf.TensorSpec([], tf.int64), sized.spec())

@@ -84,14 +84,15 @@ def missing() -> list[str]:
     ]
 
 
-def learning_rate_at(optimizer: keras.optimizers.Optimizer, step: int) -> float:
-    """The rate the optimizer uses for the update after `step` steps (for TensorBoard)."""
+def learning_rate_at(optimizer: keras.optimizers.Optimizer, step: Any) -> tf.Tensor:
+    """The rate the optimizer uses for the update after `step` steps (for TensorBoard), as
+    a float32 tensor: `step` may be a tensor, in a host loop's graph."""
     rate = getattr(optimizer, _SCHEDULE, None)
     if isinstance(rate, StepSchedule):
         rate = rate.schedule
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return float(rate(step))
-    return float(tf.convert_to_tensor(optimizer.learning_rate))
+        return tf.cast(rate(step), tf.float32)
+    return tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
 
 
 class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):

@@ -13,10 +13,7 @@ host loop adds up the named scalars the step returns.
 
 The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
 data (`tpurun.inputs.device_data`): the arrays in every replica's memory and each replica
-step gathering its own batch. With device data and one replica (a CPU, a GPU) the
-whole host loop is compiled by XLA; under MirroredStrategy it is not (XLA compiles
-for one device, and the all-reduce and the mirrored variables' updates span all of
-them), and on a TPU XLA compiles the replicated step anyway.
+step gathering its own batch. The host loop over either is `tpurun.runners.host_loops`'s.
 """
 
 from __future__ import annotations
@@ -33,18 +30,13 @@ from tpurun import inputs
 from tpurun.actions.base import LoopStats
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
-from tpurun.errors.tf_errors import one_line
 from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
-from tpurun.model import Mode, Model, TrainArrays, build_models, has_own_train_step
+from tpurun.model import Mode, Model, TrainArrays, build_models
 from tpurun.run_config import RunConfig
+from tpurun.runners.host_loops import MAX_SCALARS, DeviceLoop, InputLoop, LoopParts
 from tpurun.training_step import keyed_random
 from tpurun.training_step.state import TrainState
-
-# The most named scalars a training step may return: the host loops add them up in
-# one vector of this size (a loop's carried values need their shape before the step
-# is traced, which is when the names are known).
-MAX_SCALARS = 16
 
 
 class Trainer:
@@ -80,12 +72,10 @@ class Trainer:
         # What a checkpoint holds; saves write this one.
         self.checkpoint = self.fresh_checkpoint()
         self._scalar_names: list[str] = []  # what the step returns, known once it is traced
-        self._loop = tf.function(self._host_loop)
-        self._iterator: Any = None  # the training input, from start_input()...
-        self.device_data: device_data.DeviceData | None = None  # ...or this
-        self._device_loop: Any = None
-        self._compiled = False  # whether _device_loop is the XLA-compiled one
-        self._position = 0  # device data: the steps its stream has given
+        self._loop: InputLoop | DeviceLoop | None = None  # built by start_input()
+        # The in-memory arrays each replica step gathers its batch from (None: tf.data):
+        # decided by plan_device_data().
+        self.device_data: device_data.DeviceData | None = None
         if arrays is not None:
             self.arrays = arrays  # read once (the cached property below, set)
 
@@ -160,13 +150,6 @@ class Trainer:
         self._scalar_names = list(checked)
         return checked
 
-    def device_replica_step(self, step: tf.Tensor, values: Any) -> dict[str, tf.Tensor]:
-        """One replica's training step on device data: gathers its batch of `step` from
-        `values` (`DeviceData.values`), then `replica_step`."""
-        assert self.device_data is not None
-        features, labels = self.device_data.replica_batch(step, values)
-        return self.replica_step(features, labels)
-
     def _summed(self, per_replica: dict[str, Any]) -> tf.Tensor:
         """The step's scalars summed over the replicas, as one [MAX_SCALARS] vector."""
         sums = [
@@ -179,62 +162,37 @@ class Trainer:
         """Whether every trainable weight is finite."""
         return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self.state.trainable])
 
-    def _host_loop(self, iterator, num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Runs num_steps replicated steps in-graph.
-
-        Returns the mean of their scalars (`_summed`), the seconds spent waiting for batches (the
-        timestamps around `next(iterator)` are stateful ops, so automatic control
-        dependencies keep them before and after the fetch), and whether every
-        weight is still finite: the last step's update can be NaN while its loss,
-        computed before it, was not, and such weights must never be saved.
-        """
-        total = tf.zeros([MAX_SCALARS])
-        waited = tf.constant(0.0, tf.float64)
-        for _ in tf.range(num_steps):
-            before = tf.timestamp()
-            batch = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += tf.timestamp() - before
-            total += self._summed(self.strategy.run(self.replica_step, args=batch))
-            self.state.global_step.assign_add(1, read_value=False)  # once, not per replica
-        return total / tf.cast(num_steps, tf.float32), waited, self._finite()
-
-    def _device_host_loop(self, first_step: tf.Tensor, num_steps: tf.Tensor) -> tuple[Any, ...]:
-        """num_steps replicated steps on device data, from step `first_step` of its stream.
-
-        Returns the mean of their scalars and whether every weight is still finite, as
-        `_host_loop` does (there is no input to wait for), and the step and learning
-        rates after them: read here, they cost the host nothing more (a compiled loop's
-        steps take microseconds, an eager read of a variable a good part of one).
-        """
-        assert self.device_data is not None
-        values = self.device_data.values
-
-        def step(i: tf.Tensor, total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            args = (first_step + tf.cast(i, tf.int64), values)
-            summed = self._summed(self.strategy.run(self.device_replica_step, args=args))
-            self.state.global_step.assign_add(1, read_value=False)  # once, not per replica
-            return i + 1, total + summed
-
-        # A while_loop without maximum_iterations (a `for` over tf.range sets it): XLA
-        # would take that bound as a constant and compile again for every loop length.
-        _, total = tf.while_loop(
-            lambda i, _: i < num_steps, step, (tf.constant(0), tf.zeros([MAX_SCALARS]))
+    def _loop_parts(self) -> LoopParts:
+        return LoopParts(
+            strategy=self.strategy,
+            replica_step=self.replica_step,
+            summed=self._summed,
+            finite=self._finite,
+            global_step=self.state.global_step,
+            rates=self.state.rates_in_graph,
+            model_name=type(self.model).__name__,
         )
-        rates = tf.stack([tf.cast(o.learning_rate, tf.float32) for o in self.optimizers.values()])
-        mean = total / tf.cast(num_steps, tf.float32)
-        return mean, self._finite(), self.state.global_step.read_value(), rates
 
     def start_input(self) -> None:
-        """Builds the training input at the global step (once; `train` needs it).
+        """Builds the training input and its host loop at the global step (once; `train`
+        needs it).
 
         A restored run continues the stream where the checkpoint's step left it. Built
         before anything is written, so bad data fails a run that has written nothing.
         """
-        if self._iterator is not None or self.device_data is not None:
+        if self._loop is not None:
             return
         arrays = self.arrays
-        if arrays is not None and self.prepare_device_data(arrays, place=True):
+        if arrays is not None and self.plan_device_data(arrays) is not None:
+            assert self.device_data is not None
+            self.device_data.place(self.strategy)
+            loop = DeviceLoop(self._loop_parts(), self.device_data, self.step, self._xla_note())
+            logging.info(
+                "Training data on the device (%s): each replica step gathers its own batch; %s.",
+                device_data.describe(arrays, self.device_data.order),
+                loop.describe(),
+            )
+            self._loop = loop
             return
         dataset = inputs.distribute(
             self.strategy,
@@ -246,48 +204,33 @@ class Trainer:
             micro_batches=self.micro_batches,
             arrays=arrays,
         )
-        self._iterator = iter(dataset)
+        self._loop = InputLoop(self._loop_parts(), iter(dataset))
 
     @functools.cached_property
     def arrays(self) -> TrainArrays | None:
         """The model's training arrays, read once: `train_arrays` may read the model's files."""
         return inputs.train_arrays(self.model)
 
-    def prepare_device_data(self, arrays: TrainArrays, place: bool) -> bool:
-        """Trains on device data from `arrays`, unless off or too large (said in one line).
-
-        `place`: put them in the replicas' memory (`tpurun check` only traces the step).
-        """
+    def plan_device_data(self, arrays: TrainArrays) -> device_data.DeviceData | None:
+        """The device data this run trains on from `arrays` (set as `device_data`, not yet
+        placed in the replicas' memory), or None when it is off or too large (said in
+        one line): then the arrays go through tf.data."""
         if not self.run.config.train.device_data:
             device_data.log_fallback("config.train.device_data=false")
-            return False
+            return None
         order = ExampleOrder(arrays.num_examples, self.run.seed)
         reason = device_data.why_not(
             arrays, order, self.cluster, self.run.config.train.device_data_mb
         )
         if reason:
             device_data.log_fallback(reason)
-            return False
+            return None
         self.device_data = device_data.DeviceData(
             arrays, order, self.strategy.num_replicas_in_sync, self.global_batch, self.micro_batches
         )
-        if not place:
-            return True
-        self.device_data.place(self.strategy)
-        self._position = self.step
-        self._device_loop = tf.function(self._device_host_loop)
-        compile_note = self._xla_applies()
-        self._compiled = not compile_note
-        if self._compiled:
-            self._device_loop = tf.function(self._device_host_loop, jit_compile=True)
-        logging.info(
-            "Training data on the device (%s): each replica step gathers its own batch; %s.",
-            device_data.describe(arrays, order),
-            compile_note or "the host loop is compiled by XLA",
-        )
-        return True
+        return self.device_data
 
-    def _xla_applies(self) -> str:
+    def _xla_note(self) -> str:
         """Why the device-data host loop is not compiled by XLA as a whole ("" when it is)."""
         if self.cluster.is_tpu:
             return "XLA compiles the replicated step for the TPU"
@@ -312,77 +255,29 @@ class Trainer:
     def train(self, num_steps: int) -> LoopStats:
         """Runs one host loop of `num_steps` steps, from the global step."""
         self.start_input()
+        assert self._loop is not None
         start = time.perf_counter()
-        if self.device_data is not None:
-            totals, finite, step, rates = self._run_device_loop(num_steps)
-            scalars = self._named(totals)  # waits for the loop to finish
-            step, rate_values, waited = int(step), [float(r) for r in rates.numpy()], 0.0
-        else:
-            totals, waited_tensor, finite = self._loop(self._iterator, tf.constant(num_steps))
-            scalars = self._named(totals)  # waits for the loop to finish
-            step, waited = self.step, float(waited_tensor)
-            rate_values = list(self.state.learning_rates().values())
-        named_rates = dict(zip(self.optimizers, rate_values, strict=True))
+        result = self._loop.run(num_steps)
+        scalars = self._named(result.means)  # waits for the loop to finish
+        rates = [float(r) for r in result.rates.numpy()]
         return LoopStats(
-            step=step,
+            step=int(result.step),
             num_steps=num_steps,
             # The scalar named "loss" (the supervised step's), else the step's first.
             loss=scalars.get("loss", next(iter(scalars.values()))),
             seconds=time.perf_counter() - start,
-            input_seconds=waited,
+            input_seconds=float(result.waited),
             global_batch=self.global_batch * self.micro_batches,
-            learning_rate=rate_values[0],
-            weights_finite=bool(finite),
-            device_input=self.device_data is not None,
+            learning_rate=rates[0],
+            weights_finite=bool(result.finite),
+            device_input=isinstance(self._loop, DeviceLoop),
             scalars=scalars,
-            learning_rates=named_rates if self.state.named else {},
+            learning_rates=dict(zip(self.optimizers, rates, strict=True))
+            if self.state.named
+            else {},
         )
 
     def _named(self, totals: tf.Tensor) -> dict[str, float]:
         """The loop's mean of each scalar, by the names the step returned them under."""
         values = totals.numpy()
         return {name: float(values[i]) for i, name in enumerate(self._scalar_names)}
-
-    def _run_device_loop(self, num_steps: int) -> tuple[Any, ...]:
-        """The device-data host loop; XLA-compiled when it can be (else, once, a line why)."""
-        first = tf.constant(self._position, tf.int64)
-        try:
-            result = self._device_loop(first, tf.constant(num_steps))
-        except Exception as e:  # noqa: BLE001 - whatever XLA rejects, the plain loop runs
-            if not self._compiled:
-                raise
-            # XLA compiles the whole loop before it runs a step, and writes the
-            # variables only after the last: a failed call changed nothing. An error
-            # that is not XLA's comes back from the plain loop, as it always did.
-            logging.info(
-                "The host loop runs without XLA, which failed on %s's step: %s",
-                type(self.model).__name__,
-                one_line(e, 200),
-            )
-            self._compiled = False
-            self._device_loop = tf.function(self._device_host_loop)
-            result = self._device_loop(first, tf.constant(num_steps))
-        self._position += num_steps
-        return result
-
-    def forward_graph(self) -> tf.Graph:
-        """The serving model's forward pass, traced (not run) on one replica's training
-        features (with a training step of its own, on the model's own inputs: a GAN's
-        generator takes noise, not the training data)."""
-        if has_own_train_step(self.model):
-            features_spec = tf.nest.map_structure(
-                lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), self.keras_model.input
-            )
-        else:
-            ctx = tf.distribute.InputContext(
-                num_replicas_in_sync=self.strategy.num_replicas_in_sync
-            )
-            params = inputs.input_params(ctx, self.global_batch, self.run.seed)
-            features_spec, _ = inputs.train_dataset(self.model, params, self.arrays).element_spec
-            if isinstance(features_spec, dict):  # the graph's inputs named after the features
-                features_spec = {
-                    k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
-                }
-        forward = tf.function(lambda features: self.keras_model(features, training=True))
-        with self.strategy.scope():
-            return forward.get_concrete_function(features_spec).graph

@@ -153,7 +153,15 @@ class TrainState:
 
     def learning_rates(self) -> dict[str, float]:
         """Each optimizer's rate for the next step (a schedule's value at the global step)."""
-        return {n: optimization.learning_rate_at(o, self.step) for n, o in self.optimizers.items()}
+        return {
+            n: float(optimization.learning_rate_at(o, self.step))
+            for n, o in self.optimizers.items()
+        }
+
+    def rates_in_graph(self) -> tf.Tensor:
+        """`learning_rates`, in a host loop's graph: a [optimizers] float32 vector."""
+        step = self.global_step.read_value()
+        return tf.stack([optimization.learning_rate_at(o, step) for o in self.optimizers.values()])
 
     def restored(self) -> None:
         """After a restore: the step of an older checkpoint, and this config's constant rates.
@@ -187,7 +195,7 @@ class TrainState:
         optimizer = self.optimizers[name]
         if not isinstance(optimizer.get_config().get("learning_rate"), (int, float)):
             return None
-        return optimization.learning_rate_at(optimizer, self.step)
+        return float(optimization.learning_rate_at(optimizer, self.step))
 
 
 def _checked(
