@@ -24,7 +24,7 @@ from fakes import FakeClock, fake_checkpoint
 
 from tpurun import actions, config_defaults
 from tpurun.actions import hang, progress, watchdog
-from tpurun.actions.base import SaveState
+from tpurun.actions.base import Saved, SaveState
 from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.summaries import TrainSummaries
 from tpurun.run_config import RunConfig, config_files, merge_flags
@@ -96,9 +96,9 @@ def test_log_lines_say_which_save_is_in_flight_or_how_long_the_last_took(caplog)
     lines = progress.LogLines()
     lines.start(0, 300)
     lines.after_loop(loop(100))
-    lines.saves(SaveState(in_flight=100))
+    lines.save_state(SaveState(in_flight=100))
     lines.after_loop(loop(200))
-    lines.saves(SaveState(last_seconds=2.414))
+    lines.save_state(SaveState(last_seconds=2.414))
     lines.after_loop(loop(300))
     assert [m.split("input wait 0%")[1] for m in infos_in(caplog)] == [
         "",
@@ -225,7 +225,7 @@ def test_hang_timeout_fires_once_with_the_step_and_the_checkpoint(tmp_path, cloc
     watcher.start(0, 1000)
     watcher.before_loop(0, 100)
     watcher.after_loop(loop(100))
-    watcher.after_save(100, "/runs/x/ckpt-100")
+    watcher.saved(Saved(100, "/runs/x/ckpt-100", seconds=0.0, waited=0.0))
     watcher.before_loop(100, 100)
     clock.advance(2.0)
     assert hangs.fired.wait(60)
@@ -244,7 +244,7 @@ def test_hang_timeout_names_a_save_written_in_the_background_while_the_loop_hung
     watcher.start(0, 1000)
     watcher.after_loop(loop(100))
     written: concurrent.futures.Future[float] = concurrent.futures.Future()
-    watcher.saves(SaveState(in_flight=100, writing=written))
+    watcher.save_state(SaveState(in_flight=100, writing=written))
     watcher.before_loop(100, 100)
     written.set_result(0.0)  # whole, but the controller never heard: the loop hangs
     clock.advance(2.0)
@@ -341,7 +341,7 @@ def test_progress_bar_shows_steps_loss_and_eta_and_puts_logs_above_it():
 
 
 def test_log_lines_and_the_progress_bar_show_the_epoch(caplog):
-    from tpurun.storage.train_config import EpochCount
+    from tpurun.run_config.epochs import EpochCount
 
     capture_info_logs(caplog)
     epochs = EpochCount(examples=6400, per_step=32, total=2)  # 200 steps per epoch

@@ -23,7 +23,7 @@ from tpurun.cluster import Cluster
 from tpurun.errors import Preempted, RunError
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.runners import controller
-from tpurun.runners.controller import Controller, crossed, loop_cadence, sigterm_notice
+from tpurun.runners.controller import Controller, sigterm_notice
 from tpurun.storage import checkpoints, train_config
 from tpurun.storage.background import Writer
 
@@ -79,7 +79,7 @@ class FakeTrainer:
 
 
 class Recorder(Action):
-    """Records every hook with its values; the checkpoint `after_save` names must exist."""
+    """Records every hook with its values; the checkpoint `saved` names must exist."""
 
     def __init__(self, log: list, name: str = "action"):
         self.log, self.name = log, name
@@ -93,9 +93,9 @@ class Recorder(Action):
     def after_loop(self, stats):
         self.log.append((f"{self.name}.after_loop", stats.step))
 
-    def after_save(self, step, path):
-        assert tf.io.gfile.exists(path + ".index"), "after_save before the checkpoint exists"
-        self.log.append((f"{self.name}.after_save", step, path.rsplit("/", 1)[1]))
+    def saved(self, saved):
+        assert tf.io.gfile.exists(saved.path + ".index"), "saved before the checkpoint exists"
+        self.log.append((f"{self.name}.saved", saved.step, saved.path.rsplit("/", 1)[1]))
 
     def close(self):
         self.log.append((f"{self.name}.close",))
@@ -146,14 +146,14 @@ def train(
         cluster,
         trainer,
         actions=[Recorder(log)],
-        evaluate=evaluated if evaluate else None,
+        evaluate_checkpoint=evaluated if evaluate else None,
         writer=writer,
     ).train()
     return log, trainer
 
 
 def saves(log: list) -> list[int]:
-    return [entry[1] for entry in log if entry[0] == "action.after_save"]
+    return [entry[1] for entry in log if entry[0] == "action.saved"]
 
 
 def evaluations(log: list) -> list[str]:
@@ -238,7 +238,7 @@ def test_evaluates_after_the_save_at_eval_steps_and_the_last(tmp_path, clock, ca
     at_50 = log.index(("action.after_loop", 50))
     assert log[at_50 : at_50 + 3] == [
         ("action.after_loop", 50),
-        ("action.after_save", 50, "ckpt-50"),
+        ("action.saved", 50, "ckpt-50"),
         ("evaluate", "ckpt-50"),
     ]
 
@@ -307,7 +307,7 @@ def test_hooks_come_in_order_with_their_values(tmp_path, clock):
         Cluster(tf.distribute.get_strategy(), "test"),
         trainer,
         actions=[Recorder(log, "a"), Recorder(log, "b")],
-        evaluate=lambda path: log.append(("evaluate", path.rsplit("/", 1)[1])),
+        evaluate_checkpoint=lambda path: log.append(("evaluate", path.rsplit("/", 1)[1])),
     ).train()
     assert log == [
         ("start_input", 0),  # before any action starts: bad data fails a run that wrote nothing
@@ -323,16 +323,16 @@ def test_hooks_come_in_order_with_their_values(tmp_path, clock):
         ("train", 20),
         ("a.after_loop", 20),
         ("b.after_loop", 20),
-        ("a.after_save", 20, "ckpt-20"),
-        ("b.after_save", 20, "ckpt-20"),
+        ("a.saved", 20, "ckpt-20"),
+        ("b.saved", 20, "ckpt-20"),
         ("evaluate", "ckpt-20"),
         ("a.before_loop", 20, 5),  # the last loop is short
         ("b.before_loop", 20, 5),
         ("train", 25),
         ("a.after_loop", 25),
         ("b.after_loop", 25),
-        ("a.after_save", 25, "ckpt-25"),
-        ("b.after_save", 25, "ckpt-25"),
+        ("a.saved", 25, "ckpt-25"),
+        ("b.saved", 25, "ckpt-25"),
         ("evaluate", "ckpt-25"),
         ("a.close",),
         ("b.close",),
@@ -422,7 +422,7 @@ def test_a_background_save_is_written_while_the_next_loops_train(tmp_path, clock
     # ckpt-20 was being written during the loops to 30; reported once whole (Recorder
     # checks); the one to evaluate (40) and the last (55) were waited for.
     assert saves(log) == [20, 40, 55]
-    assert log.index(("action.after_save", 20, "ckpt-20")) > log.index(("train", 30))
+    assert log.index(("action.saved", 20, "ckpt-20")) > log.index(("train", 30))
     assert evaluations(log) == ["ckpt-40", "ckpt-55"]
     assert log[-2:] == [("evaluate", "ckpt-55"), ("action.close",)]
     assert checkpoints.latest(str(tmp_path)) == str(tmp_path / "ckpt-55")
@@ -545,34 +545,3 @@ def test_sigterm_notice_off_the_main_thread_installs_nothing():
     thread.start()
     thread.join()
     assert seen == [(False, previous)]
-
-
-# --- cadence arithmetic ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "step, num_steps, every, expected",
-    [
-        (100, 100, 100, True),
-        (150, 100, 100, True),
-        (1150, 100, 500, False),
-        (1550, 100, 500, True),
-        (83, 10, 10, True),
-        (90, 5, 10, True),
-        (85, 5, 10, False),
-        (100, 100, 0, False),
-    ],
-)
-def test_a_cadence_fires_in_the_loop_that_passes_a_multiple(step, num_steps, every, expected):
-    assert crossed(step, num_steps, every) is expected
-
-
-@pytest.mark.parametrize(
-    "configured, iterations, expected",
-    [(25, 10, 30), (30, 10, 30), (0, 10, 0), (1, 100, 100)],
-)
-def test_loop_cadence_rounds_a_config_cadence_up_to_whole_loops(
-    tmp_path, configured, iterations, expected
-):
-    run = make_run(tmp_path, iterations=iterations, save_checkpoints_steps=configured)
-    assert loop_cadence(run, "save_checkpoints_steps") == expected

@@ -19,8 +19,8 @@ from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config.epochs import EpochCount, steps_for_epochs
 from tpurun.storage import train_config
-from tpurun.storage.train_config import EpochCount, steps_for_epochs
 
 FIXTURES = Path(__file__).resolve().parent / "check_fixtures"
 

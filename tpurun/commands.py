@@ -319,7 +319,7 @@ def train(
                 *([RenewLease(held, writer)] if held else []),
                 ResumeCost(),
             ],
-            evaluate=evaluate_checkpoint,
+            evaluate_checkpoint=evaluate_checkpoint,
             writer=writer,
         ).train()
 

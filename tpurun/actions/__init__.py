@@ -25,7 +25,7 @@ from tpurun.actions.profiler import ProfileSteps
 from tpurun.actions.progress import InputBound, LogLines, ProgressBar
 from tpurun.actions.summaries import TrainSummaries
 from tpurun.run_config import RunConfig
-from tpurun.storage import train_config
+from tpurun.run_config.epochs import epoch_count
 from tpurun.storage.background import Writer
 
 __all__ = ["Action", "LoopStats", "for_training"]
@@ -56,7 +56,7 @@ def for_training(
     actions: list[Action] = []
     if run.hang_timeout:
         actions.append(HangTimeout(run.hang_timeout, run.model_dir, input_seeks=input_seeks))
-    epochs = train_config.epoch_count(run)  # shown when the run counted its examples
+    epochs = epoch_count(run)  # shown when the run counted its examples
     actions.append(ProgressBar(epochs=epochs) if terminal and is_chief else LogLines(epochs))
     actions.append(InputBound(model_name))
     if is_chief:

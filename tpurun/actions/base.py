@@ -1,5 +1,5 @@
-"""The contract between the controller and its actions: `LoopStats`, `SaveState` and the
-`Action` hooks."""
+"""The contract between the controller and its actions: `LoopStats`, `Saved`, `SaveState`
+and the `Action` hooks."""
 
 from __future__ import annotations
 
@@ -66,6 +66,19 @@ class SaveState:
     writing: concurrent.futures.Future[float] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Saved:
+    """A checkpoint that became the newest: `seconds` from the save's start to then, of which
+    the training loop waited `waited` (in the background: the copy to host memory, a
+    previous save, and all of it when it was waited for)."""
+
+    step: int
+    path: str
+    seconds: float
+    waited: float
+    background: bool = False
+
+
 class Action:
     """Something the controller calls between host loops; every hook does nothing by default.
 
@@ -83,17 +96,15 @@ class Action:
     def after_loop(self, stats: LoopStats) -> None:
         """A host loop finished (before its checkpoint, if any, is saved)."""
 
-    def after_save(self, step: int, path: str) -> None:
-        """A checkpoint was saved: it is whole, and the newest."""
-
-    def save_waited(self, step: int, seconds: float) -> None:
-        """The checkpoint of `step` became the newest; the training loop waited `seconds` for
-        it (the copy to host memory, or all of it when it was waited for)."""
+    def saved(self, saved: Saved) -> None:
+        """The checkpoint of `saved.step` is whole and the newest; the training loop waited
+        `saved.waited` seconds for it (the copy to host memory, or all of it when it was
+        waited for)."""
 
     def evaluated(self, step: int, seconds: float) -> None:
         """The checkpoint of `step` was evaluated in this process, in `seconds`."""
 
-    def saves(self, state: SaveState) -> None:
+    def save_state(self, state: SaveState) -> None:
         """Where the checkpoint saves stand, after every host loop and save (one in flight
         in the background, how long the last took)."""
 

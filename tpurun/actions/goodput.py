@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tpurun import storage
-from tpurun.actions.base import Action, LoopStats
+from tpurun.actions.base import Action, LoopStats, Saved
 from tpurun.storage.background import Writer
 from tpurun.supervisor.protocol import (
     PREVIOUS_DEATH_ENV,
@@ -114,10 +114,10 @@ class GoodputRecord(Action):
         self._tell_supervisor(stats.step)
         self._write(now=first)
 
-    def save_waited(self, step: int, seconds: float) -> None:
-        save = {"step": step, "t": time.time(), "blocking_s": seconds}
-        if step in self._reached:  # when the loop reached its step: a resume's point
-            save["reached_t"] = self._reached[step]
+    def saved(self, saved: Saved) -> None:
+        save = {"step": saved.step, "t": time.time(), "blocking_s": saved.waited}
+        if saved.step in self._reached:  # when the loop reached its step: a resume's point
+            save["reached_t"] = self._reached[saved.step]
         self.account["saves"].append(save)
         self._write(now=True)
 

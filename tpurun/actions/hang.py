@@ -7,7 +7,7 @@ from collections.abc import Callable
 from absl import logging
 
 from tpurun.actions import watchdog
-from tpurun.actions.base import Action, LoopStats, SaveState
+from tpurun.actions.base import Action, LoopStats, Saved, SaveState
 from tpurun.storage import checkpoints
 
 
@@ -58,11 +58,11 @@ class HangTimeout(Action):
     def after_loop(self, stats: LoopStats) -> None:
         self._progress(stats.step, "after its host loop, saving or evaluating")
 
-    def after_save(self, step: int, path: str) -> None:
-        self._latest = path
-        self._progress(step, "after saving its checkpoint")
+    def saved(self, saved: Saved) -> None:
+        self._latest = saved.path
+        self._progress(saved.step, "after saving its checkpoint")
 
-    def saves(self, state: SaveState) -> None:
+    def save_state(self, state: SaveState) -> None:
         self._saves = state
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import tqdm.contrib
 from absl import logging
 
 from tpurun.actions.base import Action, LoopStats, SaveState
-from tpurun.storage.train_config import EpochCount
+from tpurun.run_config.epochs import EpochCount
 
 # Above this share of a host loop spent waiting for input, the run is input-bound:
 # the accelerator idles more than it computes...
@@ -39,7 +39,7 @@ class LogLines(Action):
     def start(self, step: int, last_step: int) -> None:
         self._last_step = last_step
 
-    def saves(self, state: SaveState) -> None:
+    def save_state(self, state: SaveState) -> None:
         self._saves = state
 
     def after_loop(self, stats: LoopStats) -> None:
@@ -103,7 +103,7 @@ class ProgressBar(Action):
         )
         self._logs_above.install(self._stream)
 
-    def saves(self, state: SaveState) -> None:
+    def save_state(self, state: SaveState) -> None:
         self._saves = state
 
     def after_loop(self, stats: LoopStats) -> None:

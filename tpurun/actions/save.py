@@ -11,25 +11,12 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import tf_internals
-from tpurun.actions.base import SaveState
+from tpurun.actions.base import Saved, SaveState
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
 from tpurun.run_config import RunConfig
 from tpurun.storage import checkpoints
 from tpurun.storage.background import Writer
-
-
-@dataclasses.dataclass(frozen=True)
-class Saved:
-    """A checkpoint that became the newest: `seconds` from the save's start to then, of which
-    the training loop waited `waited` (in the background: the copy to host memory, a
-    previous save, and all of it when it was waited for)."""
-
-    step: int
-    path: str
-    seconds: float
-    waited: float
-    background: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

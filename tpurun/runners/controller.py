@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 import tensorflow as tf
 from absl import logging
 
-from tpurun.actions.base import Action, LoopStats
-from tpurun.actions.save import SaveCheckpoint, Saved
+from tpurun.actions.base import Action, LoopStats, Saved
+from tpurun.actions.save import SaveCheckpoint
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
-from tpurun.run_config import EPOCH, RunConfig, aligned_to_loop
+from tpurun.run_config import RunConfig
+from tpurun.run_config.epochs import epoch_count
+from tpurun.runners.cadence import Cadence
 from tpurun.runners.train import Trainer
 from tpurun.runners.warm_start import warm_start
 from tpurun.storage import checkpoints, train_config
@@ -48,34 +50,10 @@ def sigterm_notice() -> Iterator[threading.Event]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def crossed(step: int, num_steps: int, every: int) -> bool:
-    """Whether the loop that ended at `step` passed a multiple of `every` (0: never).
-
-    Not `step % every == 0`: a run resumed at 1050 (or with other --iterations)
-    ends its loops at 1150, 1250, ... and would never meet a multiple of 500.
-    """
-    return every > 0 and step // every > (step - num_steps) // every
-
-
-def loop_cadence(run: RunConfig, name: str) -> int:
-    """A config step cadence rounded up to whole host loops, with a notice if it moved."""
-    configured = run.config.train[name]
-    aligned = aligned_to_loop(configured, run.iterations)
-    if aligned != configured:
-        logging.info(
-            "%s=%d rounded up to %d, a multiple of --iterations=%d.",
-            name,
-            configured,
-            aligned,
-            run.iterations,
-        )
-    return aligned
-
-
 class Controller:
     """Trains `trainer` from model_dir's newest checkpoint to --train_steps.
 
-    `evaluate(path)`, when given, runs on every worker after each checkpoint saved
+    `evaluate_checkpoint(path)`, when given, runs on every worker after each checkpoint saved
     at an `--eval_every` step and at the last one; `actions` see every host loop
     and save. With a `writer`, saves are written in the background (`SaveCheckpoint`);
     the last one, the one before a stop and an evaluated one are waited for.
@@ -88,7 +66,7 @@ class Controller:
         trainer: Trainer,
         *,
         actions: Sequence[Action] = (),
-        evaluate: Callable[[str], None] | None = None,
+        evaluate_checkpoint: Callable[[str], None] | None = None,
         writer: Writer | None = None,
     ):
         self.run = run
@@ -96,7 +74,7 @@ class Controller:
         self.cluster = cluster
         self.trainer = trainer
         self.actions = list(actions)
-        self.evaluate = evaluate
+        self.evaluate_checkpoint = evaluate_checkpoint
         self._sum_over_replicas = tf.function(lambda values: replica_sum(cluster.strategy, values))
 
     def train(self) -> None:
@@ -120,7 +98,7 @@ class Controller:
             train_config.write(run)
         save = SaveCheckpoint(run, trainer.checkpoint, self.cluster, self.writer)
         trainer.start_input()
-        epochs = train_config.epoch_count(run)
+        epochs = epoch_count(run)
         logging.info(
             "Training from step %d to %d%s, %d steps per loop.",
             step,
@@ -170,20 +148,10 @@ class Controller:
     def _run_loops(
         self, save: SaveCheckpoint, step: int, last: int, preempted: threading.Event
     ) -> None:
-        run = self.run
-        save_every = loop_cadence(run, "save_checkpoints_steps")
-        # --eval_every=epoch: host loops end where epochs end, and each ends with an eval.
-        every_epoch = self.evaluate is not None and run.config.train.eval_every == EPOCH
-        epochs = train_config.epoch_count(run) if every_epoch else None
-        if every_epoch and epochs is None:  # commands.count_examples counts them first
-            raise RunError("--eval_every=epoch: the training examples were not counted")
-        eval_every = loop_cadence(run, "eval_every") if self.evaluate and not every_epoch else 0
-        save_secs = run.config.train.save_checkpoints_secs
+        cadence = Cadence.of(self.run, evaluating=self.evaluate_checkpoint is not None)
         last_save = time.monotonic()
         while step < last:
-            num_steps = min(run.iterations, last - step)
-            if epochs is not None:
-                num_steps = min(num_steps, epochs.end_after(step) - step)
+            num_steps = cadence.loop_length(step)
             for action in self.actions:
                 action.before_loop(step, num_steps)
             stats = self.trainer.train(num_steps)
@@ -192,30 +160,20 @@ class Controller:
             for action in self.actions:
                 action.after_loop(stats)
             self._stop_unless_finite(stats, save)
-            if epochs is not None:
-                evaluate = epochs.crossed(step, num_steps) or step == last
-            else:
-                evaluate = bool(eval_every) and (
-                    crossed(step, num_steps, eval_every) or step == last
-                )
             time_due, stop = self._agree(
-                bool(save_secs) and time.monotonic() - last_save >= save_secs,
-                preempted.is_set(),
+                cadence.time_save_due(time.monotonic() - last_save), preempted.is_set()
             )
-            due = step == last or evaluate or crossed(step, num_steps, save_every) or time_due
-            if due or stop:
+            then = cadence.after_loop(step, num_steps, time_due, stop)
+            if then.save:
                 path = save(step)
                 last_save = time.monotonic()
-                # The last checkpoint, the one before a stop and one to evaluate are whole
-                # before the run goes on; any other is written while it trains.
-                final = step == last or stop or evaluate
-                self._saved(save, save.wait() if final else save.poll())
-                if evaluate and self.evaluate is not None:
+                self._saved(save, save.wait() if then.wait_for_save else save.poll())
+                if then.eval_due and self.evaluate_checkpoint is not None:
                     began = time.monotonic()
-                    self.evaluate(path)
+                    self.evaluate_checkpoint(path)
                     for action in self.actions:
                         action.evaluated(step, time.monotonic() - began)
-            if stop and step < last:
+            if then.stop:
                 raise Preempted(
                     f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to "
                     f"continue from it (exit code {Preempted.exit_code} means: preempted, restart me)"
@@ -224,10 +182,9 @@ class Controller:
     def _saved(self, save: SaveCheckpoint, saved: list[Saved]) -> None:
         for each in saved:
             for action in self.actions:
-                action.after_save(each.step, each.path)
-                action.save_waited(each.step, each.waited)
+                action.saved(each)
         for action in self.actions:
-            action.saves(save.state)
+            action.save_state(save.state)
 
     def _stop_unless_finite(self, stats: LoopStats, save: SaveCheckpoint) -> None:
         """Nothing after the last good checkpoint is saved: it stays the latest (a save
