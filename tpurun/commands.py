@@ -16,13 +16,13 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import actions, check, cluster, inputs, precision, run_account, storage
+from tpurun import actions, check, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
 from tpurun.actions.lease_renewal import RenewLease
 from tpurun.actions.progress import ResumeCost
-from tpurun.cluster import Cluster, strategy
+from tpurun.cluster import Cluster, is_chief_process, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode, Model, TrainArrays
@@ -62,7 +62,7 @@ def _run(run: RunConfig) -> None:
     held: lease.Lease | None = None
     if run.command == "train":
         created_dir = prepare_model_dir(run)
-        if cluster.is_chief_process():  # the cluster's lease: its chief's
+        if is_chief_process():  # the cluster's lease: its chief's
             held = lease.acquire(run.model_dir, run.hang_timeout, run.force_takeover)
     elif run.command == "eval" and run.continuous:
         # A sidecar may start before the trainer: it waits for the first checkpoint
@@ -77,34 +77,34 @@ def _run(run: RunConfig) -> None:
     account: GoodputRecord | None = None
     try:
         # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
-        where = strategy.build(run) if run.command != "export" else None
+        cluster = strategy.build(run) if run.command != "export" else None
         cluster_ready = time.time()
-        if where is not None:
-            where.check_batch_sizes(run)
-            if where.is_tpu and run.config.precision == "mixed_float16":
+        if cluster is not None:
+            cluster.check_batch_sizes(run)
+            if cluster.is_tpu and run.config.precision == "mixed_float16":
                 raise UsageError(FLOAT16_ON_TPU)
         model = model_lib.create(run.config)
         model_lib.check_model_config(model)  # before the record: a config it cannot run
         if run.command in ("train", "eval"):
             splits.resolve(type(model), run.config)  # a bad split name fails before the record
         run, arrays = count_examples(run, model)
-        if where is None or where.is_chief:  # one record per run, not per worker
+        if cluster is None or cluster.is_chief:  # one record per run, not per worker
             record, written = write_record(run)
-            if run.command == "train" and where is not None:
+            if run.command == "train" and cluster is not None:
                 account = GoodputRecord(record, written)
                 account.account["cluster_ready"] = cluster_ready
                 account.account["device"] = {
-                    "kind": where.device_kind or "CPU",
-                    "replicas": where.num_replicas,
+                    "kind": cluster.device_kind or "CPU",
+                    "replicas": cluster.num_replicas,
                 }
         tf.keras.utils.set_random_seed(run.seed)
         with precision.policy(run.config.precision):
-            run_command(run, where, model, held, arrays, account)
-            if account is not None and where is not None:
-                run_account.finish(run, where, model, account)
-            if record is not None and where is not None:
+            run_command(run, cluster, model, held, arrays, account)
+            if account is not None and cluster is not None:
+                run_account.finish(run, cluster, model, account)
+            if record is not None and cluster is not None:
                 # Under the run's policy: the estimate builds the model as the run did.
-                check.record_memory(record, run, where, model)
+                check.record_memory(record, run, cluster, model)
     except BaseException as e:
         if account is not None and "end" not in account.account:
             run_account.end_quietly(account, e)
@@ -115,7 +115,7 @@ def _run(run: RunConfig) -> None:
         if held is not None:
             held.release()
             held = None
-        if _outputs(run) == outputs_before and cluster.is_chief_process():
+        if _outputs(run) == outputs_before and is_chief_process():
             _undo(run.model_dir if created_dir else None, record)
         raise
     if held is not None:
@@ -186,7 +186,7 @@ def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays
 
 def run_command(
     run: RunConfig,
-    where: Cluster | None,
+    cluster: Cluster | None,
     model: Model,
     held: lease.Lease | None = None,
     arrays: TrainArrays | None = None,
@@ -199,15 +199,15 @@ def run_command(
         if run.command == "export":
             export_command(run, model)  # serving has no replicas: no strategy
         elif run.command == "train":
-            assert where is not None
-            train(run, where, model, held, arrays, account)
+            assert cluster is not None
+            train(run, cluster, model, held, arrays, account)
         else:
-            assert where is not None
-            {"eval": evaluate, "predict": predict}[run.command](run, where, model)
+            assert cluster is not None
+            {"eval": evaluate, "predict": predict}[run.command](run, cluster, model)
     except tf.errors.UnavailableError as error:
         reason = (
             tf_errors.lost_worker_reason(error)
-            if where is not None and where.num_workers > 1
+            if cluster is not None and cluster.num_workers > 1
             else None
         )
         if reason is None:
@@ -221,7 +221,7 @@ def run_command(
         ) from error
     except tf.errors.ResourceExhaustedError as error:
         # The TPU's page of allocations becomes what `tpurun check --target` would say.
-        advice = check.out_of_memory(run, where, model, error) if where is not None else None
+        advice = check.out_of_memory(run, cluster, model, error) if cluster is not None else None
         if advice is None:
             raise
         raise RunError(advice) from error
@@ -268,7 +268,7 @@ def _undo(created_dir: str | None, record: str | None) -> None:
 
 def train(
     run: RunConfig,
-    where: Cluster,
+    cluster: Cluster,
     model: Model,
     held: lease.Lease | None = None,
     arrays: TrainArrays | None = None,
@@ -277,22 +277,22 @@ def train(
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
         run.train_batch_size,
-        where.num_replicas,
-        run.train_batch_size // where.num_replicas,
+        cluster.num_replicas,
+        run.train_batch_size // cluster.num_replicas,
     )
     evaluate_checkpoint = None
     model_splits = splits.resolve(type(model), run.config)  # before training: a bad name fails
     if run.config.train.eval_every:
         best.check_metric(run, eval_metrics(model))  # before training, not at the first eval
         evaluate_checkpoint = EvaluateCheckpoint(
-            lambda: Evaluator(run, where, model).evaluate,
-            ReportEval(run, where.is_chief, model_splits),
+            lambda: Evaluator(run, cluster, model).evaluate,
+            ReportEval(run, cluster.is_chief, model_splits),
             model_splits.every_eval(),
         )
-    trainer = Trainer(run, where, model, arrays)
+    trainer = Trainer(run, cluster, model, arrays)
     # What `tpurun check` warns of (rule batch-norm), said once where the run's log begins.
     replicas_differ = check.batch_norm_warning(
-        trainer.state.models.values(), where.num_replicas, run.train_batch_size
+        trainer.state.models.values(), cluster.num_replicas, run.train_batch_size
     )
     if replicas_differ:
         logging.warning(replicas_differ)
@@ -301,7 +301,7 @@ def train(
     with background.Writer() as writer, writing_through(account, writer):
         watching = actions.for_training(
             run,
-            is_chief=where.is_chief,
+            is_chief=cluster.is_chief,
             model_name=type(model).__name__,
             input_seeks=model.input_fn_seeks or model_lib.has_train_arrays(model),
             graph=lambda: forward_graph(trainer),
@@ -309,7 +309,7 @@ def train(
         )
         Controller(
             run,
-            where,
+            cluster,
             trainer,
             # ResumeCost: made just before the restore it times.
             actions=[
@@ -324,18 +324,18 @@ def train(
         ).train()
 
 
-def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:
-    if run.continuous and where.num_workers > 1:
+def evaluate(run: RunConfig, cluster: Cluster, model: Model) -> None:
+    if run.continuous and cluster.num_workers > 1:
         # The workers would each watch model_dir and could pick different checkpoints.
         raise UsageError(
             "tpurun eval --continuous runs on one machine: unset TF_CONFIG (it describes "
-            f"{where.num_workers} workers) and run it once"
+            f"{cluster.num_workers} workers) and run it once"
         )
     model_splits = splits.resolve(type(model), run.config)
     split = model_splits.chosen
-    evaluator = Evaluator(run, where, model)
+    evaluator = Evaluator(run, cluster, model)
     best.check_metric(run, evaluator.metrics)
-    report = ReportEval(run, where.is_chief, model_splits)
+    report = ReportEval(run, cluster.is_chief, model_splits)
     if run.continuous:
         line = sidecar.evaluate_continuously(
             run,
@@ -347,33 +347,33 @@ def evaluate(run: RunConfig, where: Cluster, model: Model) -> None:
         return
     path = chosen_checkpoint(run)
     if run.best:
-        evaluate_best(run, where, split, evaluator.evaluate(path, split))
+        evaluate_best(run, cluster, split, evaluator.evaluate(path, split))
         return
     report(path, split, evaluator.evaluate(path, split))
 
 
-def evaluate_best(run: RunConfig, where: Cluster, split: str, results: dict[str, float]) -> None:
+def evaluate_best(run: RunConfig, cluster: Cluster, split: str, results: dict[str, float]) -> None:
     """`eval --best`: the results are recorded beside the best (best/results-<split>.json).
 
     The best is a copy kept apart from model_dir's checkpoints, and its evaluation
     cannot improve it: neither eval/<split>/ nor best.json is touched.
     """
-    if where.is_chief:
+    if cluster.is_chief:
         logging.info("Wrote %s.", write_json(best.results_path(run.model_dir, split), results))
     print(summary_line(results, split) + " (the best checkpoint)", flush=True)
 
 
-def predict(run: RunConfig, where: Cluster, model: Model) -> None:
-    if where.num_workers > 1:
+def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:
+    if cluster.num_workers > 1:
         # Each worker would predict only its own shard of the rows.
         raise UsageError(
             "tpurun predict runs on one machine: unset TF_CONFIG (it describes "
-            f"{where.num_workers} workers) and run it once"
+            f"{cluster.num_workers} workers) and run it once"
         )
     output = run.config.predict.output
     if output:
         storage.require_bucket(output, "--output")  # before predicting, not after
-    rows = list(Predictor(run, where, model).predict(chosen_checkpoint(run)))
+    rows = list(Predictor(run, cluster, model).predict(chosen_checkpoint(run)))
     if output:
         print(write_rows(output, rows))  # JSON lines, .npz or a .png grid, by its extension
         return
@@ -400,7 +400,7 @@ def prepare_model_dir(run: RunConfig) -> bool:
         # A name of its own: every worker of a cluster probes the same model_dir at
         # once, and one removing another's probe made that one fail.
         storage.probe_writable(run.model_dir)
-        if not created and cluster.is_chief_process():
+        if not created and is_chief_process():
             storage.remove_leftovers(run.model_dir)
     except (tf.errors.OpError, OSError) as e:
         # On gs:// what failed and its fix (a bucket, credentials, a role), else the message.

@@ -35,7 +35,7 @@ def end_quietly(account: GoodputRecord, error: BaseException) -> None:
 COUNT_FLOPS_ENV = "TPURUN_COUNT_FLOPS"
 
 
-def finish(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord) -> None:
+def finish(run: RunConfig, cluster: Cluster, model: Model, account: GoodputRecord) -> None:
     """A finished train: the step's FLOPs and the device's peak into the account (counted now,
     after training: never on a step's time), the report's line and TensorBoard scalars, then
     the account's end. Never raises: the training succeeded."""
@@ -45,10 +45,10 @@ def finish(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord)
         fields["peak_why"] = f"{COUNT_FLOPS_ENV}=0: the FLOPs of the step were not counted"
     elif trained:
         try:
-            fields["model_flops_per_step"] = check.train_step_flops(run, where, model)
+            fields["model_flops_per_step"] = check.train_step_flops(run, cluster, model)
         except Exception as e:  # noqa: BLE001 - a report without FLOPs is still a report
             logging.warning("Could not count the FLOPs of the train step: %s", one_line(e, 300))
-        peak, why = check.peak_flops(where)
+        peak, why = check.peak_flops(cluster)
         fields["peak_flops_per_s"] = peak
         if why:
             fields["peak_why"] = why

@@ -101,7 +101,7 @@ def _bytes(number: str, unit: str) -> int:
 
 
 def out_of_memory(
-    run: RunConfig, where: Cluster, model: Model, error: tf.errors.ResourceExhaustedError
+    run: RunConfig, cluster: Cluster, model: Model, error: tf.errors.ResourceExhaustedError
 ) -> str | None:
     """The one line for a step that ran out of device memory; None if `error` is not that."""
     found = parse(error.message)
@@ -111,13 +111,13 @@ def out_of_memory(
     step = "step" if not (mode is Mode.PREDICT and has_generate(model)) else "generate()"
     line = f"the {run.command} {step} ran out of {found.space} ({found.detail})"
     flag = BATCH_FLAGS[mode]
-    batch = global_batch(run, mode) // where.num_replicas
+    batch = global_batch(run, mode) // cluster.num_replicas
     max_batch = None
     if found.needs and found.capacity and step == "step" and batch > 1:
-        max_batch = _largest_batch(run, where, model, mode, found.needs, found.capacity)
+        max_batch = _largest_batch(run, cluster, model, mode, found.needs, found.capacity)
     if max_batch:
         fix = fit_report.levers(
-            run, mode, batch, max_batch, where.num_replicas, None, about="about "
+            run, mode, batch, max_batch, cluster.num_replicas, None, about="about "
         )
     else:
         fix = (
@@ -128,7 +128,7 @@ def out_of_memory(
 
 
 def _largest_batch(
-    run: RunConfig, where: Cluster, model: Model, mode: Mode, needs: int, capacity: int
+    run: RunConfig, cluster: Cluster, model: Model, mode: Mode, needs: int, capacity: int
 ) -> int | None:
     """The largest per-replica batch that fits `capacity`, by estimate; None if unknown.
 
@@ -137,7 +137,7 @@ def _largest_batch(
     estimate that is off by a constant factor (high for CNNs) is off no more.
     """
     try:
-        preflight, batch, estimate = _estimate(run, where, model, mode)
+        preflight, batch, estimate = _estimate(run, cluster, model, mode)
         preflight.hbm_bytes = int(capacity * estimate.padded_total_bytes / needs)
         with tf.device(_HOST_CPU):
             return preflight.largest_batch(mode, batch)
@@ -152,34 +152,34 @@ _HOST_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 def _estimate(
-    run: RunConfig, where: Cluster, model: Model, mode: Mode
+    run: RunConfig, cluster: Cluster, model: Model, mode: Mode
 ) -> tuple[Preflight, int, StepSize]:
     """The run's step on one device at its per-replica batch, as `tpurun check` estimates it."""
     with tf.device(_HOST_CPU):
-        checker = StepChecker(run, where, model, replicas=where.num_replicas)
+        checker = StepChecker(run, cluster, model, replicas=cluster.num_replicas)
         checker.single_device_step(mode)
         preflight = Preflight(checker, hbm_bytes=0)  # only estimates until given one
         batch = checker.per_replica_batch(mode)
         return preflight, batch, preflight.estimate(mode, batch)
 
 
-def record_memory(record: str, run: RunConfig, where: Cluster, model: Model) -> None:
+def record_memory(record: str, run: RunConfig, cluster: Cluster, model: Model) -> None:
     """Adds `memory` to the run record: the devices' peak beside the estimate. Never raises."""
     try:
         data = records.read_json(record) or {}
-        data["memory"] = memory_entry(run, where, model)
+        data["memory"] = memory_entry(run, cluster, model)
         storage.write_atomically(record, json.dumps(data, indent=2, default=str) + "\n")
     except Exception as e:  # noqa: BLE001 - the run itself succeeded
         logging.warning("Could not add the memory to the run record %s: %s", record, e)
 
 
-def memory_entry(run: RunConfig, where: Cluster, model: Model) -> dict[str, Any]:
+def memory_entry(run: RunConfig, cluster: Cluster, model: Model) -> dict[str, Any]:
     """The peak memory a replica's device measured and the estimate of the run's step.
 
     Only where the devices report a peak (TPUs, GPUs; `peak_bytes`): elsewhere
     neither is recorded, so a CPU run pays no compile for it.
     """
-    peak = peak_bytes(where)
+    peak = peak_bytes(cluster)
     if not peak:
         return {
             "peak_bytes_per_replica": None,
@@ -193,7 +193,7 @@ def memory_entry(run: RunConfig, where: Cluster, model: Model) -> dict[str, Any]
         entry["estimate"] = None
         return entry
     try:
-        _, batch, estimate = _estimate(run, where, model, mode)
+        _, batch, estimate = _estimate(run, cluster, model, mode)
     except Exception as e:  # noqa: BLE001 - a record without the estimate is still a record
         entry["estimate"] = None
         entry["why"] = f"the step could not be estimated: {user_code_line(e)}"
@@ -202,7 +202,7 @@ def memory_entry(run: RunConfig, where: Cluster, model: Model) -> dict[str, Any]
     return entry
 
 
-def peak_bytes(where: Cluster) -> int | None:
+def peak_bytes(cluster: Cluster) -> int | None:
     """The largest peak of the replicas' TPUs or GPUs (get_memory_info); None if none has one.
 
     CPU devices are left out: TensorFlow's CPU allocator keeps no statistics (0), or,
@@ -210,7 +210,7 @@ def peak_bytes(where: Cluster) -> int | None:
     process since it started, which are not the run's.
     """
     try:
-        devices = where.strategy.extended.worker_devices
+        devices = cluster.strategy.extended.worker_devices
     except RuntimeError:  # the default strategy: one local device, the CPU
         return None
     peaks = []

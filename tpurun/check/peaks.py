@@ -24,11 +24,11 @@ GPU_PEAKS = (
 _TPU_TYPE = re.compile(r"\b(v\d+[a-z]*-\d+)\b")
 
 
-def peak_flops(where: Cluster) -> tuple[float | None, str | None]:
+def peak_flops(cluster: Cluster) -> tuple[float | None, str | None]:
     """The peak FLOP/s of all the run's replicas together, or None and why not."""
-    kind = where.device_kind or _device_kind(where)
-    if where.is_tpu or kind == "TPU":
-        return _tpu_peak(where)
+    kind = cluster.device_kind or _device_kind(cluster)
+    if cluster.is_tpu or kind == "TPU":
+        return _tpu_peak(cluster)
     if kind == "GPU":
         names = [
             tf.config.experimental.get_device_details(gpu).get("device_name", "")
@@ -36,13 +36,13 @@ def peak_flops(where: Cluster) -> tuple[float | None, str | None]:
         ]
         for name, peak in GPU_PEAKS:
             if names and name in names[0]:
-                return peak * where.num_replicas, None
+                return peak * cluster.num_replicas, None
         return None, f"no peak FLOP/s known for the GPU {names[0] if names else '?'}"
     return None, "a CPU has no peak FLOP/s table"
 
 
-def _tpu_peak(where: Cluster) -> tuple[float | None, str | None]:
-    found = _TPU_TYPE.search(where.description)
+def _tpu_peak(cluster: Cluster) -> tuple[float | None, str | None]:
+    found = _TPU_TYPE.search(cluster.description)
     if not found:
         return None, "the TPU's type is unknown (--tpu=local or an address: no Cloud TPU API)"
     try:
@@ -53,12 +53,12 @@ def _tpu_peak(where: Cluster) -> tuple[float | None, str | None]:
     per_replica = generation.peak_flops_per_replica  # bfloat16, `targets`' table
     if not per_replica:
         return None, generation.missing_peaks or f"no peak FLOP/s for TPU {generation.name}"
-    return per_replica * where.num_replicas, None
+    return per_replica * cluster.num_replicas, None
 
 
-def _device_kind(where: Cluster) -> str:
+def _device_kind(cluster: Cluster) -> str:
     try:
-        devices = where.strategy.extended.worker_devices
+        devices = cluster.strategy.extended.worker_devices
     except RuntimeError:
         return "CPU"
     return tf.DeviceSpec.from_string(devices[0]).device_type or "CPU"

@@ -28,10 +28,10 @@ from tpurun.run_config import RunConfig
 _HOST_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
-def train_step_flops(run: RunConfig, where: Cluster, model: Model) -> float:
+def train_step_flops(run: RunConfig, cluster: Cluster, model: Model) -> float:
     """The FLOPs of one training step over all replicas (each replica's, times the replicas)."""
     with tf.device(_HOST_CPU):
-        checker = StepChecker(run, where, model, replicas=where.num_replicas)
+        checker = StepChecker(run, cluster, model, replicas=cluster.num_replicas)
         runner, spec = checker.single_device_step(Mode.TRAIN)
         function, args = checker.step_call(
             Mode.TRAIN, runner, spec, checker.per_replica_batch(Mode.TRAIN)
@@ -42,7 +42,7 @@ def train_step_flops(run: RunConfig, where: Cluster, model: Model) -> float:
             return function(*tf.nest.pack_sequence_as(list(args), list(tensors)))
 
         hlo = buffers.optimized_hlo(tf.function(flat_step, jit_compile=True), flat)
-    return program_flops(hlo) * where.num_replicas
+    return program_flops(hlo) * cluster.num_replicas
 
 
 def program_flops(hlo: Any) -> float:
