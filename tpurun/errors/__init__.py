@@ -1,8 +1,11 @@
-"""The two kinds of failure a user can see, and their exit codes.
+"""The failures a user can see, and their exit codes: usage (2), run (1), unavailable (69),
+preempted (75), hung (3).
 
 Everything a user can get wrong ends in one of these, raised with a message that
 names the fix; `tpurun.cli` prints the message on one line and exits with the
-code, without a traceback.
+code, without a traceback. The rest of the package turns what others raise into
+such a line: `tf_errors` (TensorFlow's errors), `storage_errors` (a failed Cloud
+Storage request), `user_code` (where in the user's own code it happened).
 """
 
 
