@@ -87,7 +87,10 @@ USAGE_ERRORS = {
         ["--predict_batch_size=4", "multiple of 8 (e.g. 8)"],
     ),
     "zero_shards": (["train", "--num_shards=0"], ["--num_shards=0", "positive integer"]),
-    "negative_train_steps": (["train", "--train_steps=-1"], ["--train_steps=-1", ">= 0"]),
+    "negative_train_steps": (
+        ["train", "--train_steps=-1"],
+        ["--train_steps (config.train.steps)=-1", ">= 0"],
+    ),
     "tpu_name_without_zone_and_project": (
         ["train", "--tpu=my-tpu"],
         ["--tpu=my-tpu is a TPU name", "--tpu_zone", "--gcp_project"],

@@ -26,8 +26,8 @@ import manual
 import pytest
 
 from tpurun import cli
-from tpurun.cli import handles
 from tpurun.errors import TpurunError
+from tpurun.run_config import flag_table
 
 # Config files the manual names without shipping them, all of them the user's own
 # config of its example project (a name not here, and not a real config, fails).
@@ -161,9 +161,9 @@ def test_a_renamed_flag_or_key_in_the_manual_fails(in_example_project, old, new,
 def test_a_flag_taken_from_a_command_fails(in_example_project, monkeypatch):
     """The code side: `train` no longer takes --eval_every, and the commands showing it fail."""
     monkeypatch.setitem(
-        handles.COMMAND_FLAGS,
+        flag_table.COMMAND_FLAGS,
         "train",
-        tuple(n for n in handles.COMMAND_FLAGS["train"] if n != "eval_every"),
+        tuple(n for n in flag_table.COMMAND_FLAGS["train"] if n != "eval_every"),
     )
     showing = [
         c for c in COMMANDS if c.text.startswith("tpurun train") and "--eval_every" in c.text

@@ -25,14 +25,9 @@ from ml_collections import config_flags
 from tpurun import __version__, supervisor
 from tpurun.cli import handles, terminal
 from tpurun.errors import TpurunError, UsageError
-from tpurun.run_config import (
-    FLAG_TO_CONFIG_KEY,
-    RunConfig,
-    bounds,
-    config_files,
-    merge_flags,
-    parse_checkpoint,
-)
+from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config.flag_table import ABSL_FLAGS, COMMAND_FLAGS, FLAG, FLAG_TO_CONFIG_KEY
+from tpurun.run_config.flag_table import FLAGS as FLAGS_TABLE
 
 FLAGS = flags.FLAGS
 
@@ -134,9 +129,9 @@ def main(argv: Sequence[str]) -> int:
             return show_report(invocation.report)
         run_config = invocation.run_config
         assert run_config is not None  # action "run" always has one
-        if command == "train" and supervisor.wanted(handles.MAX_RESTARTS.value):
+        if command == "train" and supervisor.wanted(handles.value("max_restarts")):
             # The trainer runs in child processes; this one imports no TensorFlow.
-            return supervisor.supervise(list(argv), run_config, handles.MAX_RESTARTS.value)
+            return supervisor.supervise(list(argv), run_config, handles.value("max_restarts"))
         logging.use_absl_handler()
         # Progress lines (INFO) go to stderr unless --verbosity says otherwise.
         level = FLAGS.verbosity if FLAGS["verbosity"].present else logging.INFO
@@ -188,7 +183,7 @@ def _verbose() -> bool:
 
 def command_help(command: str) -> str:
     lines = [f"usage: tpurun {command} [--flags]", "", COMMAND_HELP[command] + ".", "", "flags:"]
-    for name in handles.COMMAND_FLAGS[command]:
+    for name in COMMAND_FLAGS[command]:
         flag = FLAGS[name]
         default = "" if flag.default is None else f" (default: {flag.default})"
         lines.append(f"  --{name}")
@@ -233,7 +228,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         leftover = FLAGS(argv)
     except flags.UnrecognizedFlagError as e:
         # absl's "Unknown command line flag 'x'" does not say where the valid ones are.
-        close = difflib.get_close_matches(e.flagname, handles.COMMAND_FLAGS[command], n=1)
+        close = difflib.get_close_matches(e.flagname, COMMAND_FLAGS[command], n=1)
         hint = f" (did you mean --{close[0]}?)" if close else ""
         raise UsageError(
             f"unknown flag --{e.flagname}{hint}; `tpurun {command} --help` lists the flags"
@@ -246,53 +241,41 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         raise UsageError(f"--config: {_one_line(str(e))}") from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
-    allowed = set(handles.COMMAND_FLAGS[command]) | set(handles.ABSL_FLAGS)
+    allowed = set(COMMAND_FLAGS[command]) | set(ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed and not name.startswith("config."):
-            takers = [c for c, names in handles.COMMAND_FLAGS.items() if name in names]
+            takers = [c for c, names in COMMAND_FLAGS.items() if name in names]
             raise UsageError(
                 f"--{name} does not apply to `tpurun {command}`; drop it"
                 + (f" (it is a flag of `tpurun {' / '.join(takers)}`)" if takers else "")
             )
 
-    bounds.integer("--max_restarts", handles.MAX_RESTARTS.value, 0, bounds.MAX_RESTARTS)
+    FLAG["max_restarts"].check(handles.value("max_restarts"))
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
     config = merge_flags(handles.CONFIG.value, flag_values, overridden)
-    model_dir = handles.MODEL_DIR.value
+    model_dir = handles.value("model_dir")
     if model_dir is None:
         model_dir = os.path.join(os.getcwd(), source.name)
         if command != "check":  # check neither reads nor writes a model_dir
             print(f"tpurun {command}: --model_dir not set, using {model_dir}", file=sys.stderr)
-    use_tpu = handles.USE_TPU.value
-    tpu = handles.TPU.value or None
+    use_tpu = handles.value("use_tpu")
+    tpu = handles.value("tpu") or None
     if tpu is None and use_tpu is not False:
         # Not with --use_tpu=false: a TPU_NAME left in the environment must not turn
         # an explicit local run into a "--tpu contradicts --use_tpu=false" error.
         tpu = os.environ.get("TPU_NAME") or None
+    # The RunConfig fields the flags fill (the table's `field` rows), as values.
+    fields = {
+        flag.name: flag.value_of(handles.value(flag.name)) for flag in FLAGS_TABLE if flag.field
+    }
     return RunConfig(
         command=command,
         config_name=source.name,
         config=config,
         model_dir=model_dir,
-        use_tpu=use_tpu,
         tpu=tpu,
-        tpu_zone=handles.TPU_ZONE.value,
-        gcp_project=handles.GCP_PROJECT.value,
-        tpu_init_timeout=handles.TPU_INIT_TIMEOUT.value,
-        num_shards=handles.NUM_SHARDS.value,
-        export_dir=handles.EXPORT_DIR.value,
-        best=handles.BEST.value,
-        checkpoint=parse_checkpoint(handles.CHECKPOINT.value),
-        force_resume=handles.FORCE_RESUME.value,
-        force_takeover=handles.FORCE_TAKEOVER.value,
-        hang_timeout=handles.HANG_TIMEOUT.value,
-        profile_steps=_step_range(handles.PROFILE_STEPS.value),
-        continuous=handles.CONTINUOUS.value,
-        eval_timeout=handles.EVAL_TIMEOUT.value,
-        target=handles.TARGET.value,
-        report=handles.REPORT.value,
-        price_per_chip_hour=handles.PRICE_PER_CHIP_HOUR.value,
+        **fields,
     )
 
 
@@ -310,11 +293,11 @@ def parse_report(argv: list[str]) -> ReportRequest:
         raise UsageError(_one_line(str(e))) from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
-    allowed = set(handles.COMMAND_FLAGS["report"]) | set(handles.ABSL_FLAGS)
+    allowed = set(COMMAND_FLAGS["report"]) | set(ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed:
             raise UsageError(f"--{name} does not apply to `tpurun report`; drop it")
-    return ReportRequest(handles.MODEL_DIR.value or "", bool(handles.JSON.value))
+    return ReportRequest(handles.value("model_dir") or "", bool(handles.value("json")))
 
 
 def show_report(request: ReportRequest | None) -> int:
@@ -326,18 +309,6 @@ def show_report(request: ReportRequest | None) -> int:
 
     print(report.main(request.model_dir, as_json=request.as_json))
     return 0
-
-
-def _step_range(text: str | None) -> tuple[int, int] | None:
-    """--profile_steps=START,END as two ints."""
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", text)
-    if not match:
-        raise UsageError(
-            f"--profile_steps={text} must be two step numbers START,END, e.g. --profile_steps=100,110"
-        )
-    return int(match.group(1)), int(match.group(2))
 
 
 def _forget_earlier_parse() -> None:

@@ -19,7 +19,14 @@ import ml_collections
 
 from tpurun import __version__
 from tpurun.errors import UsageError
-from tpurun.run_config import bounds, recipe_keys
+from tpurun.run_config import flag_table, recipe_keys
+from tpurun.run_config.flag_table import (
+    EPOCH,
+    FLAG,
+    FLAG_TO_CONFIG_KEY,
+    MODEL_SPECIFIC_FLAGS,
+    PRECISIONS,
+)
 
 COMMANDS = ("train", "eval", "predict", "export", "check")
 
@@ -110,36 +117,6 @@ class RunConfig:
         )
 
 
-EPOCH = "epoch"  # --eval_every=epoch
-
-
-# Flag name -> dotted config key it overrides (None = leave the config value).
-FLAG_TO_CONFIG_KEY = {
-    "batch_size": "train.batch_size",
-    "train_steps": "train.steps",
-    "train_epochs": "train.epochs",
-    "iterations": "train.iterations",
-    "eval_batch_size": "eval.batch_size",
-    "eval_steps": "eval.steps",
-    "predict_batch_size": "predict.batch_size",
-    "seed": "seed",
-    "precision": "precision",
-    "input": "predict.input",
-    "output": "predict.output",
-    "prompt": "predict.prompt",
-    "data_dir": "data.data_dir",
-    "save_checkpoints_steps": "train.save_checkpoints_steps",
-    "save_checkpoints_secs": "train.save_checkpoints_secs",
-    "keep_checkpoint_max": "train.keep_checkpoint_max",
-    "warm_start_from": "train.warm_start_from",
-    "eval_every": "train.eval_every",
-    "split": "eval.split",
-}
-# Flags for keys that only some configs have (not in base_config): given to a config
-# without the key they are an error, left unset they are fine.
-MODEL_SPECIFIC_FLAGS = ("prompt", "data_dir")
-
-
 def merge_flags(
     config: ml_collections.ConfigDict,
     flag_values: dict[str, Any],
@@ -158,8 +135,7 @@ def merge_flags(
         value = flag_values.get(flag_name)
         if value is None:
             continue
-        if flag_name == "eval_every":
-            value = _eval_every(value)
+        value = FLAG[flag_name].value_of(value)
         section, _, leaf = key.rpartition(".")
         node = config if not section else config.get(section)
         if flag_name in MODEL_SPECIFIC_FLAGS and (node is None or leaf not in node):
@@ -203,21 +179,6 @@ def _length_given(flag_values: dict[str, Any], overridden: Mapping[str, Any]) ->
             "(in epochs, the steps are ceil(epochs x training examples / examples per step))"
         )
     return "steps" if given["steps"] else "epochs" if given["epochs"] else ""
-
-
-def _eval_every(text: str | int) -> int | str:
-    """--eval_every: a number of steps or "epoch" (the flag is a string)."""
-    if not isinstance(text, str):
-        return text  # a number already (a caller's flag values); bounds checks it
-    if text.strip().lower() == EPOCH:
-        return EPOCH
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(
-            f"--eval_every={text} must be a number of steps (0 = never) or 'epoch' (at the "
-            "end of every epoch)"
-        ) from None
 
 
 def split_fix(batch_size: int, num_replicas: int, flag: str = "") -> str | None:
@@ -317,9 +278,21 @@ def refuse_local_paths_on_a_tpu_node(run: RunConfig, address: str | None = None)
 
 
 def _validate(run: RunConfig) -> None:
-    config = run.config
+    """Refuses a run that cannot be: each topic's check raises one UsageError line."""
+    _require_keys(run)
+    flag_table.check_config(run.config)
+    flag_table.check_run(run)
+    _check_recipe(run)
+    _check_cluster(run)
+    _check_train_flags(run)
+    _check_checkpoint_choice(run)
+    _check_report_flags(run)
+
+
+def _require_keys(run: RunConfig) -> None:
+    """Every standard section and key of base_config() is in the config."""
     for key in _REQUIRED_KEYS:
-        node: Any = config
+        node: Any = run.config
         for part in key.split("."):
             if part not in node:
                 raise UsageError(
@@ -328,7 +301,10 @@ def _validate(run: RunConfig) -> None:
                 )
             node = node[part]
 
-    bounds.check_sizes(config)
+
+def _check_recipe(run: RunConfig) -> None:
+    """The optimizer recipe, the precision and what selects the best checkpoint."""
+    config = run.config
     # A run counted in epochs knows its steps once its examples are counted.
     unresolved = bool(config.train.epochs) and not run.train_examples
     recipe_keys.validate(config, train_steps=None if unresolved else config.train.steps)
@@ -344,25 +320,15 @@ def _validate(run: RunConfig) -> None:
             f"config.eval.best_mode={config.eval.best_mode!r} must be 'min' or 'max' "
             f"(is a smaller or a larger {config.eval.best_metric} better?)"
         )
-    for name in ("hang_timeout", "eval_timeout"):
-        bounds.seconds(f"--{name}", getattr(run, name), 0, bounds.MAX_SECONDS, " (0 = never)")
-    if run.profile_steps is not None:
-        first, last = run.profile_steps
-        if not 1 <= first <= last:
-            raise UsageError(
-                f"--profile_steps={first},{last} must be START,END with 1 <= START <= END"
-            )
+
+
+def _check_cluster(run: RunConfig) -> None:
+    """Where the run executes: the replicas its batches split over, and the TPU flags."""
+    config = run.config
     if run.num_shards is not None:
-        bounds.integer("--num_shards", run.num_shards, 1, bounds.MAX_REPLICAS)
         check_divisible("--batch_size", config.train.batch_size, run.num_shards)
         check_divisible("--eval_batch_size", config.eval.batch_size, run.num_shards)
         check_divisible("--predict_batch_size", config.predict.batch_size, run.num_shards)
-    timeout = run.tpu_init_timeout
-    shown = f"{timeout:g}" if bounds.is_number(timeout) else timeout
-    if not (bounds.is_number(timeout) and timeout > 0):  # nan too
-        raise UsageError(f"--tpu_init_timeout={shown} must be a number of seconds > 0")
-    if timeout > bounds.MAX_SECONDS:
-        raise UsageError(f"--tpu_init_timeout={shown} must be at most {bounds.MAX_SECONDS} seconds")
     if run.use_tpu is False and run.tpu:
         raise UsageError(f"--tpu={run.tpu} contradicts --use_tpu=false; drop one of them")
     is_tpu_name = run.tpu and run.tpu != "local" and not run.tpu.startswith("grpc://")
@@ -373,8 +339,34 @@ def _validate(run: RunConfig) -> None:
             f"--tpu={run.tpu} is a TPU name: pass --tpu_zone and --gcp_project too "
             "(or --tpu=grpc://HOST:8470, or --use_tpu=false to run locally)"
         )
+
+
+def _check_train_flags(run: RunConfig) -> None:
+    if run.profile_steps is not None:
+        first, last = run.profile_steps
+        if not 1 <= first <= last:
+            raise UsageError(
+                f"--profile_steps={first},{last} must be START,END with 1 <= START <= END"
+            )
     if not run.model_dir:
         raise UsageError("--model_dir must not be empty")
+
+
+def _check_checkpoint_choice(run: RunConfig) -> None:
+    """eval/predict/export: one way of choosing the checkpoint."""
+    if run.best and run.checkpoint is not None:
+        raise UsageError(
+            f"--best and --checkpoint={run.checkpoint} each choose the checkpoint; drop one"
+        )
+    if run.continuous and (run.best or run.checkpoint is not None):
+        chosen = "--best" if run.best else f"--checkpoint={run.checkpoint}"
+        raise UsageError(
+            f"eval --continuous evaluates every new checkpoint, {chosen} one: drop one of them"
+        )
+
+
+def _check_report_flags(run: RunConfig) -> None:
+    """check: --report and --price_per_chip_hour are about --target."""
     if run.report is not None and not run.target:
         raise UsageError(
             f"--report={run.report} writes the memory estimate of --target; add "
@@ -387,36 +379,8 @@ def _validate(run: RunConfig) -> None:
             f"--price_per_chip_hour={run.price_per_chip_hour:g} prices the run on --target; add "
             "--target=<TPU type> (e.g. --target=v5e-8) or drop --price_per_chip_hour"
         )
-    if run.price_per_chip_hour is not None and not run.price_per_chip_hour > 0:
-        raise UsageError(
-            f"--price_per_chip_hour={run.price_per_chip_hour:g}: give a positive price in $ "
-            "per chip-hour"
-        )
-    if run.best and run.checkpoint is not None:
-        raise UsageError(
-            f"--best and --checkpoint={run.checkpoint} each choose the checkpoint; drop one"
-        )
-    if run.continuous and (run.best or run.checkpoint is not None):
-        chosen = "--best" if run.best else f"--checkpoint={run.checkpoint}"
-        raise UsageError(
-            f"eval --continuous evaluates every new checkpoint, {chosen} one: drop one of them"
-        )
 
 
-def parse_checkpoint(text: str | None) -> int | None:
-    """--checkpoint=ckpt-N or --checkpoint=N as the step N (None: not given)."""
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(?:ckpt-)?(\d+)\s*", text)
-    if not match:
-        raise UsageError(
-            f"--checkpoint={text} is not a checkpoint of model_dir; give ckpt-N or its step N "
-            "(e.g. --checkpoint=ckpt-300 or --checkpoint=300)"
-        )
-    return int(match.group(1))
-
-
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 FLOAT16_ON_TPU = (
     "--precision=mixed_float16 does not run on a TPU: TPUs compute in bfloat16, and "
     "float16's loss scaling has no TPU path; use --precision=mixed_bfloat16 (the same "

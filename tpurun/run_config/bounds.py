@@ -2,13 +2,17 @@
 
 nan, inf, a negative or an absurd size is never a plan: a typo caught here is one
 UsageError line naming the flag or config key and what it may be, instead of a
-run that hangs, allocates gigabytes or never saves.
+run that hangs, allocates gigabytes or never saves. Each bound is a small value
+(`Integer(1, MAX_STEPS)`) that the flag table (`tpurun.run_config.flag_table`) gives
+to a flag or config key; `check(shown, value)` refuses a value out of it, `shown`
+being how the message names it (`--batch_size (config.train.batch_size)`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import TypeGuard
 
 from tpurun.errors import UsageError
 
@@ -30,6 +34,7 @@ MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_ACCUMULATE_STEPS = 4096
 MAX_DEVICE_DATA_MB = 2**20  # 1 TB
 MAX_RESTARTS = 1000  # train --max_restarts
+MAX_CHECKPOINTS_KEPT = 10**6
 
 
 def is_number(value: object) -> bool:
@@ -37,100 +42,99 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def integer(name: str, value: object, low: int, high: int, note: str = "", key: str = "") -> None:
-    """An integer in [low, high], or a UsageError saying the range (`note` after its low end,
-    `key` the config key after the value)."""
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-        return
-    if low == 1:
-        allowed = f"a positive integer{note} (at most {high})"
-    else:
-        allowed = (
-            f"{'an integer ' if note == ' (0 = off)' else ''}>= {low}{note} and at most {high}"
-        )
-    raise UsageError(f"{name}={value}{key} must be {allowed}")
+def _is_integer(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def batch(name: str, value: object) -> None:
+def _shown(value: object) -> str:
+    return f"{value:g}" if is_number(value) else str(value)
+
+
+def _limit(value: float) -> str:
+    """A bound as written: 2592000, not 2.592e+06."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Integer:
+    """An integer in [low, high]; `note` says what a special low end means (" (0 = off)")."""
+
+    low: int
+    high: int
+    note: str = ""
+
+    def check(self, shown: str, value: object) -> None:
+        if _is_integer(value) and self.low <= value <= self.high:
+            return
+        if self.low == 1:
+            allowed = f"a positive integer{self.note} (at most {self.high})"
+        elif self.note == " (0 = off)":
+            allowed = f"an integer >= {self.low}{self.note} and at most {self.high}"
+        else:
+            allowed = f">= {self.low}{self.note} and at most {self.high}"
+        raise UsageError(f"{shown}={value} must be {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
     """A global train or eval batch: a positive integer, with no cap of its own (a slice's
     memory bounds it: `tpurun check --target`), that TensorFlow can hold as a dimension."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DIMENSION:
-        return
-    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIMENSION:
-        raise UsageError(
-            f"{name}={value} must be a positive integer of at most 2^63-1 (TensorFlow's "
-            "int64); `tpurun check --target=<TPU type>` says which batches a slice holds"
-        )
-    raise UsageError(f"{name}={value} must be a positive integer")
 
-
-def seconds(name: str, value: object, low: float, high: float, note: str = "") -> None:
-    """A finite number of seconds in [low, high] (nan and inf are neither)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and low <= value <= high:
+    def check(self, shown: str, value: object) -> None:
+        if _is_integer(value) and 1 <= value <= MAX_DIMENSION:
             return
-    shown = f"{value:g}" if is_number(value) else value
-    raise UsageError(f"{name}={shown} must be a number of seconds >= {low:g}{note}, at most {high}")
+        if _is_integer(value) and value > MAX_DIMENSION:
+            raise UsageError(
+                f"{shown}={value} must be a positive integer of at most 2^63-1 (TensorFlow's "
+                "int64); `tpurun check --target=<TPU type>` says which batches a slice holds"
+            )
+        raise UsageError(f"{shown}={value} must be a positive integer")
 
 
-def check_sizes(config: Any) -> None:
-    """Batch sizes, steps, cadences, retention and seed within their bounds."""
-    for flag, key in (
-        ("--batch_size", "train.batch_size"),
-        ("--eval_batch_size", "eval.batch_size"),
-    ):
-        section, leaf = key.split(".")
-        batch(f"{flag} (config.{key})", config[section][leaf])
-    integer(
-        "--predict_batch_size (config.predict.batch_size)",
-        config.predict.batch_size,
-        1,
-        MAX_PREDICT_BATCH,
-    )
-    integer("--iterations (config.train.iterations)", config.train.iterations, 1, MAX_ITERATIONS)
-    integer("--train_steps", config.train.steps, 0, MAX_STEPS)
-    epochs = config.train.epochs
-    if not (is_number(epochs) and math.isfinite(epochs) and 0 <= epochs <= MAX_EPOCHS):
-        shown = f"{epochs:g}" if is_number(epochs) else repr(epochs)
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A finite number in [low, high] of `unit` (seconds, MB, epochs); `above`: > low, not >=."""
+
+    low: float
+    high: float
+    unit: str = "seconds"
+    note: str = ""
+    above: bool = False
+
+    def check(self, shown: str, value: object) -> None:
+        if is_number(value) and math.isfinite(value):  # type: ignore[arg-type]
+            number = float(value)  # type: ignore[arg-type]
+            if (number > self.low if self.above else number >= self.low) and number <= self.high:
+                return
+        relation = ">" if self.above else ">="
         raise UsageError(
-            f"--train_epochs (config.train.epochs)={shown} must be a number of epochs > 0 "
-            f"(0 = count in --train_steps), at most {MAX_EPOCHS}"
+            f"{shown}={_shown(value)} must be a number of {self.unit} {relation} "
+            f"{_limit(self.low)}{self.note}, at most {_limit(self.high)}"
         )
-    integer("--eval_steps", config.eval.steps, 0, MAX_STEPS, " (0 = one exact pass)")
-    for name, high in (
-        ("save_checkpoints_steps", MAX_STEPS),
-        ("eval_every", MAX_STEPS),
-        ("save_checkpoints_secs", MAX_SECONDS),
-    ):
-        key = f" (config.train.{name})"
-        if name == "eval_every" and config.train[name] == "epoch":
-            continue  # at the end of every epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class Boolean:
+    """true or false (a config file's "yes" is neither)."""
+
+    def check(self, shown: str, value: object) -> None:
+        if not isinstance(value, bool):
+            raise UsageError(f"{shown}={value!r} must be true or false")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepsOrEpoch:
+    """A step cadence (an Integer bound), or the word "epoch" (at the end of every epoch)."""
+
+    steps: Integer
+
+    def check(self, shown: str, value: object) -> None:
+        if value == "epoch":
+            return
         try:
-            integer(f"--{name}", config.train[name], 0, high, " (0 = off)", key=key)
+            self.steps.check(shown, value)
         except UsageError as e:
-            if name != "eval_every":
-                raise
             raise UsageError(f"{e}, or 'epoch' (at the end of every epoch)") from None
-    integer(
-        "--keep_checkpoint_max (config.train.keep_checkpoint_max)",
-        config.train.keep_checkpoint_max,
-        1,
-        10**6,
-    )
-    integer("--seed (config.seed)", config.seed, 0, MAX_SEED)
-    integer("config.train.accumulate_steps", config.train.accumulate_steps, 1, MAX_ACCUMULATE_STEPS)
-    for key in ("device_data", "xla", "async_checkpoint"):
-        if not isinstance(config.train[key], bool):
-            raise UsageError(f"config.train.{key}={config.train[key]!r} must be true or false")
-    upload = config.train.summary_upload_secs
-    if not (is_number(upload) and math.isfinite(upload) and 0 <= upload <= MAX_SECONDS):
-        raise UsageError(
-            f"config.train.summary_upload_secs={upload} must be a number of seconds >= 0 "
-            f"(0 = after every host loop), at most {MAX_SECONDS}"
-        )
-    budget = config.train.device_data_mb
-    if not (is_number(budget) and math.isfinite(budget) and 0 <= budget <= MAX_DEVICE_DATA_MB):
-        raise UsageError(
-            f"config.train.device_data_mb={budget} must be a number of MB >= 0 (0 = automatic), "
-            f"at most {MAX_DEVICE_DATA_MB}"
-        )
+
+
+Bound = Integer | Batch | Number | Boolean | StepsOrEpoch
