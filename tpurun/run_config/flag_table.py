@@ -120,435 +120,137 @@ class Flag:
             self.bound.check(self.shown, value)
 
 
+# fmt: off
 FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "config",
-        "config",
-        (
-            "A registered config name (see `tpurun list`, e.g. iris) or a path to a config .py "
-            "file with get_config(); `name:arg` passes arg to get_config. Override any key with "
-            "--config.<key>=<value>, e.g. --config.optimizer.learning_rate=0.05. Default: iris."
-        ),
-        commands=RUNS,
-    ),
-    Flag(
-        "model_dir",
-        "string",
-        (
-            "Where checkpoints, summaries, eval results and exports go (local path or gs://). "
-            "Default: ./<config name>."
-        ),
-        commands=RUNS + REPORT,
-    ),
-    Flag(
-        "tpu",
-        "string",
-        (
-            "The Cloud TPU to use: its name (with --tpu_zone and --gcp_project), a "
-            "grpc://host:port address, or 'local' on a TPU VM. Default: the TPU_NAME environment "
-            "variable."
-        ),
-        commands=RUNS,
-    ),
-    Flag(
-        "tpu_zone",
-        "string",
-        "GCE zone of the Cloud TPU, e.g. us-central1-b.",
-        commands=RUNS,
-        field=True,
-    ),
-    Flag(
-        "gcp_project",
-        "string",
-        "GCP project that owns the Cloud TPU.",
-        commands=RUNS,
-        field=True,
-    ),
-    Flag(
-        "use_tpu",
-        "bool",
-        (
-            "true: run on the TPU (fail if none is reachable); false: run on local CPU/GPUs; "
-            "unset: use a TPU if one is configured or detected, else run locally."
-        ),
-        commands=RUNS,
-        field=True,
-    ),
-    Flag(
-        "tpu_init_timeout",
-        "float",
-        (
-            "Seconds to wait for the Cloud TPU (looking it up, connecting, initialising), or with"
-            " a multi-worker TF_CONFIG for every worker to join, before failing; TensorFlow alone"
-            " would wait forever."
-        ),
-        commands=RUNS,
-        default=300,
-        field=True,
-        bound=Number(0, MAX_SECONDS, above=True),
-    ),
-    Flag(
-        "num_shards",
-        "integer",
-        (
-            "Number of replicas. Locally: that many GPUs, or that many logical CPU devices "
-            "(--num_shards=8 on a laptop behaves like the 8 cores of a v3-8). Default: all "
-            "devices."
-        ),
-        commands=RUNS,
-        field=True,
-        bound=Integer(1, MAX_REPLICAS),
-    ),
-    Flag(
-        "iterations",
-        "integer",
-        (
-            "Training steps per host loop, run in-graph by one tf.function call (TPUEstimator's "
-            "iterations_per_loop). Config key train.iterations."
-        ),
-        commands=RUNS,
-        key="train.iterations",
-        bound=Integer(1, MAX_ITERATIONS),
-    ),
-    Flag(
-        "batch_size",
-        "integer",
-        ("Global training batch size, split evenly across replicas. Config key train.batch_size."),
-        commands=RUNS,
-        key="train.batch_size",
-        bound=Batch(),
-    ),
-    Flag(
-        "eval_batch_size",
-        "integer",
-        "Global eval batch size. Config key eval.batch_size.",
-        commands=RUNS,
-        key="eval.batch_size",
-        bound=Batch(),
-    ),
-    Flag(
-        "predict_batch_size",
-        "integer",
-        "Global predict batch size. Config key predict.batch_size.",
-        commands=RUNS,
-        key="predict.batch_size",
-        bound=Integer(1, MAX_PREDICT_BATCH),
-    ),
-    Flag(
-        "train_steps",
-        "integer",
-        (
-            "Total training steps (max_steps: a resumed run continues up to it). Config key "
-            "train.steps."
-        ),
-        commands=RUNS,
-        key="train.steps",
-        bound=Integer(0, MAX_STEPS),
-    ),
-    Flag(
-        "train_epochs",
-        "float",
-        (
-            "How long to train in epochs instead of --train_steps (one of them): the steps are "
-            "ceil(epochs x training examples / (batch size x accumulate_steps)), counted from the"
-            " model's train_arrays or config.data.train_examples. Config key train.epochs."
-        ),
-        commands=RUNS,
-        key="train.epochs",
-        bound=Number(0, MAX_EPOCHS, "epochs", " (0 = count in --train_steps)"),
-    ),
-    Flag(
-        "eval_steps",
-        "integer",
-        (
-            "Eval batches to run; 0 (the default) is one exact pass over the eval data. Config "
-            "key eval.steps."
-        ),
-        commands=RUNS,
-        key="eval.steps",
-        bound=Integer(0, MAX_STEPS, " (0 = one exact pass)"),
-    ),
-    Flag(
-        "seed",
-        "integer",
-        "Random seed (weights, shuffling). Config key seed.",
-        commands=RUNS,
-        key="seed",
-        bound=Integer(0, MAX_SEED),
-    ),
-    Flag(
-        "precision",
-        "enum",
-        (
-            "Keras precision policy: float32, mixed_bfloat16 (TPU native; 16-bit compute, float32"
-            " variables) or mixed_float16 (GPUs, with dynamic loss scaling). Config key "
-            "precision."
-        ),
-        commands=RUNS,
-        key="precision",
-        choices=PRECISIONS,
-    ),
-    Flag(
-        "data_dir",
-        "string",
-        (
-            "Directory of the model's data files (local or gs://), e.g. the train-*.tfrecord and "
-            "test-*.tfrecord files of mnist. Config key data.data_dir, for configs that have it."
-        ),
-        commands=RUNS,
-        key="data.data_dir",
-        some_configs=True,
-    ),
-    Flag(
-        "save_checkpoints_steps",
-        "integer",
-        (
-            "Save a checkpoint every this many steps (rounded up to a multiple of --iterations; 0"
-            " = by time only). Config key train.save_checkpoints_steps."
-        ),
-        commands=TRAIN,
-        key="train.save_checkpoints_steps",
-        bound=Integer(0, MAX_STEPS, OFF),
-    ),
-    Flag(
-        "save_checkpoints_secs",
-        "integer",
-        (
-            "Save a checkpoint when this many seconds passed since the last one, checked after "
-            "every host loop; with --save_checkpoints_steps, whichever comes first (0 = by steps "
-            "only). Config key train.save_checkpoints_secs."
-        ),
-        commands=TRAIN,
-        key="train.save_checkpoints_secs",
-        bound=Integer(0, MAX_SECONDS, OFF),
-    ),
-    Flag(
-        "keep_checkpoint_max",
-        "integer",
-        (
-            "Keep this many most recent checkpoints (the best one is kept apart, see "
-            "--eval_every). Config key train.keep_checkpoint_max."
-        ),
-        commands=TRAIN,
-        key="train.keep_checkpoint_max",
-        bound=Integer(1, MAX_CHECKPOINTS_KEPT),
-    ),
-    Flag(
-        "warm_start_from",
-        "string",
-        (
-            "Initialise the model from another run's checkpoint (a ckpt-N path or a model_dir), "
-            "then train from step 0; only variables matching config.train.warm_start_vars (a "
-            "regex, default all) are taken. Config key train.warm_start_from."
-        ),
-        commands=TRAIN,
-        key="train.warm_start_from",
-    ),
-    Flag(
-        "force_resume",
-        "bool",
-        (
-            "Resume from model_dir's checkpoint even though this config changes the model or the "
-            "batch size (tpurun refuses and lists the differences otherwise)."
-        ),
-        commands=TRAIN,
-        default=False,
-        field=True,
-    ),
-    Flag(
-        "force_takeover",
-        "bool",
-        (
-            "Take model_dir's trainer lease even though another tpurun train holds it: only for a"
-            " trainer known to be gone on another machine before its lease went stale."
-        ),
-        commands=TRAIN,
-        default=False,
-        field=True,
-    ),
-    Flag(
-        "hang_timeout",
-        "float",
-        (
-            "Exit with an error when a host loop (or a save) makes no progress for this many "
-            "seconds (a stuck infeed or TPU) instead of hanging forever; 0 = never."
-        ),
-        commands=TRAIN,
-        default=3600,
-        field=True,
-        bound=Number(0, MAX_SECONDS, note=" (0 = never)"),
-    ),
-    Flag(
-        "profile_steps",
-        "string",
-        (
-            "START,END: capture a TensorFlow profiler trace of these steps (whole host loops) "
-            "into model_dir/plugins/profile, for TensorBoard's profile tab."
-        ),
-        commands=TRAIN,
-        field=True,
-        parse=parse_step_range,
-    ),
-    Flag(
-        "eval_every",
-        "string",
-        (
-            "Evaluate (one exact pass) every this many steps and at the end, in the training "
-            "process (rounded up to a multiple of --iterations; 0 = never), or 'epoch': at the "
-            "end of every epoch (host loops end there). Config key train.eval_every."
-        ),
-        commands=TRAIN,
-        key="train.eval_every",
-        bound=StepsOrEpoch(Integer(0, MAX_STEPS, OFF)),
-        parse=parse_eval_every,
-    ),
-    Flag(
-        "max_restarts",
-        "integer",
-        (
-            "train: run the trainer in a child process and resume it in a fresh one, up to this "
-            "many times, when it dies without finishing (killed by a signal tpurun did not get, a"
-            " lost TPU worker or unreachable storage (exit 69), its hang watchdog (exit 3), a "
-            "preemption (exit 75) tpurun did not ask for). 0: train in this process."
-        ),
-        commands=TRAIN,
-        default=0,
-        bound=Integer(0, MAX_RESTARTS),
-    ),
-    Flag(
-        "split",
-        "string",
-        (
-            "eval: the split to evaluate, one of the model's eval_splits (e.g. val, test); "
-            "results go to eval/<split>/. Only config.eval.best_split updates best/. Default: "
-            "config.eval.split, else the best_split. Config key eval.split."
-        ),
-        commands=EVAL,
-        key="eval.split",
-    ),
-    Flag(
-        "continuous",
-        "bool",
-        (
-            "eval: watch model_dir and evaluate every new checkpoint once (a sidecar evaluator); "
-            "stop after the final step (--train_steps) or after --eval_timeout without a new one."
-        ),
-        commands=EVAL,
-        default=False,
-        field=True,
-    ),
-    Flag(
-        "eval_timeout",
-        "float",
-        "eval --continuous: stop after this many seconds without a new checkpoint.",
-        commands=EVAL,
-        default=3600,
-        field=True,
-        bound=Number(0, MAX_SECONDS, note=" (0 = never)"),
-    ),
-    Flag(
-        "input",
-        "string",
-        (
-            "predict: a file of rows to predict (for iris: a CSV with the four feature columns). "
-            "Default: the model's own examples. Config key predict.input."
-        ),
-        commands=PREDICT,
-        key="predict.input",
-    ),
-    Flag(
-        "output",
-        "string",
-        (
-            "predict: write the predictions here instead of printing: one JSON line per input "
-            "row, or by the extension .npz (an array per prediction) or .png (a grid of the "
-            "predicted images, e.g. a generator's samples). Config key predict.output."
-        ),
-        commands=PREDICT,
-        key="predict.output",
-    ),
-    Flag(
-        "prompt",
-        "string",
-        (
-            "predict: the text a generative model continues (shakespeare). Config key "
-            "predict.prompt, for configs that have it."
-        ),
-        commands=PREDICT,
-        key="predict.prompt",
-        some_configs=True,
-    ),
-    Flag(
-        "export_dir",
-        "string",
-        "export: directory for the SavedModel. Default: <model_dir>/export/<timestamp>.",
-        commands=EXPORT,
-        field=True,
-    ),
-    Flag(
-        "best",
-        "bool",
-        (
-            "eval/predict/export: the best checkpoint by config.eval.best_metric on "
-            "config.eval.best_split (kept in model_dir/best by evaluations) instead of the "
-            "latest; eval --best records its results in best/results-<split>.json."
-        ),
-        commands=EVAL + PREDICT + EXPORT,
-        default=False,
-        field=True,
-    ),
-    Flag(
-        "checkpoint",
-        "string",
-        (
-            "eval/predict/export: the checkpoint ckpt-N of model_dir (--checkpoint=ckpt-N or "
-            "--checkpoint=N) instead of the latest."
-        ),
-        commands=EVAL + PREDICT + EXPORT,
-        field=True,
-        parse=parse_checkpoint,
-    ),
-    Flag(
-        "target",
-        "string",
-        (
-            "check: a Cloud TPU accelerator type (v2-8, v3-8, v4-8, v5litepod-8 or v5e-8, v5p-8, "
-            "v6e-8, or a larger slice): also size each step's memory per replica on it, compiled "
-            "by the TPU's own compiler (pip install 'tpurun[tpu-compile]'; else XLA's CPU "
-            "estimate), fail if one does not fit, and bound each step's time and the run's price."
-        ),
-        commands=CHECK,
-        field=True,
-    ),
-    Flag(
-        "report",
-        "string",
-        (
-            "check --target: also write each step's memory and bounds as JSON to this file (local"
-            " or gs://)."
-        ),
-        commands=CHECK,
-        field=True,
-    ),
-    Flag(
-        "price_per_chip_hour",
-        "float",
-        (
-            "check --target: the $ per chip-hour the run's cost bound uses, instead of the "
-            "generation's on-demand list price (e.g. your region's, or a committed-use price)."
-        ),
-        commands=CHECK,
-        field=True,
-        bound=Number(0, MAX_PRICE, "$ per chip-hour", above=True),
-    ),
-    Flag(
-        "json",
-        "bool",
-        "report: print the report as one JSON object instead of a table.",
-        commands=REPORT,
-        default=False,
-    ),
+    Flag("config", "config", RUNS,
+         help="A registered config name (see `tpurun list`, e.g. iris) or a path to a config .py file"
+              " with get_config(); `name:arg` passes arg to get_config. Override any key with "
+              "--config.<key>=<value>, e.g. --config.optimizer.learning_rate=0.05. Default: iris."),
+    Flag("model_dir", "string", RUNS + REPORT,
+         help="Where checkpoints, summaries, eval results and exports go (local path or gs://). "
+              "Default: ./<config name>."),
+    Flag("tpu", "string", RUNS,
+         help="The Cloud TPU to use: its name (with --tpu_zone and --gcp_project), a grpc://host:port"
+              " address, or 'local' on a TPU VM. Default: the TPU_NAME environment variable."),
+    Flag("tpu_zone", "string", RUNS, field=True,
+         help="GCE zone of the Cloud TPU, e.g. us-central1-b."),
+    Flag("gcp_project", "string", RUNS, field=True,
+         help="GCP project that owns the Cloud TPU."),
+    Flag("use_tpu", "bool", RUNS, field=True,
+         help="true: run on the TPU (fail if none is reachable); false: run on local CPU/GPUs; unset:"
+              " use a TPU if one is configured or detected, else run locally."),
+    Flag("tpu_init_timeout", "float", RUNS, default=300, bound=Number(0, MAX_SECONDS, above=True), field=True,
+         help="Seconds to wait for the Cloud TPU (looking it up, connecting, initialising), or with a"
+              " multi-worker TF_CONFIG for every worker to join, before failing; TensorFlow alone "
+              "would wait forever."),
+    Flag("num_shards", "integer", RUNS, bound=Integer(1, MAX_REPLICAS), field=True,
+         help="Number of replicas. Locally: that many GPUs, or that many logical CPU devices "
+              "(--num_shards=8 on a laptop behaves like the 8 cores of a v3-8). Default: all devices."),
+    Flag("iterations", "integer", RUNS, key="train.iterations", bound=Integer(1, MAX_ITERATIONS),
+         help="Training steps per host loop, run in-graph by one tf.function call (TPUEstimator's "
+              "iterations_per_loop). Config key train.iterations."),
+    Flag("batch_size", "integer", RUNS, key="train.batch_size", bound=Batch(),
+         help="Global training batch size, split evenly across replicas. Config key train.batch_size."),
+    Flag("eval_batch_size", "integer", RUNS, key="eval.batch_size", bound=Batch(),
+         help="Global eval batch size. Config key eval.batch_size."),
+    Flag("predict_batch_size", "integer", RUNS, key="predict.batch_size", bound=Integer(1, MAX_PREDICT_BATCH),
+         help="Global predict batch size. Config key predict.batch_size."),
+    Flag("train_steps", "integer", RUNS, key="train.steps", bound=Integer(0, MAX_STEPS),
+         help="Total training steps (max_steps: a resumed run continues up to it). Config key "
+              "train.steps."),
+    Flag("train_epochs", "float", RUNS, key="train.epochs", bound=Number(0, MAX_EPOCHS, "epochs", " (0 = count in --train_steps)"),
+         help="How long to train in epochs instead of --train_steps (one of them): the steps are "
+              "ceil(epochs x training examples / (batch size x accumulate_steps)), counted from the "
+              "model's train_arrays or config.data.train_examples. Config key train.epochs."),
+    Flag("eval_steps", "integer", RUNS, key="eval.steps", bound=Integer(0, MAX_STEPS, " (0 = one exact pass)"),
+         help="Eval batches to run; 0 (the default) is one exact pass over the eval data. Config key "
+              "eval.steps."),
+    Flag("seed", "integer", RUNS, key="seed", bound=Integer(0, MAX_SEED),
+         help="Random seed (weights, shuffling). Config key seed."),
+    Flag("precision", "enum", RUNS, key="precision", choices=PRECISIONS,
+         help="Keras precision policy: float32, mixed_bfloat16 (TPU native; 16-bit compute, float32 "
+              "variables) or mixed_float16 (GPUs, with dynamic loss scaling). Config key precision."),
+    Flag("data_dir", "string", RUNS, key="data.data_dir", some_configs=True,
+         help="Directory of the model's data files (local or gs://), e.g. the train-*.tfrecord and "
+              "test-*.tfrecord files of mnist. Config key data.data_dir, for configs that have it."),
+    Flag("save_checkpoints_steps", "integer", TRAIN, key="train.save_checkpoints_steps", bound=Integer(0, MAX_STEPS, OFF),
+         help="Save a checkpoint every this many steps (rounded up to a multiple of --iterations; 0 ="
+              " by time only). Config key train.save_checkpoints_steps."),
+    Flag("save_checkpoints_secs", "integer", TRAIN, key="train.save_checkpoints_secs", bound=Integer(0, MAX_SECONDS, OFF),
+         help="Save a checkpoint when this many seconds passed since the last one, checked after "
+              "every host loop; with --save_checkpoints_steps, whichever comes first (0 = by steps "
+              "only). Config key train.save_checkpoints_secs."),
+    Flag("keep_checkpoint_max", "integer", TRAIN, key="train.keep_checkpoint_max", bound=Integer(1, MAX_CHECKPOINTS_KEPT),
+         help="Keep this many most recent checkpoints (the best one is kept apart, see --eval_every)."
+              " Config key train.keep_checkpoint_max."),
+    Flag("warm_start_from", "string", TRAIN, key="train.warm_start_from",
+         help="Initialise the model from another run's checkpoint (a ckpt-N path or a model_dir), "
+              "then train from step 0; only variables matching config.train.warm_start_vars (a regex,"
+              " default all) are taken. Config key train.warm_start_from."),
+    Flag("force_resume", "bool", TRAIN, default=False, field=True,
+         help="Resume from model_dir's checkpoint even though this config changes the model or the "
+              "batch size (tpurun refuses and lists the differences otherwise)."),
+    Flag("force_takeover", "bool", TRAIN, default=False, field=True,
+         help="Take model_dir's trainer lease even though another tpurun train holds it: only for a "
+              "trainer known to be gone on another machine before its lease went stale."),
+    Flag("hang_timeout", "float", TRAIN, default=3600, bound=Number(0, MAX_SECONDS, note=" (0 = never)"), field=True,
+         help="Exit with an error when a host loop (or a save) makes no progress for this many "
+              "seconds (a stuck infeed or TPU) instead of hanging forever; 0 = never."),
+    Flag("profile_steps", "string", TRAIN, field=True, parse=parse_step_range,
+         help="START,END: capture a TensorFlow profiler trace of these steps (whole host loops) into "
+              "model_dir/plugins/profile, for TensorBoard's profile tab."),
+    Flag("eval_every", "string", TRAIN, key="train.eval_every", bound=StepsOrEpoch(Integer(0, MAX_STEPS, OFF)), parse=parse_eval_every,
+         help="Evaluate (one exact pass) every this many steps and at the end, in the training "
+              "process (rounded up to a multiple of --iterations; 0 = never), or 'epoch': at the end "
+              "of every epoch (host loops end there). Config key train.eval_every."),
+    Flag("max_restarts", "integer", TRAIN, default=0, bound=Integer(0, MAX_RESTARTS),
+         help="train: run the trainer in a child process and resume it in a fresh one, up to this "
+              "many times, when it dies without finishing (killed by a signal tpurun did not get, a "
+              "lost TPU worker or unreachable storage (exit 69), its hang watchdog (exit 3), a "
+              "preemption (exit 75) tpurun did not ask for). 0: train in this process."),
+    Flag("split", "string", EVAL, key="eval.split",
+         help="eval: the split to evaluate, one of the model's eval_splits (e.g. val, test); results "
+              "go to eval/<split>/. Only config.eval.best_split updates best/. Default: "
+              "config.eval.split, else the best_split. Config key eval.split."),
+    Flag("continuous", "bool", EVAL, default=False, field=True,
+         help="eval: watch model_dir and evaluate every new checkpoint once (a sidecar evaluator); "
+              "stop after the final step (--train_steps) or after --eval_timeout without a new one."),
+    Flag("eval_timeout", "float", EVAL, default=3600, bound=Number(0, MAX_SECONDS, note=" (0 = never)"), field=True,
+         help="eval --continuous: stop after this many seconds without a new checkpoint."),
+    Flag("input", "string", PREDICT, key="predict.input",
+         help="predict: a file of rows to predict (for iris: a CSV with the four feature columns). "
+              "Default: the model's own examples. Config key predict.input."),
+    Flag("output", "string", PREDICT, key="predict.output",
+         help="predict: write the predictions here instead of printing: one JSON line per input row, "
+              "or by the extension .npz (an array per prediction) or .png (a grid of the predicted "
+              "images, e.g. a generator's samples). Config key predict.output."),
+    Flag("prompt", "string", PREDICT, key="predict.prompt", some_configs=True,
+         help="predict: the text a generative model continues (shakespeare). Config key "
+              "predict.prompt, for configs that have it."),
+    Flag("export_dir", "string", EXPORT, field=True,
+         help="export: directory for the SavedModel. Default: <model_dir>/export/<timestamp>."),
+    Flag("best", "bool", EVAL + PREDICT + EXPORT, default=False, field=True,
+         help="eval/predict/export: the best checkpoint by config.eval.best_metric on "
+              "config.eval.best_split (kept in model_dir/best by evaluations) instead of the latest; "
+              "eval --best records its results in best/results-<split>.json."),
+    Flag("checkpoint", "string", EVAL + PREDICT + EXPORT, field=True, parse=parse_checkpoint,
+         help="eval/predict/export: the checkpoint ckpt-N of model_dir (--checkpoint=ckpt-N or "
+              "--checkpoint=N) instead of the latest."),
+    Flag("target", "string", CHECK, field=True,
+         help="check: a Cloud TPU accelerator type (v2-8, v3-8, v4-8, v5litepod-8 or v5e-8, v5p-8, "
+              "v6e-8, or a larger slice): also size each step's memory per replica on it, compiled by"
+              " the TPU's own compiler (pip install 'tpurun[tpu-compile]'; else XLA's CPU estimate), "
+              "fail if one does not fit, and bound each step's time and the run's price."),
+    Flag("report", "string", CHECK, field=True,
+         help="check --target: also write each step's memory and bounds as JSON to this file (local "
+              "or gs://)."),
+    Flag("price_per_chip_hour", "float", CHECK, bound=Number(0, MAX_PRICE, "$ per chip-hour", above=True), field=True,
+         help="check --target: the $ per chip-hour the run's cost bound uses, instead of the "
+              "generation's on-demand list price (e.g. your region's, or a committed-use price)."),
+    Flag("json", "bool", REPORT, default=False,
+         help="report: print the report as one JSON object instead of a table."),
 )
+# fmt: on
 FLAG = {flag.name: flag for flag in FLAGS}
 # Config keys no flag sets, and their bounds.
 KEY_BOUNDS: Mapping[str, Bound] = {
