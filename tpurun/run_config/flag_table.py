@@ -91,8 +91,8 @@ class Flag:
 
     name: str
     kind: str  # absl's: "string", "integer", "float", "bool", "enum" (or "config": --config)
-    help: str
     commands: tuple[str, ...]  # the commands that take it; any other refuses it
+    help: str
     # The config key it sets ("": none): given, it replaces the config's value; not
     # given (None), the config's value stays.
     key: str = ""
