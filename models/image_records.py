@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
+from tpurun.models import image_tfds
 
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Classifier, InputParams, Mode, to_json
@@ -119,8 +120,13 @@ def parse_batch(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]
     parsed = tf.io.parse_example(serialized, FEATURE_SPEC)
     pixels = tf.io.decode_raw(parsed[IMAGE_KEY], tf.uint8)
     pixels = tf.ensure_shape(pixels, [None, PIXELS])  # a record of another size fails here
+    return features_of(pixels, parsed[LABEL_KEY])
+
+
+def features_of(pixels: tf.Tensor, labels: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """uint8 pixels [b, 784] and class ids -> ({"image": float32 in [-0.5, 0.5]}, int32 [b])."""
     image = tf.cast(pixels, tf.float32) * (1.0 / 255) - 0.5
-    return {FEATURE: image}, tf.cast(parsed[LABEL_KEY], tf.int32)
+    return {FEATURE: image}, tf.cast(labels, tf.int32)
 
 
 def dataset(
@@ -426,10 +432,20 @@ class ImageClassifier(Classifier):
 
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         data = self.config.data
+        if self._reads_tfds(mode):  # a TensorFlow Datasets dataset by name: image_tfds
+            split = "train" if mode is Mode.TRAIN else params.split or self.eval_splits[0]
+            return image_tfds.dataset(data, mode, params, split, features_of)
         files = files_for(data, mode, self.config.predict.input)
         return dataset(files, mode, params, data.shuffle_buffer, data.cycle_length)
 
+    def _reads_tfds(self, mode: Mode) -> bool:
+        """config.data names a TFDS dataset (predict --input still reads TFRecords)."""
+        predict_input = mode is Mode.PREDICT and self.config.predict.input
+        return bool(self.config.data.get("tfds_name")) and not predict_input
+
     def diagnose_data(self, mode: Mode) -> str | None:
+        if self._reads_tfds(mode):
+            return None  # TFDS checked its examples when it prepared them
         return find_bad_record(files_for(self.config.data, mode, self.config.predict.input), mode)
 
     def serving_input_spec(self, predict_spec: Any) -> Any:

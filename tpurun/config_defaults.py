@@ -132,9 +132,7 @@ def image_records_data() -> ml_collections.ConfigDict:
     return data
 
 
-def tfds_data(
-    name: str = "", splits: dict[str, str] | None = None
-) -> ml_collections.ConfigDict:
+def tfds_data(name: str = "", splits: dict[str, str] | None = None) -> ml_collections.ConfigDict:
     """The keys of `config.data` that name a TensorFlow Datasets dataset (tpurun.datasets,
     docs/datasets.md); a config adds them to its `data` section with `data.update(...)`,
     or uses them as the whole section.

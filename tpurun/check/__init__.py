@@ -53,7 +53,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, precision, strategy, train_config
+from tpurun import datasets, inputs, precision, strategy, train_config
 from tpurun import model as model_lib
 from tpurun.check import fit_report, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
@@ -108,7 +108,8 @@ def run_checks(
     arrays = None
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)
-        run = train_config.resolve_length(run, arrays.num_examples if arrays else None)
+        examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
+        run = train_config.resolve_length(run, examples)
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
