@@ -1,0 +1,302 @@
+"""Datasets by name (tpurun.datasets): a TFDS dataset prepared here, read by name, never downloaded.
+
+The dataset is TFDS's `mnist` as `tfds build` lays it out, written by TFDS's own
+builder API from the synthetic digits (tests/tfds_data.py), once per module into a
+local data_dir and, for the gs:// test, onto the tests' GCS server. The model is
+the shipped `mnist:tfds`, shrunk. One run is a fresh process (on gs://, watched for
+any connection that leaves 127.0.0.1); the rest run in this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import OFFLINE_ENV, REPO, USAGE, assert_fails, assert_ok, tpurun_in_process
+from test_resume import assert_bit_identical, weights
+from tfds_data import prepare_mnist
+
+from tpurun import config_files, datasets, inputs, strategy
+from tpurun import model as model_lib
+from tpurun.model import InputParams, Mode
+
+pytestmark = pytest.mark.slow
+
+# mnist:tfds, shrunk to train in seconds: 400 training digits in 4 files, 100 test.
+SMALL = (
+    "--config=mnist:tfds",
+    "--use_tpu=false",
+    "--config.conv_filters=(4, 4)",
+    "--config.hidden_units=8",
+    "--batch_size=16",
+    "--eval_batch_size=32",  # 100 test digits: the last batch padded, counted once
+    "--iterations=5",
+)
+WATCHED = Path(__file__).resolve().parent / "watched_tpurun.py"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> str:
+    """A local data_dir where mnist was prepared by TFDS's builder API (4 files per split)."""
+    root = tmp_path_factory.mktemp("tensorflow_datasets")
+    prepare_mnist(str(root))
+    return str(root)
+
+
+def data_config(data_dir: str):
+    """mnist:tfds's `config.data`, reading `data_dir`."""
+    config = config_files.load(config_files.resolve("mnist:tfds"))
+    with config.unlocked():
+        config.data.tfds_data_dir = data_dir
+    return config
+
+
+def examples_of(dataset: tf.data.Dataset) -> list[str]:
+    """Each example of a TFDS split as a short fingerprint of its pixels and label."""
+    return [
+        hashlib.sha1(example["image"].tobytes() + bytes([example["label"]])).hexdigest()[:12]
+        for example in dataset.as_numpy_iterator()
+    ]
+
+
+def pipeline(input_pipeline_id: int, pipelines: int, seed: int = 0) -> InputParams:
+    return InputParams(
+        batch_size=8,
+        global_batch_size=64,
+        num_replicas=8,
+        input_pipeline_id=input_pipeline_id,
+        num_input_pipelines=pipelines,
+        seed=seed,
+    )
+
+
+# --- tpurun.datasets: what one input pipeline reads --------------------------------------
+
+
+@pytest.mark.parametrize("pipelines", [2, 8], ids=["by-files", "fewer-files-than-pipelines"])
+def test_the_pipelines_share_the_split_without_overlap(data_dir, pipelines):
+    """4 files: 2 pipelines take 2 files each (TFDS's file sharding); 8 pipelines, more than
+    the files, take an even share of the examples each instead."""
+    data = data_config(data_dir).data
+    parts = [
+        examples_of(
+            datasets.tfds_examples(data, "train", pipeline(i, pipelines), shuffle_files=True)
+        )
+        for i in range(pipelines)
+    ]
+    everything = examples_of(
+        datasets.tfds_examples(data, "train", pipeline(0, 1), shuffle_files=False)
+    )
+    assert len(everything) == 400 == datasets.num_examples(data, "train")
+    assert sorted(sum(parts, [])) == sorted(everything)  # every example once
+    assert [len(p) for p in parts] == [400 // pipelines] * pipelines
+
+
+def test_the_file_order_is_seeded_by_the_run_and_the_same_in_every_process(data_dir):
+    data = data_config(data_dir).data
+
+    def order(seed: int) -> list[str]:
+        read = datasets.tfds_examples(data, "train", pipeline(0, 1, seed), shuffle_files=True)
+        return examples_of(read.repeat(2))  # two epochs: reshuffled, as seeded
+
+    first = order(seed=0)
+    assert first == order(seed=0)
+    assert first[:400] != first[400:]  # the second epoch's files in another order
+    assert first != order(seed=1)
+    assert datasets.file_seed(0) != 0  # derived: not the example shuffle's own seed
+
+
+# --- reading a dataset by name in a run -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory) -> Path:
+    """mnist:tfds trained 30 steps (an epoch is 25): the reference of the resume test."""
+    model_dir = tmp_path_factory.mktemp("uninterrupted") / "model"
+    assert_ok(
+        tpurun_in_process(
+            "train",
+            *SMALL,
+            f"--config.data.tfds_data_dir={data_dir}",
+            "--train_steps=30",
+            f"--model_dir={model_dir}",
+        )
+    )
+    return model_dir
+
+
+def test_eval_is_exact_over_the_test_split(trained, data_dir):
+    result = assert_ok(
+        tpurun_in_process(
+            "eval", *SMALL, f"--config.data.tfds_data_dir={data_dir}", f"--model_dir={trained}"
+        )
+    )
+    assert "eval at step 30 on test:" in result.stdout
+    assert "(100 examples)" in result.stdout  # 3 batches of 32 and one of 4, padded
+    results = json.loads((trained / "eval" / "test" / "results-30.json").read_text())
+    assert results["global_step"] == 30
+
+
+def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(trained, data_dir, tmp_path):
+    """Stopped at step 15 and resumed, the input skipped to where step 15 left it: the same
+    file order (seeded) and examples as without the stop, across the epoch at step 25."""
+    common = (*SMALL, f"--config.data.tfds_data_dir={data_dir}", f"--model_dir={tmp_path}")
+    assert_ok(tpurun_in_process("train", *common, "--train_steps=15"))
+    resumed = assert_ok(tpurun_in_process("train", *common, "--train_steps=30"))
+    assert "Skipping 15 batches" in resumed.stderr
+    assert len(weights(trained / "ckpt-30")) > 10
+    assert_bit_identical(tmp_path / "ckpt-30", trained / "ckpt-30")
+
+
+def global_batches(data_dir: str, replicas: int, steps: int) -> list[np.ndarray]:
+    """The images of the first `steps` global batches (of 32) that `replicas` replicas get,
+    in replica order, as the training loop gets them."""
+    config = data_config(data_dir)
+    with config.unlocked():
+        config.conv_filters, config.hidden_units = (4, 4), 8
+    model = model_lib.create(config)
+    cluster = strategy.local(replicas)
+    dataset = inputs.distribute(cluster.strategy, model, Mode.TRAIN, 32, seed=0)
+    iterator = iter(dataset)
+    found = []
+    for _ in range(steps):
+        features, _ = inputs.gather_replicas(cluster.strategy, next(iterator))
+        found.append(features["image"].numpy())
+    return found
+
+
+def test_one_and_four_replicas_see_the_same_examples_in_the_same_order(data_dir):
+    one, four = global_batches(data_dir, 1, 15), global_batches(data_dir, 4, 15)
+    for step, (a, b) in enumerate(zip(one, four, strict=True)):  # 15 x 32: past an epoch
+        assert np.array_equal(a, b), f"global batch {step} differs"
+
+
+# --- data that cannot be read: one line, nothing downloaded ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--config.data.tfds_data_dir=",), ("needs config.data.tfds_data_dir", "tfds build")),
+        (
+            ("--config.data.tfds_data_dir={empty}/missing",),
+            ("does not exist", "tfds build mnist --data_dir={empty}/missing"),
+        ),
+        (
+            ("--config.data.tfds_data_dir={data}", "--config.data.tfds_name=mnist:1.0.0"),
+            ("mnist:1.0.0 is not prepared", "tfds_name=mnist:3.0.1"),
+        ),
+    ],
+    ids=["no-data-dir", "data-dir-missing", "version-not-prepared"],
+)
+def test_data_that_cannot_be_found_is_one_line_before_anything_is_written(
+    data_dir, tmp_path, flags, says
+):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    model_dir = tmp_path / "model"
+    filled = [f.format(empty=empty, data=data_dir) for f in flags]
+    result = tpurun_in_process("train", *SMALL, *filled, f"--model_dir={model_dir}")
+    assert_fails(result, USAGE, *(s.format(empty=empty) for s in says))
+    assert not list(model_dir.glob("ckpt-*"))
+
+
+def test_an_unknown_split_names_the_splits_the_dataset_has(trained, data_dir):
+    result = tpurun_in_process(
+        "eval",
+        *SMALL,
+        f"--config.data.tfds_data_dir={data_dir}",
+        "--config.data.tfds_splits.test=validation",
+        f"--model_dir={trained}",
+    )
+    assert_fails(result, USAGE, "tfds_splits.test='validation'", "Unknown split", "'train', 'test'")
+
+
+@pytest.fixture
+def connections() -> Iterator[list[str]]:
+    """Every address this process connects a socket to or looks up during the test."""
+    seen: list[str] = []
+    watching = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if watching and event == "socket.connect":
+            seen.append(f"connect {args[1]!r}")
+        elif watching and event == "socket.getaddrinfo":
+            seen.append(f"getaddrinfo {args[0]!r}")
+
+    sys.addaudithook(hook)  # stays for the process; silent once the test ends
+    yield seen
+    watching.clear()
+
+
+def test_a_name_not_prepared_says_how_to_prepare_it_and_downloads_nothing(
+    gcs, tmp_path, connections
+):
+    """An empty data_dir: `mnist` is TFDS's own, which `tfds.builder` would offer to
+    download; tpurun looks at the files only, and says the `tfds build` command."""
+    empty = tmp_path / "tensorflow_datasets"
+    empty.mkdir()
+    with gcs.counting() as log:  # every https request of this process goes through its proxy
+        result = tpurun_in_process(
+            "train",
+            *SMALL,
+            f"--config.data.tfds_data_dir={empty}",
+            f"--model_dir={tmp_path / 'model'}",
+        )
+    assert_fails(result, USAGE, "mnist is not prepared", f"tfds build mnist --data_dir={empty}")
+    assert "(it is empty)" in result.stderr
+    assert not log, log.summary()
+    assert not [c for c in connections if "127.0.0.1" not in c and "localhost" not in c]
+    assert not any(empty.iterdir())  # nothing downloaded or prepared into it
+
+
+# --- gs://: a fresh process, TensorFlow's own client, nothing beyond 127.0.0.1 ------------
+
+
+def test_a_fresh_process_reads_the_dataset_from_gcs_with_tensorflows_client(gcs, bucket, tmp_path):
+    data_dir = f"{bucket}/tensorflow_datasets"
+    prepare_mnist(data_dir, train=64, test=16, files=2)
+    gcs.reset_requests()
+    watch = tmp_path / "connections.txt"
+    env = {**os.environ, **OFFLINE_ENV, **gcs.env}
+    # Plain http too through the proxy, which logs (and refuses) any host but storage's.
+    env.update(http_proxy=gcs.env["https_proxy"], HTTP_PROXY=gcs.env["https_proxy"])
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(WATCHED),
+            str(watch),
+            "train",
+            *SMALL,
+            f"--config.data.tfds_data_dir={data_dir}",
+            "--config.data.shuffle_buffer=64",  # an epoch: a larger one reads it again
+            "--train_steps=10",
+            f"--model_dir={tmp_path / 'model'}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert_ok(result)
+    assert "Saved checkpoint" in result.stderr and (tmp_path / "model" / "ckpt-10.index").exists()
+    requests = gcs.requests
+    read = [r for r in requests if r.kind == "download"]
+    assert any("mnist-train.tfrecord" in r.object for r in read), requests.summary()
+    assert any(r.object.endswith("dataset_info.json") for r in read), requests.summary()
+    # TensorFlow's client names Google's hosts (the proxy stands in for them); gcsfs would
+    # have gone to STORAGE_EMULATOR_HOST, 127.0.0.1. Nothing refused: no other host.
+    assert {r.host for r in requests} <= {"www.googleapis.com", "storage.googleapis.com"}
+    assert {r.bucket for r in requests} == {bucket.removeprefix("gs://")}
+    first, *lines = watch.read_text().splitlines()
+    assert first == "watching"
+    assert all("127.0.0.1" in line or "localhost" in line for line in lines), lines
