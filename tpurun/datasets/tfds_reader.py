@@ -14,7 +14,7 @@ import functools
 import re
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import ml_collections
 import tensorflow as tf
@@ -33,7 +33,8 @@ _NAME = re.compile(r"(?P<name>[a-z][a-z0-9_]*)(?:/(?P<config>[\w.\-]+))?(?::(?P<
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
 _T = TypeVar("_T")
 
-Data = ml_collections.ConfigDict | ml_collections.FrozenConfigDict
+# A config's `data` section (or the whole config, for `train_examples`).
+Data: TypeAlias = ml_collections.ConfigDict | ml_collections.FrozenConfigDict
 
 
 def tfds_examples(
