@@ -9,6 +9,8 @@ to measure).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -99,3 +101,20 @@ def test_the_measurement_counts_the_batches_it_pulled_after_a_warm_up():
     assert 0.2 <= found.seconds < 5 and found.cpu_seconds > 0
     assert found.first_batch_seconds > 0 and found.cores >= 1
     assert found.examples_per_second == pytest.approx(found.examples / found.seconds)
+
+
+@pytest.mark.parametrize(
+    ("busy", "idle", "says"),
+    [
+        (1.9, 0.0, None),
+        (0.9, 1.0, "0.9 of this machine's 2 cores busy and 1.0 stayed idle: a serial stage"),
+        (0.9, 0.1, "0.9 of this machine's 2 cores busy: other processes used the rest"),
+    ],
+    ids=["all-busy", "serial-stage", "machine-shared"],
+)
+def test_cores_the_input_left_are_told_apart_from_cores_others_took(busy, idle, says):
+    measured = Measured(1000, 2.0, busy * 2.0, cores=2, first_batch_seconds=0.1, idle_cores=idle)
+    found = dataclasses.replace(host(1000, None), measured=measured)
+    notes = [line for line in host_input.lines(found) if line.startswith("  note: ")]
+    assert len(notes) == (1 if says else 0)
+    assert not says or notes[0].startswith(f"  note: the input kept {says}")

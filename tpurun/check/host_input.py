@@ -63,6 +63,8 @@ class Measured:
     cpu_seconds: float  # of this process, all its threads
     cores: int  # this machine's, as this process may use them
     first_batch_seconds: float  # building the pipeline and its first batch: start-up
+    # This machine's cores no process used meanwhile (Linux's /proc/stat); None unknown.
+    idle_cores: float | None = None
 
     @property
     def examples_per_second(self) -> float:
@@ -191,17 +193,32 @@ def measure(dataset: tf.data.Dataset, batch_size: int, seconds: float) -> Measur
     count, warm_until = 1, time.perf_counter() + WARMUP_SECONDS
     while time.perf_counter() < warm_until:
         count = _pull_timed(pull, count)
-    batches, cpu, began = 0, time.process_time(), time.perf_counter()
+    batches, cpu, idle, began = 0, time.process_time(), _idle_ticks(), time.perf_counter()
     while time.perf_counter() - began < seconds:
         batches += count
         count = _pull_timed(pull, count)
+    elapsed, idle_after = time.perf_counter() - began, _idle_ticks()
+    idle_cores = None
+    if idle is not None and idle_after is not None:
+        idle_cores = (idle_after - idle) / os.sysconf("SC_CLK_TCK") / elapsed
     return Measured(
         examples=batches * batch_size,
-        seconds=time.perf_counter() - began,
+        seconds=elapsed,
         cpu_seconds=time.process_time() - cpu,
         cores=len(os.sched_getaffinity(0)),
         first_batch_seconds=first_batch,
+        idle_cores=idle_cores,
     )
+
+
+def _idle_ticks() -> int | None:
+    """This machine's idle CPU time so far, in clock ticks (Linux); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[4]) + int(fields[5])  # idle + iowait
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _pull_timed(pull: Any, count: int) -> int:
@@ -243,14 +260,27 @@ def lines(host: HostInput) -> list[str]:
             f"that the train step takes at its bound ({host.examples_per_host_step:,} examples "
             "per host per step)"
         )
-    if measured.cores_busy < 0.75 * measured.cores:
-        out.append(
-            f"  note: the input kept {measured.cores_busy:.1f} of this machine's "
-            f"{measured.cores} cores busy: a serial stage (or too little parallelism) limits "
-            "it, which more cores may not lift"
-        )
+    note = _cores_note(measured)
+    if note:
+        out.append(f"  note: {note}")
     out.append(f"  assumptions: {ASSUMPTIONS}")
     return out
+
+
+def _cores_note(measured: Measured) -> str | None:
+    """Why the input used fewer than this machine's cores, when it did: cores left idle
+    (a serial stage), or other processes on them (the per CPU-second figure holds)."""
+    if measured.cores_busy >= 0.75 * measured.cores:
+        return None
+    busy = f"the input kept {measured.cores_busy:.1f} of this machine's {measured.cores} cores busy"
+    if measured.idle_cores is None:
+        return f"{busy}; others may have used the rest"
+    if measured.idle_cores > 0.25 * measured.cores:
+        return (
+            f"{busy} and {measured.idle_cores:.1f} stayed idle: a serial stage (or too little "
+            "parallelism) limits it, which more cores may not lift"
+        )
+    return f"{busy}: other processes used the rest (the figure per CPU-second is what carries over)"
 
 
 def report(host: HostInput) -> dict[str, Any]:
@@ -265,6 +295,7 @@ def report(host: HostInput) -> dict[str, Any]:
         "examples_per_second_here": measured.examples_per_second,
         "cores_here": measured.cores,
         "cores_busy": measured.cores_busy,
+        "cores_idle_here": measured.idle_cores,
         "examples_per_cpu_second": measured.examples_per_cpu_second,
         "host_vcpus": host.vcpus,
         "host_vcpus_source": generation(host.target.generation).host_source,
