@@ -96,7 +96,7 @@ def test_nothing_measured_is_one_line_and_says_why():
 def test_the_measurement_counts_the_batches_it_pulled_after_a_warm_up():
     rows = tf.data.Dataset.from_tensor_slices(np.arange(4096, dtype=np.float32)).repeat()
     batches = rows.batch(16, drop_remainder=True).map(lambda x: tf.sqrt(x) + 1)
-    found = host_input.measure(batches, batch_size=16, seconds=0.2)
+    found = host_input.measure(batches, batch_size=16, seconds=0.2, warmup=0.1)
     assert found.examples > 0 and found.examples % 16 == 0
     assert 0.2 <= found.seconds < 5 and found.cpu_seconds > 0
     assert found.first_batch_seconds > 0 and found.cores >= 1

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines
+from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines, short_input_check
 from test_check import findings, shipped_config_args
 
 from tpurun import config_files
@@ -63,6 +63,7 @@ def checked(tpurun_cli, seed_data, tmp_path_factory):
             start = time.perf_counter()
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(client, "missing_extra", lambda: "jax")
+                short_input_check(patch)
                 result = tpurun_cli(
                     "check",
                     f"--config={config}",

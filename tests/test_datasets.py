@@ -81,35 +81,39 @@ def pipeline(input_pipeline_id: int, pipelines: int, seed: int = 0) -> InputPara
 # --- tpurun.datasets: what one input pipeline reads --------------------------------------
 
 
-@pytest.mark.parametrize("pipelines", [2, 8], ids=["by-files", "fewer-files-than-pipelines"])
-def test_the_pipelines_share_the_split_without_overlap(data_dir, pipelines):
-    """4 files: 2 pipelines take 2 files each (TFDS's file sharding); 8 pipelines, more than
-    the files, take an even share of the examples each instead."""
+@pytest.mark.parametrize(
+    ("pipelines", "sizes"),
+    [(2, [50, 50]), (5, [20, 20, 20, 20, 20])],
+    ids=["by-files", "fewer-files-than-pipelines"],
+)
+def test_the_pipelines_share_the_split_without_overlap(data_dir, pipelines, sizes):
+    """The test split's 100 examples in 4 files: 2 pipelines take 2 files each (TFDS's file
+    sharding); 5 pipelines, more than the files, take an even share of the examples."""
     data = data_config(data_dir).data
     parts = [
         examples_of(
-            datasets.tfds_examples(data, "train", pipeline(i, pipelines), shuffle_files=True)
+            datasets.tfds_examples(data, "test", pipeline(i, pipelines), shuffle_files=True)
         )
         for i in range(pipelines)
     ]
     everything = examples_of(
-        datasets.tfds_examples(data, "train", pipeline(0, 1), shuffle_files=False)
+        datasets.tfds_examples(data, "test", pipeline(0, 1), shuffle_files=False)
     )
-    assert len(everything) == 400 == datasets.num_examples(data, "train")
+    assert len(everything) == 100 == datasets.num_examples(data, "test")
     assert sorted(sum(parts, [])) == sorted(everything)  # every example once
-    assert [len(p) for p in parts] == [400 // pipelines] * pipelines
+    assert [len(p) for p in parts] == sizes
 
 
 def test_the_file_order_is_seeded_by_the_run_and_the_same_in_every_process(data_dir):
     data = data_config(data_dir).data
 
     def order(seed: int) -> list[str]:
-        read = datasets.tfds_examples(data, "train", pipeline(0, 1, seed), shuffle_files=True)
+        read = datasets.tfds_examples(data, "test", pipeline(0, 1, seed), shuffle_files=True)
         return examples_of(read.repeat(2))  # two epochs: reshuffled, as seeded
 
     first = order(seed=0)
     assert first == order(seed=0)
-    assert first[:400] != first[400:]  # the second epoch's files in another order
+    assert first[:100] != first[100:]  # the second epoch's files in another order
     assert first != order(seed=1)
     assert datasets.file_seed(0) != 0  # derived: not the example shuffle's own seed
 

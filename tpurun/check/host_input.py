@@ -118,8 +118,9 @@ class HostInput:
         return None if self.ratio is None else max(0.0, 1.0 - self.ratio)
 
 
-def check(checker: StepChecker, found: TargetMemory, seconds: float = MEASURE_SECONDS) -> HostInput:
-    """Measures the model's training input here and sets it against `found`'s train step."""
+def check(checker: StepChecker, found: TargetMemory) -> HostInput:
+    """Measures the model's training input here (MEASURE_SECONDS) and sets it against
+    `found`'s train step."""
     target = found.target
     train = found.step(Mode.TRAIN)
     name = checker.name
@@ -152,7 +153,7 @@ def check(checker: StepChecker, found: TargetMemory, seconds: float = MEASURE_SE
     )
     try:
         dataset = inputs.train_dataset(checker.model, params, checker.arrays)
-        measured = measure(dataset, params.batch_size, seconds)
+        measured = measure(dataset, params.batch_size, MEASURE_SECONDS)
     except Exception as e:  # noqa: BLE001 - the user's input: any failure is reported, not fatal
         return HostInput(target, why_not=f"the training input failed here: {one_line(e)}")
     train_bound = bounds(found).get(Mode.TRAIN) if found.compiler else None
@@ -177,8 +178,11 @@ def skipped(target: Target) -> HostInput:
     return HostInput(target, why_not="not measured (--input_check=false)")
 
 
-def measure(dataset: tf.data.Dataset, batch_size: int, seconds: float) -> Measured:
-    """Pulls batches of `dataset` for `seconds` after its first batch and a warm-up."""
+def measure(
+    dataset: tf.data.Dataset, batch_size: int, seconds: float, warmup: float | None = None
+) -> Measured:
+    """Pulls batches of `dataset` for `seconds` after its first batch and a warm-up
+    (WARMUP_SECONDS unless `warmup` is given)."""
     start = time.perf_counter()
     iterator = iter(dataset)
 
@@ -190,7 +194,8 @@ def measure(dataset: tf.data.Dataset, batch_size: int, seconds: float) -> Measur
 
     pull(tf.constant(1, tf.int64))
     first_batch = time.perf_counter() - start
-    count, warm_until = 1, time.perf_counter() + WARMUP_SECONDS
+    count = 1
+    warm_until = time.perf_counter() + (WARMUP_SECONDS if warmup is None else warmup)
     while time.perf_counter() < warm_until:
         count = _pull_timed(pull, count)
     batches, cpu, idle, began = 0, time.process_time(), _idle_ticks(), time.perf_counter()
