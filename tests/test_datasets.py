@@ -9,6 +9,7 @@ any connection that leaves 127.0.0.1); the rest run in this process.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,7 +27,9 @@ from tfds_data import prepare_mnist
 
 from tpurun import config_files, datasets, inputs, strategy
 from tpurun import model as model_lib
+from tpurun.errors import UsageError
 from tpurun.model import InputParams, Mode
+from tpurun.run_config import RunConfig, merge_flags, refuse_local_paths_on_a_tpu_node
 
 pytestmark = pytest.mark.slow
 
@@ -222,6 +225,21 @@ def test_an_unknown_split_names_the_splits_the_dataset_has(trained, data_dir):
         f"--model_dir={trained}",
     )
     assert_fails(result, USAGE, "tfds_splits.test='validation'", "Unknown split", "'train', 'test'")
+
+
+def test_a_local_data_dir_is_refused_before_a_tpu_node_is_reached(data_dir):
+    """A TPU node's host sees only Cloud Storage: tfds_data_dir is checked as every *_dir."""
+    run = RunConfig(
+        command="train",
+        config_name="mnist:tfds",
+        config=merge_flags(data_config(data_dir), {}),
+        model_dir="gs://bucket/model",
+        tpu="grpc://10.0.0.2:8470",
+    )
+    with pytest.raises(UsageError, match=f"--config.data.tfds_data_dir={data_dir} is on this"):
+        refuse_local_paths_on_a_tpu_node(run)
+    gcs = dataclasses.replace(run, config=merge_flags(data_config("gs://bucket/tfds"), {}))
+    refuse_local_paths_on_a_tpu_node(gcs)  # gs://: fine
 
 
 @pytest.fixture
