@@ -125,30 +125,26 @@ def test_the_file_order_is_seeded_by_the_run_and_the_same_in_every_process(data_
 
 
 @pytest.fixture(scope="module")
-def trained(data_dir, tmp_path_factory) -> Path:
-    """mnist:tfds trained 30 steps (an epoch is 25): the reference of the resume test."""
+def trained(data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """mnist:tfds trained 30 steps (an epoch is 25) and evaluated at the end: the reference
+    of the resume test; its model_dir and what it printed."""
     model_dir = tmp_path_factory.mktemp("uninterrupted") / "model"
-    assert_ok(
-        tpurun_in_process(
-            "train",
-            *SMALL,
-            f"--config.data.tfds_data_dir={data_dir}",
-            "--train_steps=30",
-            f"--model_dir={model_dir}",
-        )
+    result = tpurun_in_process(
+        "train",
+        *SMALL,
+        f"--config.data.tfds_data_dir={data_dir}",
+        "--train_steps=30",
+        "--eval_every=30",
+        f"--model_dir={model_dir}",
     )
-    return model_dir
+    return model_dir, assert_ok(result)
 
 
-def test_eval_is_exact_over_the_test_split(trained, data_dir):
-    result = assert_ok(
-        tpurun_in_process(
-            "eval", *SMALL, f"--config.data.tfds_data_dir={data_dir}", f"--model_dir={trained}"
-        )
-    )
+def test_eval_is_exact_over_the_test_split(trained):
+    model_dir, result = trained
     assert "eval at step 30 on test:" in result.stdout
     assert "(100 examples)" in result.stdout  # 3 batches of 32 and one of 4, padded
-    results = json.loads((trained / "eval" / "test" / "results-30.json").read_text())
+    results = json.loads((model_dir / "eval" / "test" / "results-30.json").read_text())
     assert results["global_step"] == 30
 
 
@@ -159,8 +155,9 @@ def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(trained, data_di
     assert_ok(tpurun_in_process("train", *common, "--train_steps=15"))
     resumed = assert_ok(tpurun_in_process("train", *common, "--train_steps=30"))
     assert "Skipping 15 batches" in resumed.stderr
-    assert len(weights(trained / "ckpt-30")) > 10
-    assert_bit_identical(tmp_path / "ckpt-30", trained / "ckpt-30")
+    reference = trained[0] / "ckpt-30"
+    assert len(weights(reference)) > 10
+    assert_bit_identical(tmp_path / "ckpt-30", reference)
 
 
 def global_batches(data_dir: str, replicas: int, steps: int) -> list[np.ndarray]:
@@ -222,7 +219,7 @@ def test_an_unknown_split_names_the_splits_the_dataset_has(trained, data_dir):
         *SMALL,
         f"--config.data.tfds_data_dir={data_dir}",
         "--config.data.tfds_splits.test=validation",
-        f"--model_dir={trained}",
+        f"--model_dir={trained[0]}",
     )
     assert_fails(result, USAGE, "tfds_splits.test='validation'", "Unknown split", "'train', 'test'")
 
