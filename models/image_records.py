@@ -432,19 +432,14 @@ class ImageClassifier(Classifier):
 
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         data = self.config.data
-        if self._reads_tfds(mode):  # a TensorFlow Datasets dataset by name: image_tfds
-            split = "train" if mode is Mode.TRAIN else params.split or self.eval_splits[0]
+        if image_tfds.reads_tfds(self.config, mode):  # a TFDS dataset by name
+            split = params.split or self.eval_splits[0]
             return image_tfds.dataset(data, mode, params, split, features_of)
         files = files_for(data, mode, self.config.predict.input)
         return dataset(files, mode, params, data.shuffle_buffer, data.cycle_length)
 
-    def _reads_tfds(self, mode: Mode) -> bool:
-        """config.data names a TFDS dataset (predict --input still reads TFRecords)."""
-        predict_input = mode is Mode.PREDICT and self.config.predict.input
-        return bool(self.config.data.get("tfds_name")) and not predict_input
-
     def diagnose_data(self, mode: Mode) -> str | None:
-        if self._reads_tfds(mode):
+        if image_tfds.reads_tfds(self.config, mode):
             return None  # TFDS checked its examples when it prepared them
         return find_bad_record(files_for(self.config.data, mode, self.config.predict.input), mode)
 

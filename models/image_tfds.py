@@ -23,16 +23,25 @@ IMAGE, LABEL = "image", "label"  # the features of TFDS's mnist and fashion_mnis
 SHAPE = (28, 28, 1)
 
 
+def reads_tfds(config: ml_collections.ConfigDict, mode: Mode) -> bool:
+    """Whether `mode` reads the TFDS dataset config.data names (predict --input still reads
+    TFRecords)."""
+    predict_input = mode is Mode.PREDICT and config.predict.input
+    return bool(config.data.get("tfds_name")) and not predict_input
+
+
 def dataset(
     data: ml_collections.ConfigDict,
     mode: Mode,
     params: InputParams,
-    split: str,
+    eval_split: str,
     to_features: Callable[[tf.Tensor, tf.Tensor], Any],
 ) -> tf.data.Dataset:
-    """Batches of tpurun's `split` of the dataset: `to_features(pixels uint8 [batch, 784],
-    labels)` makes each batch's (features, labels); PREDICT yields the features only."""
+    """Batches of tpurun's train split (TRAIN) or `eval_split` of the dataset:
+    `to_features(pixels uint8 [batch, 784], labels)` makes each batch's (features,
+    labels); PREDICT yields the features only."""
     train = mode is Mode.TRAIN
+    split = "train" if train else eval_split
     examples = datasets.tfds_examples(data, split, params, shuffle_files=train)
     _check_features(data, examples.element_spec)
     if train:

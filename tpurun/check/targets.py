@@ -23,7 +23,10 @@ generation's peak bfloat16 FLOP/s and HBM bandwidth (`peak_flops_per_replica`,
 on-demand price (`price_per_chip_hour`, of `PRICES_DATE`). A figure the docs do
 not publish is None, with the reason in `missing_peaks` / `missing_price`: it is
 left out of the bound, never guessed. `compile_topology` is what the TPU
-compiler (`tpurun.check.tpu_compiler`) compiles one replica's step for.
+compiler (`tpurun.check.tpu_compiler`) compiles one replica's step for. The vCPUs
+of a slice's hosts (`host_vcpus`, which run the input pipeline) say how many
+examples/s a host can make (`tpurun.check.host_input`); where no figure was found
+(v2), none is guessed either.
 """
 
 from __future__ import annotations
