@@ -160,6 +160,19 @@ def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(trained, data_di
     assert_bit_identical(tmp_path / "ckpt-30", reference)
 
 
+def test_predict_reads_the_eval_split_features_in_its_order(data_dir):
+    """input_fn(PREDICT) of mnist:tfds: the test split's images alone (N in, N out), in the
+    order EVAL reads them."""
+    model = model_lib.create(data_config(data_dir))
+    params = dataclasses.replace(pipeline(0, 1), batch_size=32, split="test")
+    predict = list(model.input_fn(Mode.PREDICT, dataclasses.replace(params, split=None)))
+    evaluate = list(model.input_fn(Mode.EVAL, params))
+    assert all(set(batch) == {"image"} for batch in predict)  # features only
+    images = np.concatenate([batch["image"].numpy() for batch in predict])
+    assert images.shape == (100, 784)
+    np.testing.assert_array_equal(images, np.concatenate([f["image"] for f, _ in evaluate]))
+
+
 def global_batches(data_dir: str, replicas: int, steps: int) -> list[np.ndarray]:
     """The images of the first `steps` global batches (of 32) that `replicas` replicas get,
     in replica order, as the training loop gets them."""
@@ -297,7 +310,7 @@ def test_a_fresh_process_reads_the_dataset_from_gcs_with_tensorflows_client(gcs,
             *SMALL,
             f"--config.data.tfds_data_dir={data_dir}",
             "--config.data.shuffle_buffer=64",  # an epoch: a larger one reads it again
-            "--train_steps=10",
+            "--train_steps=5",  # one host loop of 5
             f"--model_dir={tmp_path / 'model'}",
         ],
         cwd=REPO,
@@ -307,7 +320,7 @@ def test_a_fresh_process_reads_the_dataset_from_gcs_with_tensorflows_client(gcs,
         timeout=300,
     )
     assert_ok(result)
-    assert "Saved checkpoint" in result.stderr and (tmp_path / "model" / "ckpt-10.index").exists()
+    assert "Saved checkpoint" in result.stderr and (tmp_path / "model" / "ckpt-5.index").exists()
     requests = gcs.requests
     read = [r for r in requests if r.kind == "download"]
     assert any("mnist-train.tfrecord" in r.object for r in read), requests.summary()
