@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import actions, check, inputs, precision, run_account, storage
+from tpurun import actions, check, datasets, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
@@ -180,7 +180,9 @@ def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays
     if not (train or sidecar):
         return run, None
     arrays = inputs.train_arrays(model)
-    counted = train_config.resolve_length(run, arrays.num_examples if arrays else None)
+    # In-memory arrays count themselves; a TFDS dataset's record counts its train split.
+    examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
+    counted = train_config.resolve_length(run, examples)
     return counted, arrays
 
 

@@ -247,6 +247,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("price_per_chip_hour", "float", CHECK, bound=Number(0, MAX_PRICE, "$ per chip-hour", above=True), field=True,
          help="check --target: the $ per chip-hour the run's cost bound uses, instead of the "
               "generation's on-demand list price (e.g. your region's, or a committed-use price)."),
+    Flag("input_check", "bool", CHECK, default=True, field=True,
+         help="check --target: also run the model's training input here for a few seconds and say "
+              "whether the target's hosts would keep its chips fed (false: skip it)."),
     Flag("json", "bool", REPORT, default=False,
          help="report: print the report as one JSON object instead of a table."),
 )
