@@ -102,6 +102,20 @@ def _split_cpu() -> None:
 _split_cpu()
 
 
+def _xla_cpu_missing() -> str | None:
+    from tpurun.check import xla
+
+    return xla.cpu_compiler_missing()
+
+
+# Tests of what XLA compiles for the CPU (check's estimate, the compiled host loop, bit-for-bit
+# twins): tensorflow-tpu 2.20 (`make test-tpu-wheel`) compiles XLA for the TPU only, and
+# tpurun says so there instead (tests/test_tpu_vm_installed.py).
+needs_xla_cpu = pytest.mark.skipif(
+    _xla_cpu_missing() is not None, reason=f"{_xla_cpu_missing()}: tested by `make test`"
+)
+
+
 def _is_users_module(module) -> bool:
     """A module from a test's own files: not the standard library, a package, or tpurun's."""
     file = getattr(module, "__file__", None) or ""

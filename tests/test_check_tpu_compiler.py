@@ -36,6 +36,15 @@ from tpurun.check.tpu_compiler.sizing import CompiledStep, TpuSizer
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, merge_flags
+from tpurun.tpu_vm import installed
+
+# `make test-tpu-wheel` runs the suite on tensorflow-tpu, whose libtpu the extra's cannot share
+# an environment with (`tpurun check` says so there: tests/test_tpu_vm_installed.py).
+pytestmark = pytest.mark.skipif(
+    installed.tensorflow_tpu() is not None,
+    reason="tensorflow-tpu is installed here: the tpu-compile extra (JAX's libtpu) needs an "
+    "environment of its own; the TPU compiler is tested by `make test`",
+)
 
 V5E = targets.generation("v5e")
 V5E_8 = targets.parse("v5e-8")

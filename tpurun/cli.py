@@ -22,7 +22,7 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal
+from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal, tpu_vm
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
 
@@ -126,6 +126,9 @@ def main(argv: Sequence[str]) -> int:
             return show_report(invocation.report)
         run_config = invocation.run_config
         assert run_config is not None  # action "run" always has one
+        # Before TensorFlow, and before a supervisor starts trainers: a libtpu that would abort
+        # TensorFlow, and a pod slice's rules (docs/tpu.md, Pod slices).
+        tpu_vm.prepare(argv, run_config)
         if command == "train" and supervisor.wanted(cli_flags.MAX_RESTARTS.value):
             # The trainer runs in child processes; this one imports no TensorFlow.
             return supervisor.supervise(list(argv), run_config, cli_flags.MAX_RESTARTS.value)
