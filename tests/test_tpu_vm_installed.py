@@ -13,13 +13,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import OFFLINE_ENV, REPO
+from conftest import OFFLINE_ENV, REPO, assert_only_localhost, network_traced
 
 import tpurun.check
 from tpurun.check import targets
 from tpurun.tpu_vm import installed
 
 LOAD_LIBRARY, LIBRARY_PATH = installed.LOAD_LIBRARY_ENV, installed.LIBRARY_PATH_ENV
+# What a loaded libtpu would ask the TPU VM's metadata server, given instead.
+TOLD_ITS_TPU = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+    "TPU_WORKER_ID": "0",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+}
 
 
 def fake_distribution(site: Path, name: str, version: str) -> None:
@@ -37,8 +44,10 @@ def test_tensorflow_tpu_with_jaxs_libtpu_is_one_line_and_exit_2_not_an_abort(tmp
     site = tmp_path / "site"
     for name, version in (("tensorflow-tpu", "2.20.0"), ("libtpu", "0.0.52"), ("jax", "0.10.2")):
         fake_distribution(site, name, version)
-    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": f"{site}:{REPO}"}
-    for name in (LOAD_LIBRARY, LIBRARY_PATH):  # `make test-tpu-wheel` sets the first
+    # Without TPU_LOAD_LIBRARY (`make test-tpu-wheel` sets it): were the refusal to miss, a
+    # real libtpu would load, told its TPU rather than asking a metadata server.
+    env = {**os.environ, **OFFLINE_ENV, **TOLD_ITS_TPU, "PYTHONPATH": f"{site}:{REPO}"}
+    for name in (LOAD_LIBRARY, LIBRARY_PATH):
         env.pop(name, None)
     program = (
         "import sys\nfrom tpurun import cli\n"
@@ -152,3 +161,27 @@ def test_check_target_beside_tensorflow_tpu_is_one_line_with_the_fix(monkeypatch
         "~/tpurun-check/bin/tpurun"
     )
     assert result.stdout == ""  # nothing traced, nothing printed before the line
+
+
+@pytest.mark.skipif(
+    installed.tensorflow_tpu() is None,
+    reason="the `tensorflow` wheel loads no libtpu: `make test-tpu-wheel` runs this",
+)
+def test_tensorflow_tpu_with_libtpu_told_its_tpu_sends_nothing_beyond_localhost(tmp_path):
+    """tensorflow-tpu with libtpu loaded (no TPU_LOAD_LIBRARY=0), told its TPU as every test
+    that may load it does: every connection of the process, traced, is to 127.0.0.1 (a
+    libtpu left to itself asks the TPU VM metadata server, for minutes where none answers)."""
+    log = tmp_path / "strace.log"
+    env = {k: v for k, v in os.environ.items() if k != LOAD_LIBRARY}
+    env.update({**OFFLINE_ENV, **TOLD_ITS_TPU})
+    program = "import tensorflow as tf; print(tf.config.list_physical_devices('TPU_SYSTEM'))"
+    result = subprocess.run(
+        [*network_traced(log), sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "TPU_SYSTEM" in result.stdout  # libtpu loaded
+    assert_only_localhost(log.read_text())
