@@ -13,7 +13,7 @@ export GCE_METADATA_HOST := 127.0.0.1:1
 export GCE_METADATA_IP := 127.0.0.1:1
 export GCS_RETRY_CONFIG_MAX_RETRIES := 0
 
-.PHONY: install demo test test-fast bench bench-resume lint docs clean
+.PHONY: install install-tpu-wheel demo test test-fast test-tpu-wheel bench bench-resume lint docs clean
 
 install: $(STAMP)
 
@@ -32,6 +32,26 @@ $(STAMP): setup.cfg pyproject.toml
 	  || $(BIN)/pip install --quiet -e '.[test,tpu-compile,docs,tfds]'
 	touch $(STAMP)
 
+# The TensorFlow a Cloud TPU VM runs: tensorflow-tpu 2.20 with its libtpu (requirements-tpu.txt,
+# as docs/tpu.md installs it), in a second venv beside .venv. The test and docs tools come from
+# setup.cfg's extras, with the CPU `tensorflow` wheel that install_requires names kept out
+# (uv's --excludes: pip has no way to leave out one dependency, so there is no pip fallback
+# here). The tfds extra too (tests/test_datasets.py). No tpu-compile extra: its libtpu 0.0.52 cannot share an environment with
+# tensorflow-tpu, and the TPU compiler's tests skip here, saying so.
+VENV_TPU := .venv-tpu
+BIN_TPU := $(VENV_TPU)/bin
+STAMP_TPU := $(VENV_TPU)/.installed
+
+install-tpu-wheel: $(STAMP_TPU)
+
+$(STAMP_TPU): setup.cfg pyproject.toml requirements-tpu.txt
+	$(PYTHON) -m venv $(VENV_TPU)
+	$(BIN_TPU)/pip install --quiet uv
+	echo tensorflow > $(VENV_TPU)/excludes.txt
+	$(BIN_TPU)/uv pip install --quiet --native-tls --compile-bytecode --python $(BIN_TPU)/python \
+	  -r requirements-tpu.txt --excludes $(VENV_TPU)/excludes.txt -e '.[test,docs,tfds]'
+	touch $(STAMP_TPU)
+
 demo: install
 	rm -rf $(DEMO_DIR)
 	$(BIN)/tpurun train   --config=iris --use_tpu=false --model_dir=$(DEMO_DIR)
@@ -48,6 +68,15 @@ PYTEST_WORKERS ?= 3
 
 test: install lint
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+
+# The suite on tensorflow-tpu 2.20 (the wheel every TPU VM runs) with TPU_LOAD_LIBRARY=0, as on
+# worker 0 of a pod slice: TensorFlow computes on the CPU and never loads libtpu, which would
+# otherwise ask the TPU VM metadata server what TPU it is on. The unit tests, and the end-to-end
+# runs marked tpu_wheel (train -> eval -> predict -> export -> resume of a CNN and of the
+# own-step GAN); not the rest of the slow runs, which test tpurun's code paths once, on 2.21.
+test-tpu-wheel: $(STAMP_TPU)
+	TPU_LOAD_LIBRARY=0 $(BIN_TPU)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
+	  -m 'not slow or tpu_wheel'
 
 # The unit tests only: skips the end-to-end runs marked slow.
 test-fast: install
@@ -75,4 +104,4 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) $(VENV_TPU) build site *.egg-info

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging as std_logging
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,6 +102,20 @@ def _split_cpu() -> None:
 
 
 _split_cpu()
+
+
+def _xla_cpu_missing() -> str | None:
+    from tpurun.check import xla
+
+    return xla.cpu_compiler_missing()
+
+
+# Tests of what XLA compiles for the CPU (check's estimate, the compiled host loop, bit-for-bit
+# twins): tensorflow-tpu 2.20 (`make test-tpu-wheel`) compiles XLA for the TPU only, and
+# tpurun says so there instead (tests/test_tpu_vm_installed.py).
+needs_xla_cpu = pytest.mark.skipif(
+    _xla_cpu_missing() is not None, reason=f"{_xla_cpu_missing()}: tested by `make test`"
+)
 
 
 def _is_users_module(module) -> bool:
@@ -260,6 +276,22 @@ def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
         tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
         for tag in accumulator.Tags()["tensors"]
     }
+
+
+def network_traced(log: Path) -> tuple[str, ...]:
+    """strace, tracing a process's and its children's network calls into `log`, as the start
+    of its command; skips the test where strace is not installed (CI's image has it)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed here")
+    return (strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg", "-o", str(log))
+
+
+def assert_only_localhost(calls: str) -> None:
+    """Every address in an strace log of `network_traced` is this machine's loopback."""
+    addresses = re.findall(r'sin6?_addr=inet_(?:pton\(AF_INET6, )?(?:addr\()?"([^"]+)"', calls)
+    assert all(a in ("127.0.0.1", "::1") for a in addresses), calls
+    assert "AF_INET" not in calls.replace("AF_INET6", "") or addresses, calls
 
 
 @contextlib.contextmanager

@@ -41,14 +41,16 @@ def check_image_model(
     overrides: tuple[str, ...],
     min_accuracy: float,
     num_shards: int = 1,
+    resume_to: int | None = None,
 ) -> float:
     """Trains `config` on the synthetic digits through the CLI (in-process), then evals,
-    predicts, exports.
+    predicts, exports, and with `resume_to` trains on to that step.
 
     Checks: eval accuracy >= min_accuracy on the 100 test digits; predict gives one
     row per test record, in record order (so mostly the true labels); the export
     has saved_model.pb and its signature, fed serialized tf.Examples, agrees with
-    predict. Returns the eval accuracy.
+    predict; the second train resumes from the first's last checkpoint. Returns the
+    eval accuracy.
     """
     import json
 
@@ -94,4 +96,11 @@ def check_image_model(
     examples = [image_records.example(x, 0).SerializeToString() for x in images[:10]]
     served = serving(examples=tf.constant(examples))
     assert served["class_ids"].numpy().tolist() == predicted[:10]
+
+    if resume_to is not None:
+        result = assert_ok(
+            tpurun_in_process("train", *common, *local, f"--train_steps={resume_to}")
+        )
+        assert f"Resuming from {model_dir / f'ckpt-{step}'} (step {step})." in result.stderr
+        assert (model_dir / f"ckpt-{resume_to}.index").is_file()
     return accuracy

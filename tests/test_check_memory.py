@@ -12,12 +12,16 @@ import resource
 import keras
 import pytest
 import tensorflow as tf
+from conftest import needs_xla_cpu
 from tpurun.models.flops import MatmulChain
 
 from tpurun.check import buffers
 from tpurun.check import memory as me
 
 F32 = 4
+
+
+pytestmark = needs_xla_cpu  # each estimate is XLA's compile for the CPU
 
 
 def train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn):

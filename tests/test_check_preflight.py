@@ -14,7 +14,7 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines, short_input_check
+from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines, needs_xla_cpu, short_input_check
 from test_check import findings, shipped_config_args
 
 from tpurun import model as model_lib
@@ -287,6 +287,7 @@ def iris_checker() -> StepChecker:
     return StepChecker(run, single, model_lib.create(config))
 
 
+@needs_xla_cpu
 def test_a_host_loop_of_steps_needs_what_one_step_needs():
     """Even compiled into one XLA loop, 50 of the Trainer's steps re-use one step's buffers."""
     checker = iris_checker()

@@ -11,6 +11,7 @@ from tpurun import cluster
 from tpurun.cluster import Cluster, is_chief_process, is_chief_task, strategy
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.tpu_vm import devices
 
 
 def iris_run(**flags) -> RunConfig:
@@ -134,7 +135,7 @@ def machine(monkeypatch):
     def find_spec(name: str):
         return object() if name in Machine.packages else None
 
-    monkeypatch.setattr(cluster.glob, "glob", glob)
+    monkeypatch.setattr(devices.glob, "glob", glob)
     monkeypatch.setattr(cluster.importlib.util, "find_spec", find_spec)
     return Machine
 

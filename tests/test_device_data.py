@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_ok, capture_info_logs, short_input_check
+from conftest import assert_ok, capture_info_logs, needs_xla_cpu, short_input_check
 
 from tpurun import inputs
 from tpurun import model as model_lib
@@ -31,6 +31,7 @@ from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.tpu_vm import installed, launch_lines
 
 GLOBAL_BATCH, SEED = 16, 3
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
@@ -99,7 +100,12 @@ def device_batches(strategy_, model, start: int, steps: int, micro: int, jit: bo
 @pytest.mark.parametrize("count", [120, 70000], ids=["tabled", "encrypted"])
 @pytest.mark.parametrize("micro", [1, 3], ids=["plain", "accumulating"])
 @pytest.mark.parametrize(
-    "replicas, jit", [(1, True), (1, False), (8, False)], ids=["1-xla", "1", "8"]
+    "replicas, jit",
+    [
+        pytest.param(1, True, marks=needs_xla_cpu, id="1-xla"),
+        pytest.param(1, False, id="1"),
+        pytest.param(8, False, id="8"),
+    ],
 )
 def test_device_data_gives_each_replica_tf_datas_batches(eight, count, micro, replicas, jit):
     """Resumed at step 37, three steps: every replica's (features, labels), element for element."""
@@ -304,6 +310,7 @@ def uncompilable(tmp_path) -> Path:
     return tmp_path / "uncompilable_config.py"
 
 
+@needs_xla_cpu
 def test_what_xla_cannot_compile_runs_without_it_and_says_so(tpurun_cli, uncompilable):
     result = assert_ok(
         tpurun_cli(
@@ -320,6 +327,7 @@ def test_what_xla_cannot_compile_runs_without_it_and_says_so(tpurun_cli, uncompi
     assert "step 20/20" in result.stderr
 
 
+@needs_xla_cpu
 def test_check_traces_and_compiles_the_device_data_step(tpurun_cli, uncompilable, tmp_path):
     """Python in the batch function: tf.data runs it, but the step on device data cannot."""
     work = tmp_path / "work"
@@ -357,6 +365,7 @@ def test_a_resumed_run_on_2_replicas_with_accumulation_is_exact(tpurun_cli, tmp_
     ],
     ids=["float16_loss_scaling", "clipping_and_weight_decay", "schedule_and_ema"],
 )
+@needs_xla_cpu
 def test_xla_compiles_the_recipes(tpurun_cli, tmp_path, recipe):
     result = assert_ok(
         tpurun_cli("train", *IRIS, *recipe, "--train_steps=20", f"--model_dir={tmp_path}")
@@ -444,6 +453,7 @@ def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
     assert list(tmp_path.iterdir()) == []
 
 
+@needs_xla_cpu
 def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path):
     """--target estimates the device-data train step: its input is the arrays and the
     order's table each replica holds (no prefetched batch); device_data=false: 2 batches."""
@@ -475,6 +485,7 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
     assert steps_off["eval"] == steps["eval"]
 
 
+@needs_xla_cpu
 def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(
     tpurun_cli, tmp_path, monkeypatch
 ):
@@ -504,8 +515,14 @@ def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(
     assert figures["input_bound"] is not None  # the TPU compiler bounds the step: a verdict
     verdict = "input-bound: " if figures["input_bound"] else "keeps up: "
     assert f"\n  {verdict}a v4-32 host (240 vCPUs, " in result.stdout
+    # After the verdict, how to launch it there (tests/test_tpu_vm_launch_lines.py has the lines).
+    assert result.stdout.rstrip().endswith("\n".join(launch_lines.lines("v4-32", 4, "iris")))
+    # Beside tensorflow-tpu (`make test-tpu-wheel`), one line says where the TPU compiler runs.
+    conflict = installed.tpu_compiler_conflict()
+    assert conflict is None or result.stdout.count(conflict) == 1
 
 
+@needs_xla_cpu
 def test_the_device_data_steps_estimate_grows_with_its_batch_not_its_input():
     """The batch search compiles the device-data step at each batch: the arrays stay."""
     config = merge_flags(config_files.load(config_files.resolve("iris")), {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import needs_xla_cpu
 
 from tpurun.inputs import example_order
 from tpurun.inputs.example_order import ExampleOrder
@@ -39,6 +40,7 @@ def compiled_twin(seed: int, count: int):
     "count, seed",
     [(2, 0), (3, 7), (120, 2**32 - 1), (1000, 300), (65536, 1), (65537, 2), (300000, 9)],
 )
+@needs_xla_cpu
 def test_the_compiled_twin_is_the_op_bit_for_bit(count, seed):
     index = tf.range(min(count, 3000), dtype=tf.int64)
     epochs = [0, 1, 255, 256, 12345, 2**40]

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import needs_xla_cpu
 
 from tpurun.training_step import KeyedDropout, KeyedRandom, keyed_random
 
@@ -27,6 +28,7 @@ def test_an_examples_values_do_not_depend_on_the_rows_drawn_with_it():
     np.testing.assert_array_equal(whole, np.concatenate(halves))
 
 
+@needs_xla_cpu
 def test_xla_computes_the_same_bits():
     def draw():
         return (

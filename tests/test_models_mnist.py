@@ -103,7 +103,8 @@ def test_missing_data_says_how_to_make_it(tpurun_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_mnist_trains_to_090_on_synthetic_digits_and_predicts_and_exports(tmp_path):
+@pytest.mark.tpu_wheel  # the CNN's end-to-end run on tensorflow-tpu 2.20 too
+def test_mnist_trains_to_090_on_synthetic_digits_and_predicts_exports_and_resumes(tmp_path):
     # 400 training digits (10 noisy prototypes), 100 test digits: a small CNN
     # (8 and 16 filters, 32 units) reaches >= 0.9 in 60 steps of batch 32 on 2
     # replicas (the default 32/64/128 network gets there too, just slower).
@@ -118,5 +119,7 @@ def test_mnist_trains_to_090_on_synthetic_digits_and_predicts_and_exports(tmp_pa
         "--eval_batch_size=32",
         "--predict_batch_size=32",
     )
-    accuracy = check_image_model("mnist", tmp_path, overrides, min_accuracy=0.9, num_shards=2)
+    accuracy = check_image_model(
+        "mnist", tmp_path, overrides, min_accuracy=0.9, num_shards=2, resume_to=90
+    )
     print(f"mnist accuracy on the synthetic test digits: {accuracy:.4f}")

@@ -3,8 +3,9 @@
 One tiny training on synthetic digits is shared: its checkpoint holds both
 optimizers, the critic's stepped three times per generator step; eval scores
 test images against generated ones; predict writes `images` as .npz and a .png
-grid; export serves the generator (noise in, images out). The gradient penalty is
-checked against one computed by hand.
+grid; export serves the generator (noise in, images out); a second train resumes
+it. The gradient penalty is checked against one computed by hand. The flow is
+marked tpu_wheel: `make test-tpu-wheel` runs it on tensorflow-tpu 2.20 too.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def trained(tmp_path_factory) -> dict:
     return {"common": common, "model_dir": model_dir, "train": result}
 
 
+@pytest.mark.tpu_wheel  # the own-step GAN's end-to-end run on tensorflow-tpu 2.20 too
 def test_two_optimizers_and_three_critic_updates_per_generator_update(trained):
     saved = weights(trained["model_dir"] / "ckpt-10")
     iterations = {k.split("/")[1]: int(v) for k, v in saved.items() if "/_iterations/" in k}
@@ -69,6 +71,7 @@ def test_two_optimizers_and_three_critic_updates_per_generator_update(trained):
     assert scalars["learning_rate/critic"][0][1] == pytest.approx(2e-4)
 
 
+@pytest.mark.tpu_wheel
 def test_eval_predict_and_export_serve_the_generator(trained, tmp_path):
     common = trained["common"]
     result = assert_ok(tpurun_in_process("eval", *common))
@@ -98,6 +101,22 @@ def test_eval_predict_and_export_serve_the_generator(trained, tmp_path):
     served = serving(noise=noise)["images"].numpy()
     assert served.dtype == np.uint8
     assert np.abs(served.astype(int) - images.astype(int)).max() <= 1
+
+
+@pytest.mark.tpu_wheel
+def test_a_second_train_resumes_both_optimizers(trained):
+    """After eval, predict and export: training on from ckpt-10 to step 15, each optimizer
+    where it stopped (the critic's three updates per step go on from 30)."""
+    model_dir = trained["model_dir"]
+    result = assert_ok(
+        tpurun_in_process(
+            "train", *trained["common"], "--use_tpu=false", "--train_steps=15", "--iterations=5"
+        )
+    )
+    assert f"Resuming from {model_dir / 'ckpt-10'} (step 10)." in result.stderr
+    saved = weights(model_dir / "ckpt-15")
+    iterations = {k.split("/")[1]: int(v) for k, v in saved.items() if "/_iterations/" in k}
+    assert iterations == {"critic": 45, "generator": 15}
 
 
 def test_the_gradient_penalty_is_the_one_computed_by_hand():

@@ -10,6 +10,8 @@ import zipfile
 import pytest
 from conftest import REPO
 
+from tpurun.tpu_vm import installed
+
 
 def install_requires() -> list[str]:
     parser = configparser.ConfigParser()
@@ -18,14 +20,17 @@ def install_requires() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
-def test_tpu_requirements_are_install_requires_without_tensorflow():
+def test_tpu_requirements_are_the_tpu_pair_and_install_requires_without_tensorflow():
+    """A TPU VM's list: tensorflow-tpu with its libtpu (tpurun.tpu_vm.installed's pair), then
+    everything else tpurun needs."""
     listed = [
         line.strip()
         for line in (REPO / "requirements-tpu.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    expected = [r for r in install_requires() if not r.startswith("tensorflow")]
-    assert listed == expected
+    tensorflow_minor = installed.TENSORFLOW_TPU.rsplit(".", 1)[0]
+    pair = [f"tensorflow-tpu=={tensorflow_minor}.*", f"libtpu=={installed.LIBTPU}"]
+    assert listed == pair + [r for r in install_requires() if not r.startswith("tensorflow")]
 
 
 def listed_packages() -> list[str]:

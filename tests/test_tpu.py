@@ -7,9 +7,9 @@ any Python socket tries another address; CLI tests run with conftest.OFFLINE_ENV
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +22,7 @@ from conftest import OFFLINE_ENV, error_lines, free_local_ports, metadata_server
 
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.tpu_vm import installed
 
 PROJECT = "test-project"
 ZONE = "us-central1-b"
@@ -395,15 +396,22 @@ def test_malformed_grpc_address_is_a_usage_error():
 
 
 def test_local_without_tpu_chips_says_so():
+    """The CPU wheel has no TPU kernels; tensorflow-tpu (`make test-tpu-wheel`) has them, and
+    finds no TPU."""
     from tpurun.cluster import tpu as tpu_lib
 
     with pytest.raises(RunError) as raised:
         tpu_lib.connect(make_run("local"))
-    assert str(raised.value) == (
-        "initialising the TPU of this TPU VM failed (this TensorFlow has no TPU support (no "
-        "TPU kernels are registered)): this machine has no TPU chips (no /dev/accel* or "
-        "/dev/vfio/*): --tpu=local works only on a Cloud TPU VM; use --tpu=NAME for a TPU "
-        "node, or --use_tpu=false"
+    detail = (
+        "NotFoundError: TPUs not found in the cluster. Failed in initialization: No matching "
+        "devices found for '/device:TPU_SYSTEM:0'"
+        if installed.tensorflow_tpu()
+        else "this TensorFlow has no TPU support (no TPU kernels are registered)"
+    )
+    assert re.sub(r" \[Op:\w+\]", "", str(raised.value)) == (
+        f"initialising the TPU of this TPU VM failed ({detail}): this machine has no TPU "
+        "chips (no /dev/accel* or /dev/vfio/*): --tpu=local works only on a Cloud TPU VM; use "
+        "--tpu=NAME for a TPU node, or --use_tpu=false"
     )
 
 
@@ -411,8 +419,9 @@ def test_local_without_tpu_chips_says_so():
 
 
 def tf_version() -> str:
-    """TensorFlow's version, without importing it into the test process."""
-    return importlib.metadata.version("tensorflow")
+    """TensorFlow's version, without importing it into the test process (the `tensorflow`
+    wheel's, or tensorflow-tpu's under `make test-tpu-wheel`)."""
+    return installed.version("tensorflow") or installed.version("tensorflow-tpu") or ""
 
 
 def tpurun_train(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -575,5 +584,6 @@ def test_cli_tpu_init_timeout_must_be_positive(tpurun_cli, tmp_path, value):
     )
     assert result.returncode == 2, result.stderr
     assert error_lines(result) == [
-        f"tpurun train: error: --tpu_init_timeout={value} must be a number of seconds > 0"
+        f"tpurun train: error: --tpu_init_timeout={value} must be a number of seconds > 0, "
+        "at most 2592000"
     ]

@@ -57,7 +57,7 @@ from absl import logging
 
 from tpurun import datasets, inputs, precision
 from tpurun import model as model_lib
-from tpurun.check import fit_report, host_input, preflight, step_bounds, targets
+from tpurun.check import fit_report, host_input, preflight, step_bounds, targets, xla
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.host_input import HostInput
@@ -74,6 +74,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 from tpurun.storage import train_config
+from tpurun.tpu_vm import installed, launch_lines
 
 __all__ = [
     "DEFAULT_REPLICAS",
@@ -139,6 +140,9 @@ def run_checks(
 
 def tpu_sizer(target: Target) -> tuple[TpuSizer | None, str | None]:
     """The TPU compiler of the target's generation, or None and why there is none."""
+    conflict = installed.tpu_compiler_conflict()  # tensorflow-tpu is installed here
+    if conflict:
+        return None, conflict
     missing = client.missing_extra()
     if missing is not None:
         return None, (
@@ -171,6 +175,15 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
     """
     out = out or sys.stdout
     target = _target(run)
+    missing = xla.cpu_compiler_missing() if target else None
+    if missing:  # neither XLA's CPU estimate nor (beside tensorflow-tpu) the TPU compiler
+        raise RunError(
+            f"--target={run.target} cannot be sized here: {missing}; "
+            + (
+                installed.tpu_compiler_conflict()
+                or "run it where TensorFlow is the `tensorflow` wheel"
+            )
+        )
     replicas = target.replicas if target else run.num_shards or DEFAULT_REPLICAS
     layout = f"{replicas} replica{'s' if replicas > 1 else ''}"
     if target:
@@ -210,6 +223,8 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
         f"and compiled as on a TPU with {layout}, with no errors{fits}{note}",
         file=out,
     )
+    if target and target.hosts > 1:
+        print("\n".join(launch_lines.lines(target.name, target.hosts, run.config_name)), file=out)
 
 
 def _target(run: RunConfig) -> Target | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check import buffers
+from tpurun.check import buffers, xla
 from tpurun.check.steps import StepChecker
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model
@@ -30,6 +30,9 @@ _HOST_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 def train_step_flops(run: RunConfig, cluster: Cluster, model: Model) -> float:
     """The FLOPs of one training step over all replicas (each replica's, times the replicas)."""
+    missing = xla.cpu_compiler_missing()
+    if missing:  # tensorflow-tpu: the count needs XLA's CPU compile
+        raise buffers.EstimateError(missing)
     with tf.device(_HOST_CPU):
         checker = StepChecker(run, cluster, model, replicas=cluster.num_replicas)
         runner, spec = checker.single_device_step(Mode.TRAIN)

@@ -7,6 +7,7 @@ context, and shapes it cannot infer (`xla-unsupported`, `xla-compile`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -14,29 +15,63 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun.check.findings import ERROR, Problem
+from tpurun.check.findings import ERROR, WARNING, Problem
 from tpurun.check.fixes import unsupported_problem
 from tpurun.check.graph_walk import SUMMARY_OPS
 from tpurun.check.introspection import LayerScopes
 from tpurun.check.origin import created_at_from_text
 from tpurun.errors.tf_errors import first_line, user_code_line
 from tpurun.model import Mode
+from tpurun.tpu_vm import installed
 
 
-def populate_xla_registry() -> None:
-    """XLA registers its kernels on first use; compile a trivial function so it has."""
+@functools.cache
+def cpu_compiler_missing() -> str | None:
+    """Why this TensorFlow compiles nothing with XLA for the CPU; None when it does.
+
+    A trivial function compiled once per process; it also makes XLA register its kernels,
+    which it does on first use. tensorflow-tpu 2.20 has no XLA for the host ("could not
+    find registered transfer manager for platform Host"): it compiles for the TPU only.
+    """
     try:
         tf.function(
             lambda: tf.constant(1.0) + 1.0, jit_compile=True
         ).experimental_get_compiler_ir()(stage="hlo")
-    except Exception as e:  # noqa: BLE001 - then only the real compiles find unsupported ops
-        logging.warning("Could not initialise XLA: %s", user_code_line(e))
+    except Exception as e:  # noqa: BLE001 - any failure: no step would compile either
+        tensorflow = installed.tensorflow_tpu()
+        if tensorflow:
+            return f"tensorflow-tpu {tensorflow} compiles XLA for the TPU only, not the CPU"
+        return f"TensorFlow {tf.__version__} compiles no XLA for the CPU ({user_code_line(e)})"
+    return None
+
+
+def populate_xla_registry() -> None:
+    """XLA registers its kernels on first use; compile a trivial function so it has."""
+    missing = cpu_compiler_missing()
+    if missing:
+        logging.info("The XLA rules are skipped: %s.", missing)
 
 
 def compile_problems(
     mode: Mode, replica_step: Callable[..., Any], spec: Any, scopes: LayerScopes
 ) -> list[Problem]:
-    """Compiles one replica's step with XLA from the spec of its batch; the problems found."""
+    """Compiles one replica's step with XLA from the spec of its batch; the problems found.
+
+    Where this TensorFlow has no XLA for the CPU, one warning says the step was not compiled.
+    """
+    missing = cpu_compiler_missing()
+    if missing:
+        return [
+            Problem(
+                "xla-compile",
+                WARNING,
+                "{steps}",
+                f"the {{steps}} were traced but not compiled by XLA: {missing}",
+                "run `tpurun check` where TensorFlow is the `tensorflow` wheel, which "
+                "compiles for the CPU (docs/tpu.md, Which TensorFlow)",
+                mode,
+            )
+        ]
     flat = tf.nest.flatten(spec)
 
     def flat_step(*tensors: tf.Tensor) -> Any:

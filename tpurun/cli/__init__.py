@@ -22,7 +22,7 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, supervisor
+from tpurun import __version__, supervisor, tpu_vm
 from tpurun.cli import handles, terminal
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
@@ -129,6 +129,9 @@ def main(argv: Sequence[str]) -> int:
             return show_report(invocation.report)
         run_config = invocation.run_config
         assert run_config is not None  # action "run" always has one
+        # Before TensorFlow, and before a supervisor starts trainers: a libtpu that would abort
+        # TensorFlow, and a pod slice's rules (docs/tpu.md, Pod slices).
+        tpu_vm.prepare(argv, run_config)
         if command == "train" and supervisor.wanted(handles.value("max_restarts")):
             # The trainer runs in child processes; this one imports no TensorFlow.
             return supervisor.supervise(list(argv), run_config, handles.value("max_restarts"))

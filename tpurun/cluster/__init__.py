@@ -8,7 +8,6 @@ neither imports the other.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import importlib.util
 import json
 import os
@@ -16,6 +15,7 @@ import os
 import tensorflow as tf
 
 from tpurun.run_config import RunConfig, check_divisible
+from tpurun.tpu_vm.devices import tpu_device_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +56,6 @@ def replica_sum(strategy: tf.distribute.Strategy, values: tf.Tensor) -> tf.Tenso
     """
     per_replica = strategy.run(lambda: tf.identity(values))
     return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-
-def tpu_device_files() -> list[str]:
-    """The TPU chips attached to this machine: /dev/accel* (v2, v3) or /dev/vfio/<n> (v4 on)."""
-    return sorted(glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*"))
 
 
 def tpu_vm_detected() -> bool:

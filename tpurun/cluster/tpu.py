@@ -20,7 +20,6 @@ The Cloud TPU API itself (and its environment variables) is `tpurun.cluster.tpu_
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import re
 import threading
@@ -35,6 +34,7 @@ from tpurun.cluster import Cluster, tpu_api, tpu_device_files, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import first_line, one_line
 from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node
+from tpurun.tpu_vm import installed
 
 _T = TypeVar("_T")
 
@@ -262,20 +262,12 @@ def _local_hint() -> str:
             "this machine has no TPU chips (no /dev/accel* or /dev/vfio/*): --tpu=local works "
             "only on a Cloud TPU VM; use --tpu=NAME for a TPU node, or --use_tpu=false"
         )
-    libtpu = _version_of("libtpu") or _version_of("libtpu-nightly") or "not installed"
+    libtpu = installed.version("libtpu") or installed.version("libtpu-nightly") or "not installed"
     return (
         f"TensorFlow {tf.__version__} and libtpu ({libtpu}) must be a matched pair: install "
-        "the tensorflow-tpu release for this TensorFlow, which pins its libtpu (`pip install "
-        "tensorflow-tpu==X.Y.Z -f https://storage.googleapis.com/libtpu-tf-releases/index.html`); "
-        "if another process holds the TPU, stop it (`sudo lsof -w /dev/accel* /dev/vfio/*`)"
+        f"the pair tpurun is tested with (`{installed.install_line()}`); if another process "
+        "holds the TPU, stop it (`sudo lsof -w /dev/accel* /dev/vfio/*`)"
     )
-
-
-def _version_of(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _within(deadline: float, action: Callable[[], _T], timeout: Callable[[], RunError]) -> _T:
