@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import assert_fails, assert_ok
 from iris_runs import feature_columns, iris_checkpoint, iris_run, restored_iris
 from tpurun.models import iris
 
@@ -71,3 +80,108 @@ def test_a_model_with_generate_predicts_its_own_rows_from_the_restored_model(che
     expected = restored_iris(checkpoint).get_layer("logits").kernel.numpy().sum()
     assert row == {"kernel_sum": pytest.approx(float(expected)), "replicas": replicas}
     assert tf.distribute.get_strategy() is strategy.local(1).strategy  # left no scope open
+
+
+# --- --output: streamed into, replaced whole, or refused -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(checkpoint) -> Path:
+    """A model_dir holding ckpt-7 (untrained Iris): what predict reads."""
+    return Path(checkpoint).parent
+
+
+def predict_to(cli, model_dir: Path, output: str) -> subprocess.CompletedProcess:
+    return cli("predict", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}",
+               f"--output={output}")  # fmt: skip
+
+
+def test_output_to_stdout_goes_to_stdout_and_the_summary_to_stderr(tpurun_cli, model_dir):
+    result = assert_ok(predict_to(tpurun_cli, model_dir, "/dev/stdout"))
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(iris.PREDICTION_EXPECTED)
+    assert all(json.loads(line)["class_ids"] in (0, 1, 2) for line in lines)
+    assert "wrote 3 predictions to /dev/stdout" in result.stderr
+    assert os.path.islink("/dev/stdout")  # as it was: not replaced by a file
+
+
+def test_output_to_a_pipe_or_a_device_streams_into_it(tpurun_cli, model_dir, tmp_path):
+    fifo = tmp_path / "predictions.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as f:  # blocks until predict opens it for writing
+            received.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    result = predict_to(tpurun_cli, model_dir, str(fifo))
+    if reader.is_alive():  # predict never opened it: let the reader go
+        os.close(os.open(fifo, os.O_WRONLY))
+    reader.join()
+    assert_ok(result)
+    assert len(received[0].decode().splitlines()) == 3 and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert_ok(predict_to(tpurun_cli, model_dir, os.devnull))
+    assert stat.S_ISCHR(os.lstat(os.devnull).st_mode)  # still the device
+
+
+def test_output_replaces_a_regular_file_whole_even_at_the_model_dirs_top_level(
+    tpurun_cli, model_dir, tmp_path
+):
+    for output in (tmp_path / "old.jsonl", model_dir / "predictions.jsonl"):
+        output.write_text("an older prediction\n" * 100)
+        assert (
+            "wrote 3 predictions"
+            in assert_ok(predict_to(tpurun_cli, model_dir, str(output))).stdout
+        )
+        assert len(output.read_text().splitlines()) == 3
+        assert not [p for p in output.parent.iterdir() if "tpurun-tmp" in p.name]
+        output.unlink()
+
+
+def _link_to_a_file(directory: Path) -> None:
+    (directory / "kept.jsonl").write_text("the user's")
+    (directory / "out").symlink_to(directory / "kept.jsonl")
+
+
+def _socket(path: Path) -> None:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()  # the socket file stays
+
+
+# (what is there, what --output names, what the one line says)
+REFUSED = {
+    "a directory": (lambda d, m: (d / "out").mkdir(), "{d}/out", "is a directory"),
+    "a missing directory": (lambda d, m: None, "{d}/none/p.jsonl", "{d}/none does not exist"),
+    "a link to a file": (lambda d, m: _link_to_a_file(d), "{d}/out", "is a symbolic link"),
+    "a socket": (lambda d, m: _socket(d / "s"), "{d}/s", "is a socket"),
+    "a checkpoint": (lambda d, m: None, "{m}/ckpt-7.index", "which tpurun keeps there"),
+    "the state file": (lambda d, m: None, "{m}/checkpoint", "which tpurun keeps there"),
+    "a record": (lambda d, m: None, "{m}/runs/new.json", "inside runs/"),
+    "a checkpoint through a link to the model_dir": (
+        lambda d, m: (d / "alias").symlink_to(m),
+        "{d}/alias/ckpt-7.data-00000-of-00001",
+        "which tpurun keeps there",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_output_never_replaces_what_tpurun_did_not_make_or_keeps(
+    tpurun_cli, model_dir, tmp_path, case
+):
+    make, output, says = REFUSED[case]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    make(outside, model_dir)
+    before = {
+        p: p.read_bytes() for p in [*model_dir.rglob("*"), *outside.rglob("*")] if p.is_file()
+    }
+    output = output.format(d=outside, m=model_dir)
+    line = assert_fails(predict_to(tpurun_cli, model_dir, output), 2, f"--output={output}",
+                        says.format(d=outside, m=model_dir))  # fmt: skip
+    assert "tpurun-tmp" not in line  # the user's path, not tpurun's temporary's
+    after = {p: p.read_bytes() for p in [*model_dir.rglob("*"), *outside.rglob("*")] if p.is_file()}
+    assert after == before

@@ -47,7 +47,7 @@ from tpurun.eval_results import eval_metrics, summary_line, write_json
 from tpurun.evaluate import Evaluator
 from tpurun.export import export
 from tpurun.model import Mode, Model, TrainArrays
-from tpurun.predict import Predictor, write_rows
+from tpurun.predict import Predictor, output_target, write_rows
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tf_errors import one_line
 from tpurun.train import Trainer
@@ -85,8 +85,11 @@ def _run(run: RunConfig) -> None:
         sidecar.wait_for_checkpoint(run)
         train_config.check_same_model(run)
     else:
-        # Before anything is written: eval/predict/export of nothing is an error.
+        # Before anything is written: eval/predict/export of nothing is an error, as is
+        # an --output tpurun may not write (checked again when it writes).
         require_checkpoint(run)
+        if run.command == "predict" and run.config.predict.output:
+            output_target(run.config.predict.output, run.model_dir)
     outputs_before = _outputs(run)
     record = None
     account: GoodputRecord | None = None
@@ -386,11 +389,12 @@ def predict(run: RunConfig, where: Cluster, model: Model) -> None:
             f"{where.num_workers} workers) and run it once"
         )
     output = run.config.predict.output
-    if output:
-        storage.require_bucket(output, "--output")  # before predicting, not after
+    target = output_target(output, run.model_dir) if output else None
     rows = list(Predictor(run, where, model).predict(chosen_checkpoint(run)))
-    if output:
-        print(write_rows(output, rows))  # JSON lines, .npz or a .png grid, by its extension
+    if target is not None:
+        line = write_rows(target, rows)  # JSON lines, .npz or a .png grid, by its extension
+        # Beside the predictions when they went to stdout: on stderr, out of their way.
+        print(line, file=sys.stderr if target.to_stdout else sys.stdout)
         return
     for line in model.format_predictions(rows):
         print(line)
