@@ -55,11 +55,10 @@ def finish(run: RunConfig, where: Cluster, model: Model, account: GoodputRecord)
     try:
         if trained:
             mine = storage.basename(account.path)
-            others = [
-                r["goodput"]
-                for name, r in report.records.train_records(run.model_dir)
-                if name != mine and r.get("goodput")
-            ]
+            accounts = report.records.time_accounts(run.model_dir)
+            for line in accounts.skipped:
+                logging.warning("Not in the time account: %s.", line)
+            others = [goodput for name, goodput in accounts.found if name != mine]
             summary = report.account([*others, account.ended("finished", **fields)])
             print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
             _write_scalars(run.model_dir, summary)

@@ -127,6 +127,11 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
             continue
         p.end = float(death["t"]) if death.get("t") else p.last_t
         p.end = max(p.end, p.last_t)
+    # Two trainers never run at once in one model_dir (the lease): one whose end the
+    # records put after the next one's start (clocks that stepped, a --force_takeover of
+    # a hung trainer) is counted until that start, so no second is counted twice.
+    for p, following in zip(found, found[1:], strict=False):
+        p.end = min(p.end, following.start)
     return found
 
 
@@ -161,7 +166,9 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
     achieved = flops / step_seconds if flops and step_seconds else None
     mfu = achieved / peak if achieved and peak else None
     why = None
-    if mfu is None:
+    if mfu is not None and mfu > 1:  # more than the device can: the records' figures are not
+        mfu, why = None, f"the records' FLOPs and step time give {mfu:.0%} of the peak, past 100%"
+    elif mfu is None:
         why = (
             (_newest(found, "peak_why") or "no peak FLOP/s known for this device")
             if flops
@@ -193,7 +200,7 @@ def _split(
     if not p.trained:
         parts["startup"] = duration
         return parts, 0.0, 0, None
-    parts["startup"] = float(p.record["training_start"]["t"]) - p.start
+    parts["startup"] = max(0.0, float(p.record["training_start"]["t"]) - p.start)
     loops = p.record.get("loops") or {}
     first = p.record.get("first_loop") or {}
     seconds = float(loops.get("seconds", 0.0))
@@ -203,9 +210,9 @@ def _split(
     first_steps = int(first.get("steps", 0))
     step_time: float | None = None
     if steps > first_steps:
-        step_time = (seconds - waited - first_busy) / (steps - first_steps)
+        step_time = max(0.0, seconds - waited - first_busy) / (steps - first_steps)
     elif steps:
-        step_time = (seconds - waited) / steps  # one loop: its compile cannot be told apart
+        step_time = max(0.0, seconds - waited) / steps  # one loop: its compile is in it
     compile_s = max(0.0, first_busy - first_steps * step_time) if step_time is not None else 0.0
     busy = max(0.0, seconds - waited - compile_s)
     parts["compile"] = compile_s
@@ -226,7 +233,27 @@ def _split(
     if p.died and by_clock is not None:
         parts["lost_progress"] = by_clock
     parts["other"] = duration - sum(parts.values()) - kept_s
+    kept_s = _balanced(parts, kept_s)
     return parts, kept_s, kept, step_time
+
+
+def _balanced(parts: dict[str, float], kept_s: float) -> float:
+    """The kept steps' time, with `parts` made to add up to the process's time, none negative:
+    a deficit in `other` (estimates that overshoot: the steady step time, the lost steps by
+    the clock, a life cut at the next process's start) is taken from the lost progress
+    first, then from the goodput, then from the other categories."""
+    deficit = max(0.0, -parts["other"])
+    parts["other"] = max(0.0, parts["other"])
+    for name in ("lost_progress", "goodput", *CATEGORIES):
+        if deficit <= 0:
+            break
+        taken = min(deficit, kept_s if name == "goodput" else parts[name])
+        if name == "goodput":
+            kept_s -= taken
+        else:
+            parts[name] -= taken
+        deficit -= taken
+    return kept_s
 
 
 def _lost_by_the_clock(

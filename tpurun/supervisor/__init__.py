@@ -185,22 +185,16 @@ class Supervisor:
 
     def _where_it_stopped(self) -> tuple[str, int | None]:
         """(' at about step 4,310', 4000): the step the trainer last recorded, and the newest
-        checkpoint (saved, as the records and the state file say), from the model_dir."""
+        checkpoint on disk (the one the next trainer resumes from), from the model_dir."""
         try:
-            found = records.train_records(self.run_config.model_dir)
-            latest = records.latest_checkpoint_step(self.run_config.model_dir)
-        except Exception:  # noqa: BLE001 - the line without the steps is still the line
-            return "", None
-        mine = [
-            r["goodput"]
-            for _, r in found
-            if (r.get("goodput") or {}).get("process_start", 0) >= self.started_at - 1
-        ]
+            found = records.time_accounts(self.run_config.model_dir).found
+        except Exception:  # noqa: BLE001 - the line without the step is still the line
+            found = []
+        mine = [g for _, g in found if g["process_start"] >= self.started_at - 1]
         step = (mine[-1].get("last") or {}).get("step") if mine else None
         if self.progress is not None:  # from the pipe: newer than the record
             step = self.progress[0]
-        saves = [s["step"] for _, r in found for s in (r.get("goodput") or {}).get("saves", [])]
-        newest = max([*saves, *([latest] if latest is not None else [])], default=None)
+        newest = records.newest_checkpoint_step(self.run_config.model_dir)
         return (f" at about step {step:,}" if step is not None else " before its first step"), (
             newest or None
         )
