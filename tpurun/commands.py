@@ -7,7 +7,6 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 import time
@@ -37,7 +36,7 @@ from tpurun import (
 )
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
-from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
+from tpurun.actions.goodput import GoodputRecord, initial_account, record_name, writing_through
 from tpurun.actions.lease import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster
@@ -438,9 +437,8 @@ def prepare_model_dir(run: RunConfig) -> bool:
 def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
     """The run record: run config and versions, one JSON file per run under model_dir/runs
     (a train's also the start of its time account: `actions.goodput`). Its path and content."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     runs = storage.make_dir(run.model_dir, storage.join(run.model_dir, "runs"))
-    path = storage.join(runs, f"{stamp}-{run.command}.json")
+    path = storage.join(runs, record_name(run.command))
     record = json.loads(run.record(tf.__version__))
     if run.command == "train":
         record["goodput"] = initial_account()

@@ -11,11 +11,14 @@ written before the process exits.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from absl import logging
 
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats
@@ -26,10 +29,18 @@ WRITE_EVERY = 2.0  # seconds between writes of the loops' progress
 # Set by `tpurun train --max_restarts` for the trainer it starts (tpurun.supervisor).
 SUPERVISED_ENV = "TPURUN_SUPERVISED"  # "<restart>/<max_restarts>"
 SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"  # when the supervisor started this process (epoch s)
+SUPERVISOR_START_ENV = "TPURUN_SUPERVISOR_START"  # when the supervisor started (epoch s)
 PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # JSON {"t", "cause", "step", "step_t"}
 # A pipe to the supervisor: "<step> <epoch s>" after every host loop, so it knows the last
 # step and when it was reached even if the process is killed between two record writes.
 PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"
+
+
+def record_name(command: str) -> str:
+    """A new run record's name: `<UTC time to the microsecond>-<command>.json` (what
+    `tpurun.report.records.TRAIN_RECORD` matches for a train)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return f"{stamp}-{command}.json"
 
 
 def process_start() -> float:
@@ -57,6 +68,8 @@ def initial_account() -> dict[str, Any]:
     if supervised:
         account["restart"] = int(supervised.split("/")[0])
         account["spawned_at"] = account["process_start"]
+        with contextlib.suppress(ValueError):  # which supervisor: its trainers' records say
+            account["supervisor_start"] = float(os.environ.get(SUPERVISOR_START_ENV, ""))
     death = os.environ.get(PREVIOUS_DEATH_ENV)
     if death:
         with contextlib.suppress(ValueError):
@@ -150,7 +163,22 @@ class GoodputRecord(Action):
         self.account.update(fields)
         last = self.account.get("last") or {}
         self.account["end"] = {"t": time.time(), "reason": reason, "step": last.get("step")}
-        self._write(now=True, wait=True)
+        try:
+            self._write(now=True, wait=True)
+        except Exception as e:  # noqa: BLE001 - storage's errors (OSError, TensorFlow's), others
+            # Its record cannot be rewritten (a directory or another file put in its place):
+            # the whole account under a new name, so the report sees how it ended.
+            lost, self._path = (
+                self._path,
+                storage.join(self._path.rsplit("/", 1)[0], record_name("train")),
+            )
+            self._write(now=True, wait=True)
+            logging.warning(
+                "Could not rewrite the run record %s (%s); its account is in %s.",
+                lost,
+                e,
+                self._path,
+            )
 
     def ended(self, reason: str, **fields: Any) -> dict[str, Any]:
         """This account as it would read if the process ended now (for the report `train`

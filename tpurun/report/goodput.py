@@ -4,8 +4,8 @@ Each train process writes, as it goes, a `goodput` object into its run record
 (`tpurun.actions.goodput.GoodputRecord`: the times are seconds since the epoch, the
 durations seconds):
 
-    process_start, spawned_at, restart, previous_death {t, cause, step, step_t},
-    cluster_ready,
+    process_start, spawned_at, supervisor_start, restart, previous_death {t, cause,
+    step, step_t}, cluster_ready,
     training_start {t, step}, first_loop {steps, seconds, input_seconds},
     loops {count, steps, seconds, input_seconds}, last {step, t}, saves [{step, t,
     blocking_s}], evaluations [{step, t, seconds}], end {t, reason, step}, updated,
@@ -13,7 +13,9 @@ durations seconds):
 
 `account` splits the time from the first process's start to the last one's end into
 the categories below; they add up to `wall_s` by construction (`other` is what is
-left of each process's time).
+left of each process's time). A trainer killed before it wrote its record has one
+its supervisor wrote (`tpurun.supervisor.post_mortem`), or is counted from the gap
+in its supervisor's restart numbers.
 """
 
 from __future__ import annotations
@@ -102,14 +104,16 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
     """The train processes of `records` (each a run record's `goodput`), oldest first, with
     their ends: as recorded, else the death the next process was told of, else the last
     update."""
-    found = sorted(
-        (
-            _Process(g, float(g["process_start"]))
-            for g in records
-            if g.get("process_start") is not None
-        ),
-        key=lambda p: p.start,
-    )
+    # One process per start: a process whose record could not be rewritten at its end wrote
+    # its account again under a new name (`GoodputRecord.finish`); the most complete counts.
+    newest: dict[float, dict[str, Any]] = {}
+    for g in records:
+        if g.get("process_start") is None:
+            continue
+        start = float(g["process_start"])
+        if start not in newest or _completeness(g) > _completeness(newest[start]):
+            newest[start] = g
+    found = sorted((_Process(g, start) for start, g in newest.items()), key=lambda p: p.start)
     for i, p in enumerate(found):
         end = p.record.get("end")
         if end:
@@ -135,6 +139,24 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
     return found
 
 
+def _completeness(goodput: dict[str, Any]) -> tuple[bool, float]:
+    return bool(goodput.get("end")), float(goodput.get("updated") or 0.0)
+
+
+def _unrecorded(found: Sequence[_Process]) -> tuple[int, int]:
+    """(disruptions, restarts) of trainers a supervisor started that left no record: the
+    numbers missing below the highest `restart` of the records of one supervisor
+    (`supervisor_start`). Each of them died (a later one was started); all but the first
+    trainer were restarts."""
+    numbers: dict[float, set[int]] = {}
+    for p in found:
+        since, restart = p.record.get("supervisor_start"), p.record.get("restart")
+        if since is not None and restart is not None:
+            numbers.setdefault(float(since), set()).add(int(restart))
+    missing = [set(range(max(seen) + 1)) - seen for seen in numbers.values()]
+    return sum(len(m) for m in missing), sum(len(m - {0}) for m in missing)
+
+
 def account(records: Sequence[dict[str, Any]]) -> Report:
     """The report over the `goodput` objects of a model_dir's train run records."""
     found = processes(records)
@@ -144,7 +166,7 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
     goodput = 0.0
     kept_steps = 0
     step_seconds = None
-    disruptions = restarts = 0
+    disruptions, restarts = _unrecorded(found)
     for i, p in enumerate(found):
         later = found[i + 1 :]
         if p.record.get("previous_death") and p.record.get("restart"):

@@ -47,7 +47,7 @@ class _Skip(Exception):
     pass
 
 
-def _gcs() -> Any:
+def gcs() -> Any:
     import gcsfs  # only for gs:// model_dirs: it brings aiohttp
 
     std_logging.getLogger("gcsfs").setLevel(std_logging.CRITICAL)
@@ -59,7 +59,7 @@ def _read(path: str) -> bytes | None:
     """A record's bytes (None: gone meanwhile); _Skip when it is no file tpurun wrote."""
     try:
         if path.startswith("gs://"):
-            with _gcs().open(path, "rb") as f:
+            with gcs().open(path, "rb") as f:
                 data = f.read(MAX_RECORD_BYTES + 1)
         else:
             kind = stat.S_IFMT(os.stat(path).st_mode)  # through a link: what a read reaches
@@ -92,7 +92,7 @@ def _parse(data: bytes) -> Any:
 def _listdir(directory: str) -> list[str]:
     if directory.startswith("gs://"):
         try:
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in _gcs().ls(directory, refresh=True)]
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in gcs().ls(directory, refresh=True)]
         except FileNotFoundError:
             return []
     try:
