@@ -61,6 +61,14 @@ USAGE_ERRORS = {
         ["train", "--config.optimizer.learning_rate=fast"],
         ["--config.optimizer.learning_rate=fast", "takes a number"],
     ),
+    "override_tuple_with_text": (
+        ["train", "--config.hidden_units=(10, 'a')"],
+        ["--config.hidden_units", "holds integers (its default: (10, 10))", "'a' is not one"],
+    ),
+    "override_tuple_not_a_number": (
+        ["train", "--config.hidden_units=abc"],
+        ["'abc' is not one", 'give e.g. --config.hidden_units="(10, 10)"'],
+    ),
     "predict_flag_on_train": (
         ["train", "--input=rows.csv"],
         ["--input does not apply to `tpurun train`", "`tpurun predict`"],
@@ -111,6 +119,23 @@ def test_usage_error(tpurun_cli, tmp_path, args, keywords):
     result = tpurun_cli(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert_fails(result, USAGE, *keywords)
     assert contents(tmp_path) == before, "a usage error must not write anything"
+
+
+@pytest.mark.parametrize(
+    "exits, says",
+    [
+        ("import sys\nsys.exit(0)\n", "sys.exit(0)"),
+        ("raise SystemExit('message')\n", "sys.exit('message')"),
+        ("import sys\ndef get_config():\n    sys.exit()\n", "sys.exit()"),
+    ],
+    ids=["exit_0_at_import", "system_exit_message", "exit_in_get_config"],
+)
+def test_a_config_file_that_exits_is_a_config_error(tpurun_cli, tmp_path, exits, says):
+    config = tmp_path / "leaving.py"
+    config.write_text(exits)
+    result = tpurun_cli("train", f"--config={config}", f"--model_dir={tmp_path / 'model'}")
+    assert_fails(result, USAGE, f"config file {config} exited while loading ({says})")
+    assert not (tmp_path / "model").exists()
 
 
 def test_usage_error_from_tpu_name_in_the_environment(tpurun_cli, tmp_path):

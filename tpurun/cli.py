@@ -219,7 +219,8 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         # absl words it "ERROR:: Unable to open flagfile: ..."; the prefix says nothing.
         raise UsageError(_one_line(str(e).replace("ERROR::", ""))) from None
     argv, source = _resolve_config_arg(argv)
-    config_files.check_override_keys(config_files.load(source), argv)
+    defaults = config_files.load(source)
+    config_files.check_override_keys(defaults, argv)
     cli_flags.CONFIG_ARGV[:] = argv  # where config_flags finds the --config.<key> overrides
     try:
         leftover = FLAGS(argv)
@@ -236,6 +237,11 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         raise UsageError(_one_line(str(e))) from None
     except (AttributeError, KeyError, ValueError, OSError) as e:
         raise UsageError(f"--config: {_one_line(str(e))}") from None
+    except SystemExit as e:  # the config file, imported again by config_flags, exited
+        raise UsageError(
+            f"config file {source.path} exited while loading "
+            f"({config_files.exit_text(e)}); remove the exit"
+        ) from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
     allowed = set(cli_flags.COMMAND_FLAGS[command]) | set(cli_flags.ABSL_FLAGS)
@@ -250,6 +256,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     bounds.integer("--max_restarts", cli_flags.MAX_RESTARTS.value, 0, bounds.MAX_RESTARTS)
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
+    config_files.check_override_types(defaults, overridden)
     config = merge_flags(cli_flags.CONFIG.value, flag_values, overridden)
     model_dir = cli_flags.MODEL_DIR.value
     if model_dir is None:

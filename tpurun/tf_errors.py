@@ -57,6 +57,16 @@ def one_line(error: BaseException, limit: int | None = None) -> str:
     return " ".join(str(getattr(error, "message", None) or error).split())[:limit]
 
 
+# How much of a value of the user's (a data cell, a config value) an error line quotes.
+EXCERPT = 60
+
+
+def excerpt(text: str, limit: int = EXCERPT) -> str:
+    """`text` whole when short, else its start and its length: an error line stays a line
+    whatever it quotes (a CSV cell of 200,000 characters)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def first_line(value: object) -> str:
     """The first line of a text (or of an error's str()), its whitespace collapsed."""
     lines = str(value).strip().splitlines()
