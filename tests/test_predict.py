@@ -185,3 +185,25 @@ def test_output_never_replaces_what_tpurun_did_not_make_or_keeps(
     assert "tpurun-tmp" not in line  # the user's path, not tpurun's temporary's
     after = {p: p.read_bytes() for p in [*model_dir.rglob("*"), *outside.rglob("*")] if p.is_file()}
     assert after == before
+
+
+@pytest.mark.parametrize(
+    "rows, says",
+    [
+        (
+            "5.9,3.0,4.2,1.5\n5.1,3.3," + "9" * 200_000 + "x,0.5\n",
+            ["line 2: column PetalLength is '9999", "(200,003 characters)"],
+        ),
+        ("5.1,3.3,1.7,0.5,0,7\n5.9,3.0,4.2,1.5,1,7\n", ["has 6 columns", "remove the other"]),
+    ],
+    ids=["a_cell_of_200000_characters", "rows_of_6_columns"],
+)
+def test_predict_input_quotes_an_excerpt_and_refuses_extra_columns(
+    tpurun_cli, model_dir, tmp_path, rows, says
+):
+    path = tmp_path / "rows.csv"
+    path.write_text(rows)
+    result = tpurun_cli("predict", "--config=iris", "--use_tpu=false",
+                        f"--model_dir={model_dir}", f"--input={path}")  # fmt: skip
+    line = assert_fails(result, 1, f"data file {path}", *says)
+    assert len(line) < 500

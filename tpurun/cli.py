@@ -22,7 +22,7 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal
+from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal, tf_errors
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
 
@@ -151,18 +151,21 @@ def main(argv: Sequence[str]) -> int:
         _report(command, "interrupted")
         return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
-        from tpurun import tf_errors
-
         message, code = tf_errors.describe(e)
         _report(command, message)
         return code
+
+
+# The longest error line: whatever a message quotes (a user's value, a data cell, an
+# error of the user's code), the line stays one a terminal shows.
+MAX_ERROR_LINE = 2000
 
 
 def _report(command: str, message: str) -> None:
     prefix = f"tpurun {command}" if command in COMMAND_HELP else "tpurun"
     if _verbose():
         traceback.print_exc()
-    print(f"{prefix}: error: {message}", file=sys.stderr)
+    print(f"{prefix}: error: {tf_errors.excerpt(message, MAX_ERROR_LINE)}", file=sys.stderr)
     if (
         not _verbose()
         and sys.exc_info()[0] is not None
