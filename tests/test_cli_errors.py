@@ -69,6 +69,10 @@ USAGE_ERRORS = {
         ["train", "--config.hidden_units=abc"],
         ["'abc' is not one", 'give e.g. --config.hidden_units="(10, 10)"'],
     ),
+    "unknown_model": (
+        ["train", "--config.model=nope"],
+        ["config.model='nope' is not a registered model (known: ", "iris, mnist, shakespeare"],
+    ),
     "predict_flag_on_train": (
         ["train", "--input=rows.csv"],
         ["--input does not apply to `tpurun train`", "`tpurun predict`"],
