@@ -12,6 +12,7 @@ import difflib
 import logging as std_logging
 import os
 import re
+import signal
 import sys
 import textwrap
 import traceback
@@ -22,7 +23,16 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, bounds, cli_flags, config_files, supervisor, terminal, tf_errors
+from tpurun import (
+    __version__,
+    bounds,
+    cli_flags,
+    config_files,
+    errors,
+    supervisor,
+    terminal,
+    tf_errors,
+)
 from tpurun.errors import TpurunError, UsageError
 from tpurun.run_config import FLAG_TO_CONFIG_KEY, RunConfig, merge_flags, parse_checkpoint
 
@@ -108,6 +118,17 @@ def parse_command_line(argv: Sequence[str]) -> Invocation:
 
 
 def main(argv: Sequence[str]) -> int:
+    # SIGTERM before training: exit 75 (already so from the first line under __main__); the
+    # handler before is put back after, for a program that called main (the tests).
+    previous = errors.stop_at_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
+
+
+def _main(argv: Sequence[str]) -> int:
     command = argv[1] if len(argv) > 1 else ""
     try:
         invocation = parse_command_line(argv)
@@ -150,6 +171,9 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         _report(command, "interrupted")
         return 130
+    except errors.StoppedBySigterm as e:
+        _report(command, str(e))
+        return e.exit_code
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
         message, code = tf_errors.describe(e)
         _report(command, message)
@@ -169,7 +193,7 @@ def _report(command: str, message: str) -> None:
     if (
         not _verbose()
         and sys.exc_info()[0] is not None
-        and not isinstance(sys.exc_info()[1], TpurunError)
+        and not isinstance(sys.exc_info()[1], (TpurunError, errors.StoppedBySigterm))
     ):
         print(f"{prefix}: (rerun with --verbosity=1 for the traceback)", file=sys.stderr)
 

@@ -15,7 +15,7 @@ from absl import logging
 from tpurun import check, report, storage
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster
-from tpurun.errors import Preempted
+from tpurun.errors import Preempted, StoppedBySigterm
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
 from tpurun.tf_errors import one_line
@@ -23,7 +23,12 @@ from tpurun.tf_errors import one_line
 
 def end_quietly(account: GoodputRecord, error: BaseException) -> None:
     """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
-    reason = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}.get(type(error), "error")
+    reasons = {
+        Preempted: "preempted",
+        StoppedBySigterm: "preempted",
+        KeyboardInterrupt: "interrupted",
+    }
+    reason = reasons.get(type(error), "error")
     try:
         account.finish(reason)
     except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
