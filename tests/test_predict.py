@@ -18,8 +18,9 @@ from iris_runs import feature_columns, iris_checkpoint, iris_run, restored_iris
 from tpurun.models import iris
 
 from tpurun import strategy
+from tpurun.errors import UsageError
 from tpurun.model import create
-from tpurun.predict import Predictor
+from tpurun.predict import Predictor, output_target
 
 
 @pytest.fixture(scope="module")
@@ -169,22 +170,27 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", REFUSED)
-def test_output_never_replaces_what_tpurun_did_not_make_or_keeps(
-    tpurun_cli, model_dir, tmp_path, case
-):
+def test_output_never_replaces_what_tpurun_did_not_make_or_keeps(model_dir, tmp_path, case):
+    """The rule, case by case (`output_target`, which predict asks before it predicts and
+    again when it writes); the test below runs one case through the CLI."""
     make, output, says = REFUSED[case]
     outside = tmp_path / "outside"
     outside.mkdir()
     make(outside, model_dir)
-    before = {
-        p: p.read_bytes() for p in [*model_dir.rglob("*"), *outside.rglob("*")] if p.is_file()
-    }
     output = output.format(d=outside, m=model_dir)
-    line = assert_fails(predict_to(tpurun_cli, model_dir, output), 2, f"--output={output}",
-                        says.format(d=outside, m=model_dir))  # fmt: skip
-    assert "tpurun-tmp" not in line  # the user's path, not tpurun's temporary's
-    after = {p: p.read_bytes() for p in [*model_dir.rglob("*"), *outside.rglob("*")] if p.is_file()}
-    assert after == before
+    with pytest.raises(UsageError) as refused:
+        output_target(output, str(model_dir))
+    assert f"--output={output}" in str(refused.value)
+    assert says.format(d=outside, m=model_dir) in str(refused.value)
+
+
+def test_an_output_refused_is_one_line_and_exit_2_before_predicting(tpurun_cli, model_dir):
+    index = model_dir / "ckpt-7.index"
+    before = index.read_bytes()
+    result = predict_to(tpurun_cli, model_dir, str(index))
+    line = assert_fails(result, 2, f"--output={index} is 'ckpt-7.index', a file of --model_dir")
+    assert "tpurun-tmp" not in line and "Restoring" not in result.stderr
+    assert index.read_bytes() == before
 
 
 @pytest.mark.parametrize(

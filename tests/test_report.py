@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import assert_fails, assert_ok, error_lines
@@ -328,25 +329,42 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("case", HOSTILE)
-def test_a_record_that_does_not_hold_is_skipped_naming_its_file_and_field(
-    tpurun_cli, tmp_path, case
-):
-    write_records(tmp_path, *GOOD)
-    content, says = HOSTILE[case]
-    hostile = tmp_path / "runs" / HOSTILE_NAME
+def _place(runs: Path, name: str, case: str) -> Path:
+    """The record of HOSTILE[case] as runs/<name>."""
+    content = HOSTILE[case][0]
+    path = runs / name
     if content is None:
-        (tmp_path / "elsewhere").mkdir()
-        hostile.symlink_to(tmp_path / "elsewhere")
+        (runs.parent / f"elsewhere-{name}").mkdir()
+        path.symlink_to(runs.parent / f"elsewhere-{name}")
     else:
-        hostile.write_bytes(content)
-    result = assert_ok(tpurun_cli("report", f"--model_dir={tmp_path}", "--json"))
-    (line,) = result.stderr.splitlines()
-    assert line.startswith(f"tpurun report: skipped {hostile}") and says in line, line
+        path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_record_that_does_not_hold_is_skipped_naming_its_file_and_field(tmp_path, capsys, case):
+    """The rule, case by case (`report.main`, the command's body); the test below puts them
+    all in one model_dir through the CLI."""
+    write_records(tmp_path, *GOOD)
+    hostile = _place(tmp_path / "runs", HOSTILE_NAME, case)
+    data = json.loads(report.main(str(tmp_path), as_json=True))
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"tpurun report: skipped {hostile}") and HOSTILE[case][1] in line, line
     assert len(line) < 400
-    data = json.loads(result.stdout)
     assert data.pop("skipped_records") == [line.removeprefix("tpurun report: skipped ")]
     assert data == account(list(GOOD)).as_json()  # the good records' report, as without it
+
+
+def test_every_hostile_record_at_once_through_the_cli(tpurun_cli, tmp_path):
+    write_records(tmp_path, *GOOD)
+    for i, case in enumerate(HOSTILE):
+        _place(tmp_path / "runs", f"20261126T1300{i:02d}.000000Z-train.json", case)
+    result = assert_ok(tpurun_cli("report", f"--model_dir={tmp_path}", "--json"))
+    skipped = result.stderr.splitlines()
+    assert len(skipped) == len(HOSTILE) and all("tpurun report: skipped " in x for x in skipped)
+    data = json.loads(result.stdout)
+    assert len(data.pop("skipped_records")) == len(HOSTILE)
+    assert data == account(list(GOOD)).as_json()
 
 
 def test_a_model_dir_or_runs_that_is_a_file_and_only_bad_records_are_one_line(tpurun_cli, tmp_path):
