@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from tpurun.errors import RunError
+from tpurun.errors import RunError, excerpt
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Classifier, InputParams, Mode, TrainArrays, register
 
@@ -49,6 +49,8 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     try:
         # Through TensorFlow's file systems, like every other path of a run (gs://, ...).
         with tf.io.gfile.GFile(path, "rb") as f:
+            _refuse_a_wide_first_line(path, f.read(64 << 10))
+            f.seek(0)
             frame = pd.read_csv(f, header=None, dtype=str, keep_default_na=False)
     except tf.errors.NotFoundError:
         raise RunError(f"data file {path} does not exist; check the path") from None
@@ -66,7 +68,7 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     header = _header(first, columns)
     if header is None:
         raise RunError(
-            f"data file {path}, line 1: {','.join(first)!r} is neither a header (the column "
+            f"data file {path}, line 1: {excerpt(repr(','.join(first)))} is neither a header (the column "
             f"names {','.join(columns)}, or the tutorial's count line like "
             f"120,4,setosa,versicolor,virginica) nor a row of {len(columns)} numbers; fix "
             "that line"
@@ -75,10 +77,17 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     if header == "names":
         frame.columns = first
         frame = frame.iloc[1:][list(columns)]
-    elif len(frame.columns) >= len(columns):
+    elif len(columns) <= len(frame.columns) <= len(FEATURES) + 1:
+        # By position: the features, and the label (which predict leaves out).
         frame = frame.iloc[1:] if header else frame
         frame = frame.iloc[:, : len(columns)]
         frame.columns = list(columns)
+    elif len(frame.columns) > len(FEATURES) + 1:
+        raise RunError(
+            f"data file {path} has {len(frame.columns):,} columns; a row of Iris data has the 4 "
+            f"features ({', '.join(FEATURES)}) and, in training and evaluation data, the label "
+            f"{LABEL}: remove the other columns, or name the columns in a header line"
+        )
     else:
         raise RunError(
             f"data file {path} has {len(frame.columns)} columns; it needs {', '.join(columns)}"
@@ -105,7 +114,7 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
                 row = int(np.argmax(np.asarray(bad)))
                 raise RunError(
                     f"data file {path}, line {row + first_row}: column {column} is "
-                    f"{frame[column].iloc[row]!r}, {what}"
+                    f"{excerpt(repr(frame[column].iloc[row]))}, {what}"
                 )
         out[column] = values
     if with_labels:
@@ -122,6 +131,24 @@ def read_csv(path: str, with_labels: bool, n_classes: int = len(SPECIES)) -> pd.
     for column in FEATURES:
         out[column] = out[column].astype(np.float32)
     return out
+
+
+# The most columns a CSV with a header line of names may have (the others than Iris's are
+# left out): pandas takes minutes over a line of a million.
+MAX_COLUMNS = 1000
+
+
+def _refuse_a_wide_first_line(path: str, head: bytes) -> None:
+    """Refuses a first line of more than MAX_COLUMNS fields before pandas reads it (the
+    first line sets the table's width; a later wider row is pandas' ParserError)."""
+    fields = head.split(b"\n", 1)[0].count(b",") + 1
+    if fields > MAX_COLUMNS:
+        more = "" if b"\n" in head else " or more"
+        raise RunError(
+            f"data file {path}, line 1: {fields:,}{more} columns; a row of Iris data has "
+            f"{len(FEATURES)} features and a label, and a header line at most {MAX_COLUMNS} "
+            "named columns: fix that line"
+        )
 
 
 def _header(first: list[str], columns: tuple[str, ...]) -> str | None:

@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import threading
+import time
 
 import ml_collections
 import pytest
@@ -612,3 +613,26 @@ def test_evaluate_checkpoint_makes_its_evaluator_at_the_first_evaluation_only():
         ("/m/ckpt-20", "val", {"global_step": 20}),
         ("/m/ckpt-20", "test", {"global_step": 20}),
     ]
+
+
+def test_a_finished_run_whose_record_cannot_be_rewritten_records_its_end_under_a_new_name(
+    tmp_path, caplog
+):
+    """Another file in its record's place at the end: the account goes to a new record, so
+    the report counts a run that finished, not a disruption."""
+    from tpurun import report
+    from tpurun.actions.goodput import GoodputRecord, initial_account, record_name
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    path = runs / record_name("train")
+    account = GoodputRecord(str(path), {"run_config": {}, "goodput": initial_account()})
+    account.start(0, 10)  # written at once
+    path.unlink()
+    path.mkdir()  # in the way of its last write
+    account.finish("finished")
+    assert "Could not rewrite the run record" in caplog.text
+    later = {"process_start": time.time() + 1, "end": {"t": time.time() + 2, "reason": "finished"}}
+    (runs / "29991231T000000.000000Z-train.json").write_text(json.dumps({"goodput": later}))
+    summary = report.read(str(tmp_path))
+    assert (summary.processes, summary.disruptions) == (2, 0)

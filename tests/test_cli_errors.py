@@ -61,6 +61,18 @@ USAGE_ERRORS = {
         ["train", "--config.optimizer.learning_rate=fast"],
         ["--config.optimizer.learning_rate=fast", "takes a number"],
     ),
+    "override_tuple_with_text": (
+        ["train", "--config.hidden_units=(10, 'a')"],
+        ["--config.hidden_units", "holds integers (its default: (10, 10))", "'a' is not one"],
+    ),
+    "override_tuple_not_a_number": (
+        ["train", "--config.hidden_units=abc"],
+        ["'abc' is not one", 'give e.g. --config.hidden_units="(10, 10)"'],
+    ),
+    "unknown_model": (
+        ["train", "--config.model=nope"],
+        ["config.model='nope' is not a registered model (known: ", "iris, mnist, shakespeare"],
+    ),
     "predict_flag_on_train": (
         ["train", "--input=rows.csv"],
         ["--input does not apply to `tpurun train`", "`tpurun predict`"],
@@ -114,6 +126,30 @@ def test_usage_error(tpurun_cli, tmp_path, args, keywords):
     result = tpurun_cli(*args, f"--model_dir={tmp_path / 'model'}", cwd=tmp_path)
     assert_fails(result, USAGE, *keywords)
     assert contents(tmp_path) == before, "a usage error must not write anything"
+
+
+@pytest.mark.parametrize(
+    "exits, says",
+    [
+        ("import sys\nsys.exit(0)\n", "sys.exit(0)"),
+        ("raise SystemExit('message')\n", "sys.exit('message')"),
+        ("import sys\ndef get_config():\n    sys.exit()\n", "sys.exit()"),
+    ],
+    ids=["exit_0_at_import", "system_exit_message", "exit_in_get_config"],
+)
+def test_a_config_file_that_exits_is_a_config_error(tpurun_cli, tmp_path, exits, says):
+    config = tmp_path / "leaving.py"
+    config.write_text(exits)
+    result = tpurun_cli("train", f"--config={config}", f"--model_dir={tmp_path / 'model'}")
+    assert_fails(result, USAGE, f"config file {config} exited while loading ({says})")
+    assert not (tmp_path / "model").exists()
+
+
+def test_an_error_line_is_cut_whatever_it_quotes(tpurun_cli, tmp_path):
+    config = tmp_path / "loud.py"
+    config.write_text("def get_config():\n    raise ValueError('x' * 200_000)\n")
+    line = assert_fails(tpurun_cli("train", f"--config={config}"), USAGE, "ValueError: xxx")
+    assert len(line) < 2100 and line.endswith(" characters)")
 
 
 def test_usage_error_from_tpu_name_in_the_environment(tpurun_cli, tmp_path):
@@ -204,6 +240,18 @@ MALFORMED_DATA = {
         HEADER + GOOD_ROW + "5.0,2.3,3",
         ["line 3", "column PetalWidth is ''", "missing or malformed value"],
     ),
+    "a_cell_of_200000_characters": (
+        HEADER + GOOD_ROW + "5.0," + "w" * 200_000 + ",3.3,1.0,1\n",
+        ["line 3", "column SepalWidth", "'wwwww", "(200,002 characters)", "not a number"],
+    ),
+    "a_row_of_1000000_columns": (
+        ",".join(["1.0"] * 1_000_000) + "\n" + GOOD_ROW,
+        ["line 1", "16,385 or more columns", "fix that line"],
+    ),
+    "a_row_of_9_columns": (
+        HEADER.replace("\n", ",a,b,c,d\n") + GOOD_ROW.replace("\n", ",1,1,1,1\n"),
+        ["has 9 columns", "the 4 features", "remove the other columns"],
+    ),
     "an_image": (  # a PNG header, then bytes no UTF-8 text has
         b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)) * 8,
         ["is not UTF-8 text", "pass a CSV file"],
@@ -230,7 +278,8 @@ def test_malformed_train_data_leaves_no_model_dir(tpurun_cli, tmp_path, text, ke
         "--iterations=10",
         cwd=tmp_path,
     )
-    assert_fails(result, RUN_FAILURE, f"data file {data}", *keywords)
+    line = assert_fails(result, RUN_FAILURE, f"data file {data}", *keywords)
+    assert len(line) < 500  # whatever the data holds, it quotes an excerpt
     # Not even the run record: the model_dir this train created is removed again.
     assert contents(tmp_path) == before
 

@@ -466,13 +466,18 @@ def test_a_failed_background_save_ends_the_run_at_the_next_loop_with_its_error(
 
     monkeypatch.setattr(checkpoints.Saver, "commit", failing)
     log: list = []
-    with Writer() as writer, pytest.raises(tf.errors.ResourceExhaustedError) as raised:
+    with Writer() as writer, pytest.raises(RunError) as raised:
         gate = held(writer)
         train(
             tmp_path, clock, writer=writer, log=log, trainer_args={"on_loop": release_at(gate, 20)},
             train_steps=100, iterations=10, save_checkpoints_steps=10,
         )  # fmt: skip
-    assert raised.value is full  # the error a save the loop waited for raises: the same line
+    # The line a save the loop waited for gives (`save_failed`): the cause, the last good one.
+    assert str(raised.value) == (
+        f"could not save ckpt-10 in --model_dir={tmp_path}: the disk is full (No space left on "
+        "device); no checkpoint was saved before it: make room on it, then rerun the same "
+        "command to resume"
+    )
     assert ("train", 30) not in log, "ended at the loop after the failed save"
     assert saves(log) == [] and checkpoints_in(tmp_path) == []
     assert log[-1] == ("action.close",)

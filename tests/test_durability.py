@@ -5,14 +5,21 @@ controller's handling of it is unit-tested in test_controller.py)."""
 
 from __future__ import annotations
 
+import filecmp
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OFFLINE_ENV, assert_ok, error_lines
+import tensorflow as tf
+from conftest import OFFLINE_ENV, assert_ok, error_lines, tpurun_in_process
 from conftest import tensorboard_scalars as scalars
 
 from tpurun import report
@@ -93,6 +100,93 @@ def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tpurun_cli
     )
     assert f"(step {saved})" in resumed.stderr
     assert f"Training from step {saved} to {saved + 200}" in resumed.stderr
+
+
+# --- SIGTERM during start-up: exit 75 from the first line of tpurun's own code ------------
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.MULTILINE).group(1), 16)
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+def _maps_tensorflow(pid: int) -> bool:
+    return "libtensorflow" in Path(f"/proc/{pid}/maps").read_text()
+
+
+# The moments of a start-up a test can see, and what the process is doing right then:
+# (how the moment shows, what it means).
+STARTUP_MOMENTS = {
+    # tpurun's handler is in place (its first line): the CLI's and TensorFlow's imports follow.
+    "imports": (_catches_sigterm, None),
+    # TensorFlow's library is mapped: its import goes on for seconds.
+    "tensorflow's import": (_maps_tensorflow, None),
+    # The run record is written: the Keras model, the input and the restore come next.
+    "before the model is built": (None, "tpurun train: model_dir "),
+    # The trainer is being built: the model, then the restore and the input's start.
+    "the build, the restore, the input": (None, "Global batch 32 split over"),
+}
+
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory) -> Path:
+    """An Iris model_dir trained to ckpt-100, which each start-up below resumes."""
+    model_dir = tmp_path_factory.mktemp("resumable") / "model"
+    assert_ok(tpurun_in_process("train", "--config=iris", "--use_tpu=false", "--train_steps=100",
+                                f"--model_dir={model_dir}"))  # fmt: skip
+    return model_dir
+
+
+def test_sigterm_at_every_moment_of_start_up_exits_75_and_loses_nothing(resumable, tmp_path):
+    """Four `tpurun train` processes resume at once; each gets SIGTERM as soon as the test
+    sees its moment (polled: its /proc entries, its log lines), then must exit 75 with one
+    line, leave nothing running, and keep its checkpoint intact."""
+    runs = {}
+    for moment in STARTUP_MOMENTS:
+        model_dir = Path(shutil.copytree(resumable, tmp_path / moment.replace(" ", "-")))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpurun", "train", "--config=iris", "--use_tpu=false",
+             "--train_steps=100000000", "--save_checkpoints_steps=100000000",
+             f"--model_dir={model_dir}"],
+            env={**os.environ, **OFFLINE_ENV}, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        lines: list[str] = []
+        reader = threading.Thread(
+            target=lambda p=process, ls=lines: ls.extend(p.stderr), daemon=True
+        )
+        reader.start()
+        runs[moment] = (process, lines, reader, model_dir)
+    waiting = set(runs)
+    deadline = time.monotonic() + 600
+    while waiting:
+        assert time.monotonic() < deadline, f"never seen: {waiting}"
+        for moment in list(waiting):
+            process, lines, _, _ = runs[moment]
+            seen, line = STARTUP_MOMENTS[moment]
+            assert process.poll() is None, f"{moment}: ended before its moment: {lines[-5:]}"
+            if (seen and seen(process.pid)) or (line and any(line in x for x in list(lines))):
+                process.send_signal(signal.SIGTERM)
+                waiting.discard(moment)
+    for moment, (process, lines, reader, model_dir) in runs.items():
+        code = process.wait(timeout=300)
+        reader.join(timeout=60)
+        log = "".join(lines)
+        assert code == EXIT_PREEMPTED, f"{moment}: exit {code}\n{log[-3000:]}"
+        (line,) = [x for x in lines if ": error: " in x]
+        assert "SIGTERM" in line and "rerun the same command" in line, line
+        assert "Traceback" not in log, log[-3000:]
+        with pytest.raises(ProcessLookupError):  # nothing of its process group is left
+            os.killpg(process.pid, 0)
+        # Nothing lost: ckpt-100 as it was (or a newer one, saved at the SIGTERM), whole.
+        newest = tf.train.latest_checkpoint(str(model_dir))
+        assert filecmp.cmp(
+            resumable / "ckpt-100.index", model_dir / "ckpt-100.index", shallow=False
+        )
+        tf.train.load_checkpoint(newest).get_variable_to_shape_map()
+        assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tpurun-tmp", p.name)]
 
 
 def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):

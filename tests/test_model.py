@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 import keras
 import ml_collections
@@ -86,13 +87,28 @@ def test_create_imports_the_models_module(registry, tmp_path, monkeypatch):
     assert type(model).__name__ == "FromItsModule"
 
 
-def test_create_of_an_unknown_model_names_the_known_ones(registry):
+@pytest.fixture
+def shipped_models_unimported(monkeypatch) -> Iterator[None]:
+    """tpurun.models.* out of sys.modules for the test (imported again, they register in the
+    test's registry); afterwards as they were."""
+    shipped = [name for name in sys.modules if name.startswith("tpurun.models.")]
+    for name in shipped:
+        monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in [name for name in sys.modules if name.startswith("tpurun.models.")]:
+        if name not in shipped:
+            del sys.modules[name]
+
+
+def test_create_of_an_unknown_model_names_the_known_ones(registry, shipped_models_unimported):
+    """The registered ones and the shipped ones, which register when their module is imported."""
     model_lib.register("tiny")(Tiny)
     with pytest.raises(UsageError) as raised:
         model_lib.create(config(model="nope"))
     assert str(raised.value) == (
-        "config.model='nope' is not a registered model (known: tiny); set config.model_module "
-        "to the module that registers it"
+        "config.model='nope' is not a registered model (known: fashion_mnist, flops, iris, "
+        "mnist, shakespeare, tiny, wgan_gp); set config.model_module to the module that "
+        "registers it"
     )
 
 

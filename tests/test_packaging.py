@@ -96,4 +96,4 @@ def test_wheel_carries_configs_models_and_data(tmp_path):
     ):
         assert expected in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "tpurun = tpurun.cli:run" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "tpurun = tpurun.__main__:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

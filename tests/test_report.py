@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from conftest import assert_fails, assert_ok
+from conftest import assert_fails, assert_ok, error_lines
 
 from tpurun import report
 from tpurun.report.goodput import CATEGORIES, account
@@ -203,7 +204,9 @@ def test_report_command_prints_the_table_and_the_json(tpurun_cli, tmp_path):
         "model_flops_per_step",
         "achieved_flops_per_s",
         "mfu",
+        "skipped_records",
     }
+    assert data["skipped_records"] == []
     assert set(data["badput_s"]) == set(CATEGORIES)
     assert data["disruptions"] == 1 and data["steps"] == 500
     assert data["goodput_s"] + sum(data["badput_s"].values()) == pytest.approx(data["wall_s"])
@@ -274,3 +277,120 @@ def test_steps_past_the_records_last_write_count_when_the_next_trainer_resumed_t
     assert r.goodput_s == pytest.approx(300 * STEP)
     assert r.badput_s["lost_progress"] == pytest.approx(10 * STEP)
     assert total(r) == pytest.approx(r.wall_s)
+
+
+# --- Records that do not hold: skipped with one line naming the file and the field -------
+
+GOOD = (process(0.0, 0, 340, saves=(300,), end=None), process(40.0, 300, 500))
+HOSTILE_NAME = "20261126T125959.000000Z-train.json"
+
+
+def _with(change) -> bytes:
+    """A third process's record (after the good ones), changed by `change(goodput)`."""
+    goodput = process(100.0, 500, 600)
+    change(goodput)
+    return json.dumps({"run_config": {}, "goodput": goodput}).encode()
+
+
+def _set(path: str, value):
+    def change(goodput: dict) -> None:
+        *parents, key = path.split(".")
+        for parent in parents:
+            goodput = goodput[parent]
+        goodput[key] = value
+
+    return change
+
+
+HOSTILE = {
+    "goodput is a list": (json.dumps({"goodput": [1, 2]}).encode(), "goodput is a list"),
+    "saves is an object": (_with(_set("saves", {"step": 1})), "goodput.saves is an object"),
+    "a text for a time": (_with(_set("process_start", "noon")), "goodput.process_start is a text"),
+    "a fraction for a step": (
+        _with(_set("training_start.step", 1.5)),
+        "goodput.training_start.step is 1.5",
+    ),
+    "a negative time": (_with(_set("process_start", -5.0)), "goodput.process_start is -5.0"),
+    "an end before the start": (_with(_set("end.t", 50.0)), "goodput.end.t is 50.0, before"),
+    "NaN": (_with(_set("end.t", float("nan"))), "goodput.end.t is nan"),
+    "infinity": (_with(_set("updated", float("inf"))), "goodput.updated is inf"),
+    "1.7e308": (_with(_set("end.t", 1.7e308)), "goodput.end.t is 1.7e+308"),
+    "loops longer than the process": (_with(_set("loops.seconds", 1e6)), "goodput.loops.seconds"),
+    "a save outside the process": (
+        _with(lambda g: g["saves"].append({"step": 7, "t": 1e9, "blocking_s": 0.0})),
+        "goodput.saves[0].t is 1000000000.0, outside",
+    ),
+    "deep nesting": (b'{"goodput": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    "not UTF-8": (
+        b'{"goodput": {"process_start": "\xff\xfe"}}',
+        "not UTF-8 text (byte 31 is 0xff)",
+    ),
+    "a link to a directory": (None, "is a directory, not a record"),
+}
+
+
+def _place(runs: Path, name: str, case: str) -> Path:
+    """The record of HOSTILE[case] as runs/<name>."""
+    content = HOSTILE[case][0]
+    path = runs / name
+    if content is None:
+        (runs.parent / f"elsewhere-{name}").mkdir()
+        path.symlink_to(runs.parent / f"elsewhere-{name}")
+    else:
+        path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_record_that_does_not_hold_is_skipped_naming_its_file_and_field(tmp_path, capsys, case):
+    """The rule, case by case (`report.main`, the command's body); the test below puts them
+    all in one model_dir through the CLI."""
+    write_records(tmp_path, *GOOD)
+    hostile = _place(tmp_path / "runs", HOSTILE_NAME, case)
+    data = json.loads(report.main(str(tmp_path), as_json=True))
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"tpurun report: skipped {hostile}") and HOSTILE[case][1] in line, line
+    assert len(line) < 400
+    assert data.pop("skipped_records") == [line.removeprefix("tpurun report: skipped ")]
+    assert data == account(list(GOOD)).as_json()  # the good records' report, as without it
+
+
+def test_every_hostile_record_at_once_through_the_cli(tpurun_cli, tmp_path):
+    write_records(tmp_path, *GOOD)
+    for i, case in enumerate(HOSTILE):
+        _place(tmp_path / "runs", f"20261126T1300{i:02d}.000000Z-train.json", case)
+    result = assert_ok(tpurun_cli("report", f"--model_dir={tmp_path}", "--json"))
+    skipped = result.stderr.splitlines()
+    assert len(skipped) == len(HOSTILE) and all("tpurun report: skipped " in x for x in skipped)
+    data = json.loads(result.stdout)
+    assert len(data.pop("skipped_records")) == len(HOSTILE)
+    assert data == account(list(GOOD)).as_json()
+
+
+def test_a_model_dir_or_runs_that_is_a_file_and_only_bad_records_are_one_line(tpurun_cli, tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert_fails(tpurun_cli("report", f"--model_dir={tmp_path / 'file'}"), 1, "is a file")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "runs").write_text("x")
+    assert_fails(tpurun_cli("report", f"--model_dir={tmp_path / 'model'}"), 1, "runs is a file")
+    write_records(tmp_path / "bad", {"process_start": "noon"})
+    result = tpurun_cli("report", f"--model_dir={tmp_path / 'bad'}")
+    assert result.returncode == 1 and "(1 skipped: see above)" in error_lines(result)[0]
+    assert "goodput.process_start is a text" in result.stderr
+
+
+def test_figures_stay_within_physical_bounds_when_records_overlap_or_estimates_overshoot():
+    # A trainer whose recorded end is after the next one's start (a --force_takeover of a
+    # hung trainer); a first loop slower than the steady step time says; a FLOP count
+    # giving more than the device's peak.
+    hung = process(0.0, 0, 300, saves=(100, 200, 300), end="error")
+    hung["end"]["t"] = 1000.0
+    taker = process(20.0, 300, 400, saves=(400,), compile_s=50.0)
+    taker["first_loop"]["seconds"] = taker["loops"]["seconds"]
+    r = account([hung, taker])
+    assert min(r.badput_s.values()) >= 0 and r.goodput_s >= 0
+    assert total(r) == pytest.approx(r.wall_s) and 0 <= r.goodput_share <= 1
+    assert r.wall_s == pytest.approx(taker["end"]["t"])
+    fast = {**process(0.0, 0, 1000), "model_flops_per_step": 1e15, "peak_flops_per_s": 1e12}
+    r = account([fast])
+    assert r.mfu is None and "past 100%" in r.mfu_why

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -412,3 +413,122 @@ def test_async_checkpoint_false_waits_for_every_save_and_writes_the_same_checkpo
         names = ours.get_variable_to_shape_map()
         assert names.keys() == theirs.get_variable_to_shape_map().keys()
         assert all(np.array_equal(ours.get_tensor(n), theirs.get_tensor(n)) for n in names)
+
+
+# --- Storage that fails under a background save, for real ---------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A file system of its own (a 4 MiB tmpfs) where a test can fill the disk or make it
+    read-only for real; skipped where this process may not mount one (not root, or no
+    CAP_SYS_ADMIN: the injected full disk above stands in for it there)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (64 << 10))
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+def _unwritable(directory: Path, writable: bool = False) -> None:
+    """Takes the write permission on `directory` away (or gives it back): for root, to whom
+    permissions do not apply, with the immutable attribute (`chattr +i`)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o755 if writable else 0o555)
+    elif subprocess.run(["chattr", "-i" if writable else "+i", str(directory)]).returncode:
+        pytest.skip(f"chattr +i does not work on {directory}'s file system")
+
+
+# (where the model_dir is, what happens to it as ckpt-150 is about to be written, what the
+# line says, how the cause goes away)
+BROKEN_STORAGE = {
+    "the disk fills": (
+        "small_disk",
+        lambda d: _fill(d),
+        ("the disk is full (No space left on device)", "make room on it"),
+        lambda d: (d / "filler").unlink(),
+    ),
+    "the write permission is lost": (
+        "tmp_path",
+        lambda d: _unwritable(d / "model"),
+        ("writing there is not permitted", "make it writable for this user"),
+        lambda d: _unwritable(d / "model", writable=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_STORAGE)
+def test_storage_that_breaks_under_a_background_save_is_one_line_and_a_rerun_resumes(
+    tpurun_cli, request, reference, monkeypatch, case
+):
+    """The save of ckpt-150, in the background, meets a full disk or a model_dir it may no
+    longer write (for real): the line names the model_dir, the cause, its fix and the last
+    good checkpoint; nothing of the save is left; once the cause is gone the rerun resumes
+    from that checkpoint and ends bit-identical to an uninterrupted run."""
+    from tpurun.storage import checkpoints
+
+    where, breaks, says, mend = BROKEN_STORAGE[case]
+    disk = request.getfixturevalue(where)
+    model_dir = disk / "model"
+    common = (*IRIS, "--train_steps=300", "--keep_checkpoint_max=3", f"--model_dir={model_dir}")
+    commit = checkpoints.Saver.commit
+
+    def breaking(self, snapshot):
+        if snapshot.path.endswith("/ckpt-150"):
+            breaks(disk)
+        return commit(self, snapshot)
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(checkpoints.Saver, "commit", breaking)
+            line = assert_fails(tpurun_cli("train", *common), 1, f"--model_dir={model_dir}", *says)
+    finally:
+        mend(disk)
+    assert "could not save ckpt-150" in line
+    assert (
+        "the last good checkpoint is ckpt-140 (intact: nothing of the failed save is left)" in line
+    )
+    assert checkpoint_steps(model_dir) == [120, 130, 140]
+    assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
+    resumed = assert_ok(tpurun_cli("train", *common))
+    assert f"Resuming from {model_dir / 'ckpt-140'} " in resumed.stderr
+    assert_bit_identical(model_dir / "ckpt-300", reference["1"])
+
+
+def test_a_model_dir_removed_under_a_background_save_is_one_line(tpurun_cli, tmp_path, monkeypatch):
+    from tpurun.storage import checkpoints
+
+    model_dir = tmp_path / "model"
+    common = (*IRIS, "--train_steps=300", f"--model_dir={model_dir}")
+    commit = checkpoints.Saver.commit
+
+    def removing(self, snapshot):
+        if snapshot.path.endswith("/ckpt-150"):
+            shutil.rmtree(model_dir)
+        return commit(self, snapshot)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoints.Saver, "commit", removing)
+        assert_fails(
+            tpurun_cli("train", *common),
+            1,
+            f"could not save ckpt-150 in --model_dir={model_dir}: the model_dir is gone",
+            "rerun the same command to train from step 0",
+        )
+    assert not model_dir.exists()  # nothing made again by the failed run

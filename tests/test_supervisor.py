@@ -115,6 +115,117 @@ def test_the_wait_gives_up_after_its_time(fake_api):
     assert polls is None and now[0] == 30
 
 
+# --- The supervisor in this process, its trainers stubs (tests/stub_trainer.py) ------------
+
+STUB = Path(__file__).with_name("stub_trainer.py")
+
+
+def supervise_stubs(
+    model_dir: Path, plan: list[dict], max_restarts: int, monkeypatch, on_line=None, backoff=0.001
+):
+    """Runs the real Supervisor over stub trainers that follow `plan` (one entry per attempt);
+    returns (its exit code, the lines it said). `on_line(line)` sees each line as it is said;
+    `backoff`: the seconds before a first restart."""
+    from iris_runs import iris_run
+
+    import tpurun.supervisor as supervisor
+
+    (model_dir.parent / "plan.json").write_text(json.dumps(plan))
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if on_line is not None:
+            on_line(line)
+
+    monkeypatch.setattr(supervisor, "say", say)
+    monkeypatch.setattr(supervisor, "BACKOFF", backoff)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    command = [sys.executable, str(STUB), str(model_dir.parent / "plan.json"), str(model_dir)]
+    code = supervisor.Supervisor(command, iris_run(model_dir), max_restarts).run()
+    return code, said
+
+
+def test_after_n_kills_the_report_counts_n_restarts_and_disruptions(tmp_path, monkeypatch):
+    """Four trainers killed, two before they wrote their record (the first before the
+    model_dir existed), the fifth finishes; each restart line names the newest checkpoint
+    on disk, which the trainer's record had not yet listed."""
+    model_dir = tmp_path / "model"
+    plan = [
+        {"end": "kill"},  # in TensorFlow's import: no model_dir yet
+        {"record": True, "checkpoints": [10, 20], "end": "kill"},
+        {"end": "kill"},  # killed before its record, into an existing runs/
+        {"record": True, "checkpoints": [30], "end": "kill"},
+        {"record": True, "end": "finish"},
+    ]
+    code, said = supervise_stubs(model_dir, plan, 4, monkeypatch)
+    assert code == 0, said
+    restarts = [line for line in said if line.startswith("restart ")]
+    assert [r.rsplit("; ", 1)[1] for r in restarts] == [
+        "starting from scratch",
+        "resuming from ckpt-20",
+        "resuming from ckpt-20",
+        "resuming from ckpt-30",
+    ]
+    summary = report.read(str(model_dir))
+    assert (summary.restarts, summary.disruptions, summary.processes) == (4, 4, 4)
+    # The third trainer's record, written by its supervisor: its start and its death.
+    (written,) = [
+        json.loads(p.read_text())["goodput"]
+        for p in (model_dir / "runs").iterdir()
+        if "unrecorded" in p.read_text()
+    ]
+    assert written["restart"] == 2 and "killed by SIGKILL" in written["unrecorded"]
+    assert written["previous_death"]["cause"] == "was killed by SIGKILL"
+    assert not [p for p in (model_dir / "runs").iterdir() if "tpurun-tmp" in p.name]
+
+
+def test_when_the_restarts_are_spent_the_line_names_the_newest_checkpoint_on_disk(
+    tmp_path, monkeypatch
+):
+    """The second trainer saved ckpt-30 and died before its record or state file said so;
+    hostile records in runs/ break neither the supervisor nor the account."""
+    model_dir = tmp_path / "model"
+    runs = model_dir / "runs"
+    runs.mkdir(parents=True)
+    (runs / "20261126T000000.000000Z-train.json").write_text('{"goodput": [1, 2]}')
+    (runs / "20261126T000001.000000Z-train.json").mkdir()
+    plan = [
+        {"record": True, "checkpoints": [10, 20], "end": "kill"},
+        {"checkpoints": [30], "end": "kill"},
+    ]
+    code, said = supervise_stubs(model_dir, plan, 1, monkeypatch)
+    assert code == 128 + signal.SIGKILL
+    assert said[-1] == (
+        "tpurun train: error: the trainer was killed by SIGKILL at about step 30; no restart "
+        "left (--max_restarts=1, all spent); the latest checkpoint is ckpt-30: rerun the same "
+        "command to resume from it"
+    )
+    summary = report.read(str(model_dir))
+    assert (summary.restarts, summary.disruptions, summary.processes) == (1, 2, 2)
+
+
+def test_a_sigterm_during_the_backoff_ends_with_one_line_and_exit_75(tmp_path, monkeypatch):
+    """SIGTERM to tpurun while it waits to restart a dead trainer: no trainer to forward it
+    to, nothing to save; exit 75 (not the dead trainer's 137) and the line saying so."""
+
+    def on_line(line: str) -> None:
+        if line.startswith("restart 1/"):  # said just before the backoff begins
+            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+
+    plan = [{"record": True, "checkpoints": [10], "end": "kill"}, {"end": "finish"}]
+    # A backoff of an hour: only the signal ends it.
+    code, said = supervise_stubs(tmp_path / "model", plan, 2, monkeypatch, on_line, backoff=3600)
+    assert code == 75, said
+    assert said[-1] == (
+        "tpurun train: error: SIGTERM: stopped without restarting the trainer (the trainer "
+        "was killed by SIGKILL at about step 10), which left nothing to save; the latest "
+        "checkpoint is ckpt-10: rerun the same command to resume from it (exit 75)"
+    )
+    assert sum("trainer started" in line for line in said) == 1  # nothing restarted
+    assert signal.getsignal(signal.SIGTERM) is not None  # its handler put back as it was
+
+
 # --- Through the CLI: the supervisor and its trainers as processes ---------------------
 
 pytestmark_slow = pytest.mark.slow

@@ -1,5 +1,24 @@
-"""`python -m tpurun ...` is the `tpurun` command."""
+"""`python -m tpurun ...` and the `tpurun` command: SIGTERM is tpurun's from here on, then the CLI.
 
-from tpurun.cli import run
+A preemption notice may come at any moment of a start-up that takes seconds (the
+CLI's imports, then TensorFlow's): from the first line it ends the process with
+exit 75 and one line, never by the signal (143).
+"""
 
-run()
+import sys
+
+from tpurun import errors
+
+
+def main() -> None:
+    errors.stop_at_sigterm()
+    try:
+        from tpurun.cli import run
+    except errors.StoppedBySigterm as e:  # during the CLI's own imports
+        print(f"tpurun: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,6 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 import time
@@ -26,13 +25,14 @@ from tpurun.cluster import Cluster, is_chief_process, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode, Model, TrainArrays
+from tpurun.report.run_records import record_name
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
 from tpurun.runners import sidecar
 from tpurun.runners.controller import Controller
 from tpurun.runners.evaluate import Evaluator, eval_metrics
 from tpurun.runners.export import export
 from tpurun.runners.forward_graph import forward_graph
-from tpurun.runners.predict import Predictor, write_rows
+from tpurun.runners.predict import Predictor, output_target, write_rows
 from tpurun.runners.train import Trainer
 from tpurun.storage import background, best, checkpoints, lease, train_config
 from tpurun.storage.eval_results import summary_line, write_json
@@ -70,8 +70,11 @@ def _run(run: RunConfig) -> None:
         sidecar.wait_for_checkpoint(run)
         train_config.check_same_model(run)
     else:
-        # Before anything is written: eval/predict/export of nothing is an error.
+        # Before anything is written: eval/predict/export of nothing is an error, as is
+        # an --output tpurun may not write (checked again when it writes).
         require_checkpoint(run)
+        if run.command == "predict" and run.config.predict.output:
+            output_target(run.config.predict.output, run.model_dir)
     outputs_before = _outputs(run)
     record = None
     account: GoodputRecord | None = None
@@ -373,11 +376,12 @@ def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:
             f"{cluster.num_workers} workers) and run it once"
         )
     output = run.config.predict.output
-    if output:
-        storage.require_bucket(output, "--output")  # before predicting, not after
+    target = output_target(output, run.model_dir) if output else None
     rows = list(Predictor(run, cluster, model).predict(chosen_checkpoint(run)))
-    if output:
-        print(write_rows(output, rows))  # JSON lines, .npz or a .png grid, by its extension
+    if target is not None:
+        line = write_rows(target, rows)  # JSON lines, .npz or a .png grid, by its extension
+        # Beside the predictions when they went to stdout: on stderr, out of their way.
+        print(line, file=sys.stderr if target.to_stdout else sys.stdout)
         return
     for line in model.format_predictions(rows):
         print(line)
@@ -421,9 +425,8 @@ def prepare_model_dir(run: RunConfig) -> bool:
 def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
     """The run record: run config and versions, one JSON file per run under model_dir/runs
     (a train's also the start of its time account: `actions.goodput`). Its path and content."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     runs = storage.make_dir(run.model_dir, storage.join(run.model_dir, "runs"))
-    path = storage.join(runs, f"{stamp}-{run.command}.json")
+    path = storage.join(runs, record_name(run.command))
     record = json.loads(run.record(tf.__version__))
     if run.command == "train":
         record["goodput"] = initial_account()

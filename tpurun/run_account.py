@@ -15,7 +15,7 @@ from absl import logging
 from tpurun import check, report, storage
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster
-from tpurun.errors import Preempted
+from tpurun.errors import Preempted, StoppedBySigterm
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
@@ -23,7 +23,12 @@ from tpurun.run_config import RunConfig
 
 def end_quietly(account: GoodputRecord, error: BaseException) -> None:
     """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
-    reason = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}.get(type(error), "error")
+    reasons = {
+        Preempted: "preempted",
+        StoppedBySigterm: "preempted",
+        KeyboardInterrupt: "interrupted",
+    }
+    reason = reasons.get(type(error), "error")
     try:
         account.finish(reason)
     except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
@@ -55,11 +60,10 @@ def finish(run: RunConfig, cluster: Cluster, model: Model, account: GoodputRecor
     try:
         if trained:
             mine = storage.basename(account.path)
-            others = [
-                r["goodput"]
-                for name, r in report.run_records.train_records(run.model_dir)
-                if name != mine and r.get("goodput")
-            ]
+            accounts = report.run_records.time_accounts(run.model_dir)
+            for line in accounts.skipped:
+                logging.warning("Not in the time account: %s.", line)
+            others = [goodput for name, goodput in accounts.found if name != mine]
             summary = report.account([*others, account.ended("finished", **fields)])
             print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
             _write_scalars(run.model_dir, summary)

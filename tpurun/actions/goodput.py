@@ -17,13 +17,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from absl import logging
+
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats, Saved
+from tpurun.report.run_records import record_name
 from tpurun.storage.background import Writer
 from tpurun.supervisor.protocol import (
     PREVIOUS_DEATH_ENV,
     PROGRESS_FD_ENV,
     SUPERVISED_ENV,
+    SUPERVISOR_START_ENV,
     process_start,
 )
 
@@ -38,6 +42,8 @@ def initial_account() -> dict[str, Any]:
     if supervised:
         account["restart"] = int(supervised.split("/")[0])
         account["spawned_at"] = account["process_start"]
+        with contextlib.suppress(ValueError):  # which supervisor: its trainers' records say
+            account["supervisor_start"] = float(os.environ.get(SUPERVISOR_START_ENV, ""))
     death = os.environ.get(PREVIOUS_DEATH_ENV)
     if death:
         with contextlib.suppress(ValueError):
@@ -131,7 +137,22 @@ class GoodputRecord(Action):
         self.account.update(fields)
         last = self.account.get("last") or {}
         self.account["end"] = {"t": time.time(), "reason": reason, "step": last.get("step")}
-        self._write(now=True, wait=True)
+        try:
+            self._write(now=True, wait=True)
+        except Exception as e:  # noqa: BLE001 - storage's errors (OSError, TensorFlow's), others
+            # Its record cannot be rewritten (a directory or another file put in its place):
+            # the whole account under a new name, so the report sees how it ended.
+            lost, self._path = (
+                self._path,
+                storage.join(self._path.rsplit("/", 1)[0], record_name("train")),
+            )
+            self._write(now=True, wait=True)
+            logging.warning(
+                "Could not rewrite the run record %s (%s); its account is in %s.",
+                lost,
+                e,
+                self._path,
+            )
 
     def ended(self, reason: str, **fields: Any) -> dict[str, Any]:
         """This account as it would read if the process ended now (for the report `train`

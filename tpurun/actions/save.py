@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
+import os
 import time
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun import tf_internals
+from tpurun import storage, tf_internals
 from tpurun.actions.base import Saved, SaveState
 from tpurun.cluster import Cluster
-from tpurun.errors import RunError
+from tpurun.errors import RunError, TpurunError, Unavailable, storage_errors
 from tpurun.run_config import RunConfig
 from tpurun.storage import checkpoints
 from tpurun.storage.background import Writer
@@ -154,12 +156,9 @@ class SaveCheckpoint:
             # A storage failure mid-save leaves ckpt-<step>_temp/ (or a .data without
             # its .index): removed now if the storage lets us, else by the next run.
             self._saver.discard(snapshot)
-            if isinstance(e, OSError):  # tpurun's own writes (the state file): not TF's
-                raise RunError(
-                    f"could not save {snapshot.path}: {e}; the checkpoints before it are "
-                    "intact: make room or fix the storage, then rerun to resume"
-                ) from None
-            raise
+            if not isinstance(e, (OSError, tf.errors.OpError)):
+                raise
+            raise save_failed(self._model_dir, snapshot.path, e) from None
         return time.monotonic()
 
     def _take_part(self, step: int) -> str:
@@ -172,3 +171,53 @@ class SaveCheckpoint:
             self._checkpoint.write(checkpoints.path_of(self._scratch, step))
             checkpoints.remove_scratch(self._model_dir, self._scratch)
         return checkpoints.path_of(self._model_dir, step)  # the chief's copy
+
+
+# A failed save's cause on a local disk, by the words of the OS (in TensorFlow's message
+# too), and the fix.
+_WRITABLE = "make it writable for this user (its permissions, `chattr -i`)"
+_CAUSES = (
+    (errno.ENOSPC, "No space left on device", "the disk is full", "make room on it"),
+    (errno.EROFS, "Read-only file system", "its file system is read-only", "remount it read-write"),
+    (errno.EACCES, "Permission denied", "writing there is not permitted", _WRITABLE),
+    (errno.EPERM, "Operation not permitted", "writing there is not permitted", _WRITABLE),
+)
+
+
+def save_failed(model_dir: str, path: str, error: OSError | tf.errors.OpError) -> TpurunError:
+    """The one line for a save that failed in storage, in the background or not: the
+    model_dir, the cause and its fix, and the last good checkpoint (intact: the failed
+    save's files were removed, `Saver.discard`); Unavailable for gs:// failing past its
+    retries (a restart resumes), else RunError."""
+    message = " ".join(str(getattr(error, "message", None) or error).split())
+    where = f"could not save {storage.basename(path)} in --model_dir={model_dir}"
+    explained = storage_errors.explain(message, type(error).__name__)
+    if storage.is_local(model_dir) and not os.path.isdir(model_dir):
+        gone = "is no longer a directory" if os.path.lexists(model_dir) else "is gone"
+        return RunError(
+            f"{where}: the model_dir {gone} (removed or replaced while training?), and its "
+            "checkpoints with it; restore it from a copy to resume, or rerun the same command "
+            "to train from step 0"
+        )
+    code = getattr(error, "errno", None)
+    cause, fix = next(
+        (
+            (f"{what} ({words})", fix)
+            for number, words, what, fix in _CAUSES
+            if code == number or words in message
+        ),
+        (explained or f"{type(error).__name__}: {message[:200]}", "fix the storage"),
+    )
+    try:
+        latest = checkpoints.latest(model_dir)
+    except Exception:  # noqa: BLE001 - the storage that failed may fail this too
+        latest = None
+    kept = (
+        f"the last good checkpoint is {storage.basename(latest)} (intact: nothing of the "
+        "failed save is left)"
+        if latest
+        else "no checkpoint was saved before it"
+    )
+    line = f"{where}: {cause}; {kept}: {fix}, then rerun the same command to resume"
+    transient = explained and storage_errors.is_transient(message, type(error).__name__)
+    return (Unavailable if transient else RunError)(line)

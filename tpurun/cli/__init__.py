@@ -12,6 +12,7 @@ import difflib
 import logging as std_logging
 import os
 import re
+import signal
 import sys
 import textwrap
 import traceback
@@ -22,9 +23,9 @@ from absl import flags, logging
 from absl.logging import converter
 from ml_collections import config_flags
 
-from tpurun import __version__, supervisor, tpu_vm
+from tpurun import __version__, errors, supervisor, tpu_vm
 from tpurun.cli import handles, terminal
-from tpurun.errors import TpurunError, UsageError
+from tpurun.errors import TpurunError, UsageError, tf_errors
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.run_config.flag_table import ABSL_FLAGS, COMMAND_FLAGS, FLAG, FLAG_TO_CONFIG_KEY
 from tpurun.run_config.flag_table import FLAGS as FLAGS_TABLE
@@ -111,6 +112,17 @@ def parse_command_line(argv: Sequence[str]) -> Invocation:
 
 
 def main(argv: Sequence[str]) -> int:
+    # SIGTERM before training: exit 75 (already so from the first line under __main__); the
+    # handler before is put back after, for a program that called main (the tests).
+    previous = errors.stop_at_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
+
+
+def _main(argv: Sequence[str]) -> int:
     command = argv[1] if len(argv) > 1 else ""
     try:
         invocation = parse_command_line(argv)
@@ -156,23 +168,29 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         _report(command, "interrupted")
         return 130
+    except errors.StoppedBySigterm as e:
+        _report(command, str(e))
+        return e.exit_code
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
-        from tpurun.errors import tf_errors
-
         message, code = tf_errors.describe(e)
         _report(command, message)
         return code
+
+
+# The longest error line: whatever a message quotes (a user's value, a data cell, an
+# error of the user's code), the line stays one a terminal shows.
+MAX_ERROR_LINE = 2000
 
 
 def _report(command: str, message: str) -> None:
     prefix = f"tpurun {command}" if command in COMMAND_HELP else "tpurun"
     if _verbose():
         traceback.print_exc()
-    print(f"{prefix}: error: {message}", file=sys.stderr)
+    print(f"{prefix}: error: {errors.excerpt(message, MAX_ERROR_LINE)}", file=sys.stderr)
     if (
         not _verbose()
         and sys.exc_info()[0] is not None
-        and not isinstance(sys.exc_info()[1], TpurunError)
+        and not isinstance(sys.exc_info()[1], (TpurunError, errors.StoppedBySigterm))
     ):
         print(f"{prefix}: (rerun with --verbosity=1 for the traceback)", file=sys.stderr)
 
@@ -225,7 +243,8 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         # absl words it "ERROR:: Unable to open flagfile: ..."; the prefix says nothing.
         raise UsageError(_one_line(str(e).replace("ERROR::", ""))) from None
     argv, source = _resolve_config_arg(argv)
-    config_files.check_override_keys(config_files.load(source), argv)
+    defaults = config_files.load(source)
+    config_files.check_override_keys(defaults, argv)
     handles.CONFIG_ARGV[:] = argv  # where config_flags finds the --config.<key> overrides
     try:
         leftover = FLAGS(argv)
@@ -242,6 +261,11 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         raise UsageError(_one_line(str(e))) from None
     except (AttributeError, KeyError, ValueError, OSError) as e:
         raise UsageError(f"--config: {_one_line(str(e))}") from None
+    except SystemExit as e:  # the config file, imported again by config_flags, exited
+        raise UsageError(
+            f"config file {source.path} exited while loading "
+            f"({config_files.exit_text(e)}); remove the exit"
+        ) from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
     allowed = set(COMMAND_FLAGS[command]) | set(ABSL_FLAGS)
@@ -256,6 +280,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     FLAG["max_restarts"].check(handles.value("max_restarts"))
     flag_values = {name: FLAGS[name].value for name in FLAG_TO_CONFIG_KEY}
     overridden = config_flags.get_override_values(FLAGS["config"])  # --config.<key>=...
+    config_files.check_override_types(defaults, overridden)
     config = merge_flags(handles.CONFIG.value, flag_values, overridden)
     model_dir = handles.value("model_dir")
     if model_dir is None:

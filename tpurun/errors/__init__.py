@@ -5,8 +5,13 @@ Everything a user can get wrong ends in one of these, raised with a message that
 names the fix; `tpurun.cli` prints the message on one line and exits with the
 code, without a traceback. The rest of the package turns what others raise into
 such a line: `tf_errors` (TensorFlow's errors), `storage_errors` (a failed Cloud
-Storage request), `user_code` (where in the user's own code it happened).
+Storage request), `user_code` (where in the user's own code it happened). And SIGTERM
+outside the training loop (`stop_at_sigterm`), which ends a run as a preemption must:
+exit 75.
 """
+
+import signal
+import threading
 
 
 class TpurunError(Exception):
@@ -50,3 +55,53 @@ EXIT_UNAVAILABLE = Unavailable.exit_code
 # ended by its watchdog (tpurun.actions.watchdog), not by an exception: the main thread is
 # blocked inside TensorFlow. The latest checkpoint is intact; rerun to resume from it.
 EXIT_HUNG = 3
+
+
+class StoppedBySigterm(BaseException):
+    """SIGTERM while tpurun was not training (its start-up: the imports, the TPU, the model,
+    the data; or after the last save): no step is lost (exit 75, as `Preempted`).
+
+    A BaseException, as KeyboardInterrupt is: no `except Exception` of a library (or of
+    tpurun) on the way may swallow it and carry on."""
+
+    exit_code = EXIT_PREEMPTED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "SIGTERM while not training (before its first step or after its last save): no "
+            "step is lost, nothing needed saving; rerun the same command (exit code "
+            f"{EXIT_PREEMPTED} means: preempted, restart me)"
+        )
+
+
+_SIGTERM_SEEN = threading.Event()
+
+
+def _stop(signum: int, frame: object) -> None:
+    _SIGTERM_SEEN.set()
+    raise StoppedBySigterm
+
+
+def stop_at_sigterm() -> object:
+    """From now on SIGTERM raises StoppedBySigterm where the main thread is (a preemption
+    notice during TensorFlow's import, the restore, the input's build), until the training
+    loop turns it into a save (`controller.sigterm_notice`). Only the main thread can;
+    returns the handler it replaced (None elsewhere), for `signal.signal` to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _stop)
+
+
+def sigterm_seen() -> bool:
+    """Whether a SIGTERM came before (one whose StoppedBySigterm a handler swallowed)."""
+    return _SIGTERM_SEEN.is_set()
+
+
+# How much of a value of the user's (a data cell, a config value) an error line quotes.
+EXCERPT = 60
+
+
+def excerpt(text: str, limit: int = EXCERPT) -> str:
+    """`text` whole when short, else its start and its length: an error line stays a line
+    whatever it quotes (a CSV cell of 200,000 characters)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

@@ -434,9 +434,15 @@ def create(config: ml_collections.FrozenConfigDict) -> Model:
             if e.name is None or not module.startswith(e.name):
                 raise  # the module exists but one of its own imports is missing
     if name not in _REGISTRY:
+        import pkgutil
+
+        import tpurun.models as shipped  # the models tpurun ships, registered once imported
+
+        for found in pkgutil.iter_modules(shipped.__path__, "tpurun.models."):
+            importlib.import_module(found.name)
         raise UsageError(
             f"config.model={name!r} is not a registered model (known: "
-            f"{', '.join(registered_names()) or 'none'}); set config.model_module to the "
-            "module that registers it"
+            f"{', '.join(registered_names())}); set config.model_module to the module that "
+            "registers it"
         )
     return _REGISTRY[name](config)

@@ -1,6 +1,7 @@
 """`tpurun report`: where a model_dir's training time went, from its run records alone.
 
-* `records`: the train run records read back (local or gs://), without TensorFlow;
+* `records`: the train run records read back (local or gs://), without TensorFlow,
+  each checked by `validation` (one that does not hold is skipped, with its line);
 * `goodput`: the arithmetic: goodput and badput by category, disruptions, restarts,
   FLOPs per step, achieved FLOP/s and MFU (`account` -> `Report`).
 
@@ -10,29 +11,35 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from tpurun.errors import RunError
 from tpurun.report.goodput import CATEGORIES, Report, account
-from tpurun.report.run_records import train_records
+from tpurun.report.run_records import time_accounts
 
 __all__ = ["CATEGORIES", "Report", "account", "main", "read", "summary_line", "table"]
 
 
 def read(model_dir: str) -> Report:
-    """The report of model_dir's train run records."""
-    records = [r["goodput"] for _, r in train_records(model_dir) if r.get("goodput")]
-    return account(records)
+    """The report of model_dir's train run records (those that hold)."""
+    return account([goodput for _, goodput in time_accounts(model_dir).found])
 
 
 def main(model_dir: str, as_json: bool = False) -> str:
-    report = read(model_dir)
+    """The report, as a table or JSON; a record that does not hold is skipped with one line
+    on stderr naming its file and field (and listed in the JSON's `skipped_records`)."""
+    accounts = time_accounts(model_dir)
+    for line in accounts.skipped:
+        print(f"tpurun report: skipped {line}", file=sys.stderr)
+    report = account([goodput for _, goodput in accounts.found])
     if not report.processes:
+        skipped = f" ({len(accounts.skipped)} skipped: see above)" if accounts.skipped else ""
         raise RunError(
-            f"no train run record with a time account in {model_dir}/runs: train there with "
-            "tpurun 0.2 or later first (tpurun train --model_dir=...)"
+            f"no train run record with a time account in {model_dir}/runs{skipped}: train there "
+            "with tpurun 0.2 or later first (tpurun train --model_dir=...)"
         )
     if as_json:
-        return json.dumps(report.as_json(), indent=2)
+        return json.dumps({**report.as_json(), "skipped_records": accounts.skipped}, indent=2)
     return table(report)
 
 

@@ -4,8 +4,8 @@ Each train process writes, as it goes, a `goodput` object into its run record
 (`tpurun.actions.goodput.GoodputRecord`: the times are seconds since the epoch, the
 durations seconds):
 
-    process_start, spawned_at, restart, previous_death {t, cause, step, step_t},
-    cluster_ready,
+    process_start, spawned_at, supervisor_start, restart, previous_death {t, cause,
+    step, step_t}, cluster_ready,
     training_start {t, step}, first_loop {steps, seconds, input_seconds},
     loops {count, steps, seconds, input_seconds}, last {step, t}, saves [{step, t,
     blocking_s}], evaluations [{step, t, seconds}], end {t, reason, step}, updated,
@@ -13,7 +13,9 @@ durations seconds):
 
 `account` splits the time from the first process's start to the last one's end into
 the categories below; they add up to `wall_s` by construction (`other` is what is
-left of each process's time).
+left of each process's time). A trainer killed before it wrote its record has one
+its supervisor wrote (`tpurun.supervisor.post_mortem`), or is counted from the gap
+in its supervisor's restart numbers.
 """
 
 from __future__ import annotations
@@ -102,14 +104,16 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
     """The train processes of `records` (each a run record's `goodput`), oldest first, with
     their ends: as recorded, else the death the next process was told of, else the last
     update."""
-    found = sorted(
-        (
-            _Process(g, float(g["process_start"]))
-            for g in records
-            if g.get("process_start") is not None
-        ),
-        key=lambda p: p.start,
-    )
+    # One process per start: a process whose record could not be rewritten at its end wrote
+    # its account again under a new name (`GoodputRecord.finish`); the most complete counts.
+    newest: dict[float, dict[str, Any]] = {}
+    for g in records:
+        if g.get("process_start") is None:
+            continue
+        start = float(g["process_start"])
+        if start not in newest or _completeness(g) > _completeness(newest[start]):
+            newest[start] = g
+    found = sorted((_Process(g, start) for start, g in newest.items()), key=lambda p: p.start)
     for i, p in enumerate(found):
         end = p.record.get("end")
         if end:
@@ -127,7 +131,30 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
             continue
         p.end = float(death["t"]) if death.get("t") else p.last_t
         p.end = max(p.end, p.last_t)
+    # Two trainers never run at once in one model_dir (the lease): one whose end the
+    # records put after the next one's start (clocks that stepped, a --force_takeover of
+    # a hung trainer) is counted until that start, so no second is counted twice.
+    for p, following in zip(found, found[1:], strict=False):
+        p.end = min(p.end, following.start)
     return found
+
+
+def _completeness(goodput: dict[str, Any]) -> tuple[bool, float]:
+    return bool(goodput.get("end")), float(goodput.get("updated") or 0.0)
+
+
+def _unrecorded(found: Sequence[_Process]) -> tuple[int, int]:
+    """(disruptions, restarts) of trainers a supervisor started that left no record: the
+    numbers missing below the highest `restart` of the records of one supervisor
+    (`supervisor_start`). Each of them died (a later one was started); all but the first
+    trainer were restarts."""
+    numbers: dict[float, set[int]] = {}
+    for p in found:
+        since, restart = p.record.get("supervisor_start"), p.record.get("restart")
+        if since is not None and restart is not None:
+            numbers.setdefault(float(since), set()).add(int(restart))
+    missing = [set(range(max(seen) + 1)) - seen for seen in numbers.values()]
+    return sum(len(m) for m in missing), sum(len(m - {0}) for m in missing)
 
 
 def account(records: Sequence[dict[str, Any]]) -> Report:
@@ -139,7 +166,7 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
     goodput = 0.0
     kept_steps = 0
     step_seconds = None
-    disruptions = restarts = 0
+    disruptions, restarts = _unrecorded(found)
     for i, p in enumerate(found):
         later = found[i + 1 :]
         if p.record.get("previous_death") and p.record.get("restart"):
@@ -161,7 +188,9 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
     achieved = flops / step_seconds if flops and step_seconds else None
     mfu = achieved / peak if achieved and peak else None
     why = None
-    if mfu is None:
+    if mfu is not None and mfu > 1:  # more than the device can: the records' figures are not
+        mfu, why = None, f"the records' FLOPs and step time give {mfu:.0%} of the peak, past 100%"
+    elif mfu is None:
         why = (
             (_newest(found, "peak_why") or "no peak FLOP/s known for this device")
             if flops
@@ -193,7 +222,7 @@ def _split(
     if not p.trained:
         parts["startup"] = duration
         return parts, 0.0, 0, None
-    parts["startup"] = float(p.record["training_start"]["t"]) - p.start
+    parts["startup"] = max(0.0, float(p.record["training_start"]["t"]) - p.start)
     loops = p.record.get("loops") or {}
     first = p.record.get("first_loop") or {}
     seconds = float(loops.get("seconds", 0.0))
@@ -203,9 +232,9 @@ def _split(
     first_steps = int(first.get("steps", 0))
     step_time: float | None = None
     if steps > first_steps:
-        step_time = (seconds - waited - first_busy) / (steps - first_steps)
+        step_time = max(0.0, seconds - waited - first_busy) / (steps - first_steps)
     elif steps:
-        step_time = (seconds - waited) / steps  # one loop: its compile cannot be told apart
+        step_time = max(0.0, seconds - waited) / steps  # one loop: its compile is in it
     compile_s = max(0.0, first_busy - first_steps * step_time) if step_time is not None else 0.0
     busy = max(0.0, seconds - waited - compile_s)
     parts["compile"] = compile_s
@@ -226,7 +255,27 @@ def _split(
     if p.died and by_clock is not None:
         parts["lost_progress"] = by_clock
     parts["other"] = duration - sum(parts.values()) - kept_s
+    kept_s = _balanced(parts, kept_s)
     return parts, kept_s, kept, step_time
+
+
+def _balanced(parts: dict[str, float], kept_s: float) -> float:
+    """The kept steps' time, with `parts` made to add up to the process's time, none negative:
+    a deficit in `other` (estimates that overshoot: the steady step time, the lost steps by
+    the clock, a life cut at the next process's start) is taken from the lost progress
+    first, then from the goodput, then from the other categories."""
+    deficit = max(0.0, -parts["other"])
+    parts["other"] = max(0.0, parts["other"])
+    for name in ("lost_progress", "goodput", *CATEGORIES):
+        if deficit <= 0:
+            break
+        taken = min(deficit, kept_s if name == "goodput" else parts[name])
+        if name == "goodput":
+            kept_s -= taken
+        else:
+            parts[name] -= taken
+        deficit -= taken
+    return kept_s
 
 
 def _lost_by_the_clock(

@@ -13,11 +13,12 @@ import importlib.resources
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ml_collections
 
-from tpurun.errors import UsageError
+from tpurun.errors import UsageError, excerpt
 
 BUILTIN_PACKAGE = "tpurun.configs"
 
@@ -160,6 +161,11 @@ def load(source: ConfigSource) -> ml_collections.ConfigDict:
         config = get_config(source.arg) if source.arg is not None else get_config()
     except UsageError:
         raise
+    except SystemExit as e:  # sys.exit() in a user's file: the config is wrong, not done
+        raise UsageError(
+            f"config file {source.path} exited while loading ({exit_text(e)}); a config "
+            "file defines get_config() and returns a ConfigDict: remove the exit"
+        ) from None
     except Exception as e:  # A user's file: any error is theirs to fix, shown in one line.
         raise UsageError(
             f"config file {source.path} failed to load: {type(e).__name__}: {e}"
@@ -170,6 +176,12 @@ def load(source: ConfigSource) -> ml_collections.ConfigDict:
             "return an ml_collections.ConfigDict"
         )
     return config
+
+
+def exit_text(error: SystemExit) -> str:
+    """`sys.exit(0)`, `SystemExit('message')`: what the file called, for the line."""
+    code = error.code
+    return "sys.exit()" if code is None else f"sys.exit({code!r})"
 
 
 def check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
@@ -200,3 +212,32 @@ def check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) 
                 )
             node = node[key]
             walked.append(key)
+
+
+_ELEMENT_KINDS = {bool: "true/false", int: "integers", float: "numbers", str: "texts"}
+
+
+def check_override_types(defaults: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
+    """Refuses `--config.a.b=v` when `v` is a tuple whose items are not of the kinds of the
+    default's items (`--config.hidden_units=abc` for (10, 10)), naming what the key takes.
+
+    config_flags checks a scalar against its default's type, but takes any tuple: the
+    model would then fail on the value, in the user's code, after the run started.
+    """
+    for key, value in overrides.items():
+        default: Any = defaults
+        for part in key.split("."):
+            default = default[part]
+        if not (isinstance(default, tuple) and default and isinstance(value, tuple)):
+            continue
+        kinds = {type(item) for item in default}
+        if float in kinds:
+            kinds.add(int)  # an integer is a number
+        wrong = [item for item in value if type(item) not in kinds]
+        if wrong:
+            named = {_ELEMENT_KINDS.get(type(item), type(item).__name__) for item in default}
+            takes = " or ".join(sorted(named))
+            raise UsageError(
+                f"--config.{key}: config.{key} holds {takes} (its default: {default!r}), and "
+                f'{excerpt(repr(wrong[0]))} is not one; give e.g. --config.{key}="{default!r}"'
+            )

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 import tensorflow as tf
 from absl import logging
 
+from tpurun import errors
 from tpurun.actions.base import Action, LoopStats, Saved
 from tpurun.actions.save import SaveCheckpoint
 from tpurun.cluster import Cluster, replica_sum
@@ -40,6 +41,8 @@ def sigterm_notice() -> Iterator[threading.Event]:
     exits with Preempted.exit_code, so a restart loses no step.
     """
     event = threading.Event()
+    if errors.sigterm_seen():  # one came at start-up and its exit was swallowed: stop now
+        event.set()
     if threading.current_thread() is not threading.main_thread():
         yield event  # signal handlers can only be installed from the main thread
         return

@@ -3,13 +3,18 @@
 A model that defines `generate` (see `tpurun.model`) predicts its own way instead:
 its rows are whatever `generate` returns for the restored model. `write_rows`
 writes them to --output by its extension: JSON lines, `.npz` arrays, or a `.png`
-grid of the rows' images (a generator's samples).
+grid of the rows' images (a generator's samples), where `output_target` allows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
+import os
+import re
+import stat
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +27,7 @@ from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode, Model, build_models, has_generate, json_line
 from tpurun.run_config import RunConfig
 from tpurun.runners import restore
+from tpurun.storage import checkpoints, lease, train_config
 
 
 class Predictor:
@@ -72,26 +78,173 @@ class Predictor:
 # --output: the format by the file's extension -------------------------------------------
 
 
-def write_rows(path: str, rows: list[dict[str, Any]]) -> str:
-    """Writes the rows to `path` (--output), atomically; returns the line to print.
+def write_rows(target: OutputTarget, rows: list[dict[str, Any]]) -> str:
+    """Writes the rows to --output (`output_target`); returns the line to print.
 
     `.npz`: each prediction stacked over the rows, an array by name (numpy.load reads
     them); `.png`: the rows' images in one grid (tf.io.encode_png); else JSON lines.
     """
+    path = target.path
     extension = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
     if extension == "npz":
         arrays = stacked(rows)
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
-        storage.write_atomically(path, buffer.getvalue())
+        target.write(buffer.getvalue())
         shapes = ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in arrays.items())
         return f"wrote {len(rows)} predictions to {path} ({shapes})"
     if extension == "png":
         name, grid = image_grid(rows)
-        storage.write_atomically(path, tf.io.encode_png(grid).numpy())
+        target.write(tf.io.encode_png(grid).numpy())
         return f"wrote {len(rows)} {name} in a {grid.shape[1]}x{grid.shape[0]} grid to {path}"
-    storage.write_atomically(path, "".join(json_line(row) + "\n" for row in rows))
+    target.write("".join(json_line(row) + "\n" for row in rows).encode())
     return f"wrote {len(rows)} predictions to {path}"
+
+
+# What --output may be. tpurun writes only what it was given and replaces only a regular
+# file: streams are written into, everything else that exists is refused.
+_STREAMS = {stat.S_IFIFO: "a pipe", stat.S_IFCHR: "a character device"}
+_REFUSED = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFBLK: "a block device",
+}
+# The files tpurun keeps at a model_dir's top level (any directory in it is tpurun's
+# too: runs/, eval/, export/, best/, damaged/, plugins/): never an --output.
+_MODEL_DIR_FILES = re.compile(
+    "|".join(
+        (
+            re.escape(checkpoints.STATE_FILE),
+            r"ckpt-\d+.*",
+            re.escape(train_config.FILE),
+            re.escape(lease.FILE),
+            r"events\.out\.tfevents\..*",
+            r"\..*",  # temporaries, .scratch/, the best's leftovers
+        )
+    )
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputTarget:
+    """--output checked (`output_target`): a file replaced whole, or a stream written into
+    (`fd`: this process's stdout or stderr; else `path` opened for writing)."""
+
+    path: str
+    model_dir: str
+    stream: bool = False
+    fd: int | None = None
+
+    def write(self, data: bytes) -> None:
+        """Writes `data`, checking the path again first (it may have changed meanwhile)."""
+        target = output_target(self.path, self.model_dir)
+        try:
+            if target.fd is not None:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                _write_all(target.fd, data)
+            elif target.stream:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_NOCTTY)
+                try:
+                    _write_all(descriptor, data)
+                finally:
+                    os.close(descriptor)
+            else:
+                storage.write_atomically(self.path, data)
+        except (OSError, tf.errors.OpError) as e:
+            # The cause, without the name of tpurun's temporary file beside the path.
+            cause = e.strerror if isinstance(e, OSError) and e.strerror else storage.failure(e)
+            cause = re.sub(r"\.([^/\s]+)\.tpurun-tmp-[A-Za-z0-9.-]+-\d+-[0-9a-f]{8}", r"\1", cause)
+            raise RunError(f"cannot write --output={self.path}: {cause}") from None
+
+    @property
+    def to_stdout(self) -> bool:
+        return self.fd == 1
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
+
+
+def output_target(path: str, model_dir: str) -> OutputTarget:
+    """Where --output=`path` writes, or UsageError when tpurun must not write there.
+
+    This process's stdout or stderr (`/dev/stdout`, `/dev/fd/1`, the file it is
+    redirected to), a pipe or a character device (`/dev/null`) are streamed into; a
+    regular file is replaced whole (atomically), and a new name is made in an existing
+    directory. Refused: anything else that exists (a directory, a symbolic link to
+    anything but a stream, a socket), a missing directory, and a file tpurun keeps in
+    the model_dir (its checkpoints, records and directories).
+    """
+    storage.require_bucket(path, "--output")
+    kept = _kept_by_tpurun(path, model_dir)
+    if kept:
+        raise UsageError(
+            f"--output={path} is {kept} of --model_dir={model_dir}, which tpurun keeps there; "
+            "write the predictions outside the model_dir, or to a new name at its top level"
+        )
+    if not storage.is_local(path):
+        return OutputTarget(path, model_dir)
+    try:
+        found = os.stat(path)  # through links: what a write would reach
+    except FileNotFoundError:
+        found = None
+    except OSError as e:
+        raise UsageError(f"--output={path}: {e.strerror}; give a file path you can write") from None
+    if found is not None:
+        for fd in (1, 2):  # this process's own output, by any name
+            if _same_file(found, fd):
+                return OutputTarget(path, model_dir, stream=True, fd=fd)
+        if stat.S_IFMT(found.st_mode) in _STREAMS:
+            return OutputTarget(path, model_dir, stream=True)
+    kind = stat.S_IFMT(os.lstat(path).st_mode) if os.path.lexists(path) else None
+    if kind is not None and kind != stat.S_IFREG:
+        what = _REFUSED.get(kind, "not a regular file")
+        target = f" (to {os.readlink(path)})" if kind == stat.S_IFLNK else ""
+        name = {
+            stat.S_IFDIR: f"a file in it (--output={path.rstrip('/')}/predictions.jsonl)",
+            stat.S_IFLNK: "the path of its target, or another name",
+        }.get(kind, "another name")
+        raise UsageError(
+            f"--output={path} is {what}{target}; tpurun replaces only a regular file (or "
+            f"streams into a pipe or a device): give {name}"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(
+            f"--output={path}: its directory {parent} does not exist; create it first "
+            f"(mkdir -p {parent})"
+        )
+    return OutputTarget(path, model_dir)
+
+
+def _same_file(found: os.stat_result, fd: int) -> bool:
+    try:
+        mine = os.fstat(fd)
+    except OSError:
+        return False
+    return (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _kept_by_tpurun(path: str, model_dir: str) -> str | None:
+    """What `path` is to tpurun when it names a file tpurun keeps in model_dir, else None.
+
+    A local path is compared through its directory's real path: a link to the model_dir
+    is the model_dir."""
+    if storage.is_local(path) and storage.is_local(model_dir):
+        path = os.path.join(
+            os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path)
+        )
+        model_dir = os.path.realpath(model_dir)
+    if not storage.inside(model_dir, path):
+        return None
+    relative = path[len(model_dir.rstrip("/")) + 1 :].strip("/")
+    if "/" in relative:
+        return f"inside {relative.split('/')[0]}/, a directory"
+    return f"{relative!r}, a file" if _MODEL_DIR_FILES.fullmatch(relative) else None
 
 
 def stacked(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:

@@ -6,8 +6,11 @@ SIGTERM and SIGINT to it (as SIGTERM: the trainer saves and exits 75), and when 
 trainer dies without finishing for a reason that passes (`exits.Ending.restartable`)
 waits (a backoff; with --tpu=NAME until the Cloud TPU API says the node is READY)
 and starts a fresh one, which resumes from the latest checkpoint: one line per
-restart. The child tells its run record when it was started and how the one before
-it died (`tpurun.actions.goodput`), so `tpurun report` counts the downtime.
+restart. The child tells its run record when it was started, by which supervisor
+and how the one before it died (`tpurun.actions.goodput`), so `tpurun report` counts
+the downtime; the record of a child that died before it wrote one is written here
+(`post_mortem`). A SIGTERM or SIGINT while no trainer runs (the backoff, the wait
+for a TPU) ends it with one line and exit 75 (130 for SIGINT).
 """
 
 from __future__ import annotations
@@ -23,17 +26,21 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from tpurun.errors import EXIT_PREEMPTED
 from tpurun.report import run_records
 from tpurun.run_config import RunConfig
-from tpurun.supervisor import protocol, tpu_wait
+from tpurun.supervisor import post_mortem, protocol, tpu_wait
 from tpurun.supervisor.exits import Ending
 from tpurun.supervisor.protocol import (
     PREVIOUS_DEATH_ENV,
     PROGRESS_FD_ENV,
     SPAWNED_AT_ENV,
     SUPERVISED_ENV,
+    SUPERVISOR_START_ENV,
 )
 
+# tpurun's exit when a signal stops it while no trainer runs: as the trainer's would be.
+STOPPED_EXIT = {signal.SIGTERM: EXIT_PREEMPTED, signal.SIGINT: 130}
 # Seconds before restart k: BACKOFF * 2^(k-1), at most MAX_BACKOFF.
 BACKOFF = 1.0
 MAX_BACKOFF = 60.0
@@ -80,28 +87,38 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.child: subprocess.Popen | None = None
         self.stop = threading.Event()  # SIGTERM or SIGINT came: forward, restart nothing
+        self.stopped_by = signal.SIGTERM
         self.progress: tuple[int, float] | None = None  # the trainer's newest (step, time)
         self.started_at = 0.0
+        self.since = (
+            protocol.kernel_start()
+        )  # this supervisor's start: its trainers' records say it
+        self.spawned_at = self.since  # when the newest trainer was started
 
     def run(self) -> int:
         restarts = 0
         death: dict | None = None
         with self._forwarding_signals():
             while True:
+                told = death  # the death this trainer is told of, for its record
                 ending = self._run_child(restarts, death)
                 if ending.finished:
                     return 0
-                if self.stop.is_set():
-                    return ending.exit_code  # 75 when the trainer saved at the forwarded SIGTERM
                 died = time.time()
-                at, newest = self._where_it_stopped()
-                if not ending.restartable(asked_to_stop=False):
+                mine = self._records_of(restarts)
+                at, newest = self._where_it_stopped(mine)
+                latest = f"ckpt-{newest}" if newest else "none (nothing saved)"
+                if self.stop.is_set() and ending.returncode >= 0:
+                    return ending.exit_code  # it ended by itself (75: saved at the forwarded stop)
+                if not ending.restartable(asked_to_stop=False) and not self.stop.is_set():
                     return ending.exit_code  # its own error line says why
+                self._record_if_unrecorded(mine, restarts, told, died, ending)
+                if self.stop.is_set():
+                    return self._stopped(f"{ending.what()}{at}", latest)
                 death = {"t": died, "cause": ending.what().removeprefix("the trainer ")}
                 if self.progress is not None:  # its last step, and when it got there
                     death["step"], death["step_t"] = self.progress
                 if restarts >= self.max_restarts:
-                    latest = f"ckpt-{newest}" if newest else "none (nothing saved)"
                     say(
                         f"tpurun train: error: {ending.what()}{at}; no restart left "
                         f"(--max_restarts={self.max_restarts}, all spent); the latest "
@@ -113,20 +130,52 @@ class Supervisor:
                 say(f"restart {restarts}/{self.max_restarts}: {ending.what()}{at}; {resume}")
                 if not self._wait_before(restarts):
                     if self.stop.is_set():
-                        return ending.exit_code
+                        return self._stopped(f"{ending.what()}{at}", latest)
                     say(
                         f"tpurun train: error: gave up waiting for the TPU {self.run_config.tpu!r} "
                         f"to be READY again after {tpu_wait.WAIT_SECONDS:.0f}s ({ending.what()})"
                     )
                     return ending.exit_code
 
+    def _stopped(self, what: str, latest: str) -> int:
+        """A signal stopped tpurun while no trainer ran, or one that then died otherwise (it
+        could not save at the signal): the line, and the exit a trainer's own stop gives."""
+        name = signal.Signals(self.stopped_by).name
+        code = STOPPED_EXIT.get(self.stopped_by, EXIT_PREEMPTED)
+        say(
+            f"tpurun train: error: {name}: stopped without restarting the trainer ({what}), "
+            f"which left nothing to save; the latest checkpoint is {latest}: rerun the same "
+            f"command to resume from it (exit {code})"
+        )
+        return code
+
+    def _record_if_unrecorded(
+        self, found: list[dict], restart: int, told: dict | None, died: float, ending: Ending
+    ) -> None:
+        """The run record of the trainer that just died (`found`: its record if it wrote one),
+        when it wrote none: a death tpurun counts (a signal, a failure that passes)."""
+        if found or not ending.restartable(asked_to_stop=False):
+            return  # its own record; or it failed by itself, early: it made nothing
+        account: dict = {
+            "process_start": self.spawned_at,
+            "spawned_at": self.spawned_at,
+            "supervisor_start": self.since,
+            "restart": restart,
+            "updated": max(died, self.spawned_at),  # it was starting up until it died
+        }
+        if told:
+            account["previous_death"] = told
+        post_mortem.write(self.run_config.model_dir, account, ending.what())
+
     def _run_child(self, restart: int, death: dict | None) -> Ending:
         env = {
             **os.environ,
             SUPERVISED_ENV: f"{restart}/{self.max_restarts}",
-            # The first trainer's start is this process's: the job's wall time begins here.
-            SPAWNED_AT_ENV: repr(protocol.kernel_start() if restart == 0 else time.time()),
+            SUPERVISOR_START_ENV: repr(self.since),
         }
+        # The first trainer's start is this process's: the job's wall time begins here.
+        self.spawned_at = self.since if restart == 0 else time.time()
+        env[SPAWNED_AT_ENV] = repr(self.spawned_at)
         env.pop(PREVIOUS_DEATH_ENV, None)
         if death:
             env[PREVIOUS_DEATH_ENV] = json.dumps(death)
@@ -174,6 +223,8 @@ class Supervisor:
     @contextlib.contextmanager
     def _forwarding_signals(self) -> Iterator[None]:
         def handler(signum: int, frame: object) -> None:
+            if not self.stop.is_set():
+                self.stopped_by = signal.Signals(signum)
             self.stop.set()
             self._forward(signal.SIGTERM)
 
@@ -184,24 +235,26 @@ class Supervisor:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def _where_it_stopped(self) -> tuple[str, int | None]:
-        """(' at about step 4,310', 4000): the step the trainer last recorded, and the newest
-        checkpoint (saved, as the records and the state file say), from the model_dir."""
+    def _records_of(self, restart: int) -> list[dict]:
+        """The time account of this supervisor's trainer `restart`, if it wrote its record."""
         try:
-            found = run_records.train_records(self.run_config.model_dir)
-            latest = run_records.latest_checkpoint_step(self.run_config.model_dir)
-        except Exception:  # noqa: BLE001 - the line without the steps is still the line
-            return "", None
-        mine = [
-            r["goodput"]
-            for _, r in found
-            if (r.get("goodput") or {}).get("process_start", 0) >= self.started_at - 1
+            found = run_records.time_accounts(self.run_config.model_dir).found
+        except Exception:  # noqa: BLE001 - an unreadable model_dir: none
+            return []
+        return [
+            g
+            for _, g in found
+            if g.get("supervisor_start") == self.since and g.get("restart") == restart
         ]
+
+    def _where_it_stopped(self, mine: list[dict]) -> tuple[str, int | None]:
+        """(' at about step 4,310', 4000): the step the trainer last recorded (`mine`: its
+        record) or told, and the newest checkpoint on disk (the one the next trainer resumes
+        from, as `tpurun.storage.checkpoints` picks it), from the model_dir."""
         step = (mine[-1].get("last") or {}).get("step") if mine else None
         if self.progress is not None:  # from the pipe: newer than the record
             step = self.progress[0]
-        saves = [s["step"] for _, r in found for s in (r.get("goodput") or {}).get("saves", [])]
-        newest = max([*saves, *([latest] if latest is not None else [])], default=None)
+        newest = run_records.newest_checkpoint_step(self.run_config.model_dir)
         return (f" at about step {step:,}" if step is not None else " before its first step"), (
             newest or None
         )
