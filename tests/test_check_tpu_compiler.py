@@ -505,7 +505,7 @@ def test_a_price_needs_a_target_and_must_be_positive(tpurun_cli):
     assert_fails(
         tpurun_cli("check", "--config=iris", "--target=v5e-8", "--price_per_chip_hour=-1"),
         USAGE,
-        "give a positive price",
+        "--price_per_chip_hour=-1 must be a number of $ per chip-hour > 0",
     )
 
 

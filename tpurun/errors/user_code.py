@@ -11,7 +11,8 @@ import os
 import re
 import traceback
 
-_TPURUN_ROOT = os.path.dirname(os.path.abspath(__file__))
+# The tpurun package (this module is in tpurun/errors/).
+_TPURUN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
