@@ -55,7 +55,7 @@ from absl import logging
 
 from tpurun import inputs, precision, strategy, train_config
 from tpurun import model as model_lib
-from tpurun.check import fit_report, preflight, step_bounds, targets
+from tpurun.check import fit_findings, fit_report, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.peaks import peak_flops
@@ -125,7 +125,7 @@ def run_checks(
                 checker.single_device_steps.pop(mode, None)
             sizer, note = tpu_sizer(target)
             found = preflight.estimate_steps(checker, target, sizer, note)
-            problems += fit_report.problems(run, found)
+            problems += fit_findings.problems(run, found)
     return merge(problems), found
 
 
@@ -177,6 +177,7 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
             print("\n".join(bounds), file=out)
         if run.report:
             fit_report.write_report(run.report, fit_report.report(run, found))
+            print(f"Wrote the report to {run.report}", file=out)
     errors = sum(f.severity == ERROR for f in findings)
     warnings = len(findings) - errors
     if report(findings, out):

@@ -1,0 +1,218 @@
+"""The largest per-replica batch that fits, in a number of compiles stated in advance.
+
+`largest_batch(probe, hbm_bytes, refused)` searches the batches below `refused` (a
+per-replica batch that does not fit) for the largest one that fits, `probe(batch)`
+compiling the step at one batch (seconds to minutes each). It searches multiples
+of 8 (a TPU pads the batch dimension to one), and the batches below 8 only when
+not even 8 fits.
+
+The worst case, kept whatever the sizes do: for `refused` = B, at most
+`compile_bound(B)` = ceil(log2(B / 8)) + EXTRA_PROBES compiles, and
+ceil(log2(8)) = 3 more when not even a batch of 8 fits (`compile_bound`). It is
+a bisection's count (ceil(log2(B / 8)) halvings take the interval [8, B) down to
+one multiple of 8) plus two probes of slack, spent on guesses.
+
+Each probe is a guess where the memory crosses the HBM, on the line through the
+sizes compiled nearest it on either side (memory grows about linearly with the
+batch), moved further each time the guesses keep landing on the same side. The
+guess is then held inside the interval that keeps the bound (the projection of
+the ITP method: Oliveira and Takahashi, "An Enhancement of the Bisection Method
+Average Performance Preserving Minmax Optimality", ACM TOMS 47(1), 2020): after
+the k-th probe, the batches still in question must span at most 2^(n - k)
+multiples of 8, n being the probes allowed, so that bisection alone could still
+finish in the probes left. A guess outside that interval is moved to its nearest
+end, and the bisection's midpoint is always inside it: the bound holds whatever
+the guesses are.
+
+Near the HBM a compiler's memory is not monotonic in the batch: it recomputes
+activations rather than keep them when they would not fit, so the memory flattens
+and a larger batch can fit where a smaller one was refused. The search never
+assumes a batch fits because a larger one did (or is refused because a smaller
+one was): the answer is a batch that was compiled and fits, next to a larger one
+that was compiled and refused (`Found.refused_above`). It is the largest that the
+search found; a larger batch may still fit beyond a refused one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+from absl import logging
+
+# Probes the guesses may cost beyond a bisection's: the worst case is ceil(log2(B/8)) + 2.
+EXTRA_PROBES = 2
+# Above RESOLUTION multiples of 8, the search stops within 1/RESOLUTION of the edge
+# (a search of batches in the millions would otherwise spend its last compiles on
+# the last 0.1%).
+RESOLUTION = 1000
+# How far past the estimated edge a probe aims, as a share of the edge (doubled with
+# each probe that lands on the same side as the one before).
+MARGIN = 0.01
+
+
+class Outcome(NamedTuple):
+    """What a compile of the step at one batch said: whether it fits, and its size.
+
+    `bytes` is the step's total when it fits, or the compiler's figure of what it
+    needed when it refused (a guide for the next guess only); None when unknown.
+    """
+
+    fits: bool
+    bytes: int | None
+
+
+Probe = Callable[[int], Outcome]
+
+
+class Step(NamedTuple):
+    """One probe of a search: whether it fit, and the interval's span before it."""
+
+    fits: bool
+    span: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """The search's answer, and what it cost."""
+
+    batch: int | None  # the largest batch found to fit; None: not even a batch of 1 fits
+    refused_above: int  # the smallest batch above it found not to fit (`refused` at most)
+    compiles: int  # probes made (the sizes already known cost none)
+    bound: int  # the most it could have made: compile_bound(refused)
+
+
+def compile_bound(refused: int, multiple: int = 8, smallest: bool = False) -> int:
+    """The most compiles `largest_batch` makes below a batch `refused` that does not fit:
+    ceil(log2(refused / multiple)) + EXTRA_PROBES, and ceil(log2(multiple)) more for the
+    batches below `multiple` (`smallest`: when not even `multiple` fits)."""
+    bound = _bound(-(-refused // multiple))
+    return bound + _bound(min(multiple, refused), extra=0) if smallest else bound
+
+
+def largest_batch(
+    probe: Probe,
+    hbm_bytes: int,
+    refused: int,
+    *,
+    multiple: int = 8,
+    known: Mapping[int, Outcome] | None = None,
+    log: Callable[[str], None] = logging.info,
+) -> Found:
+    """The largest batch below `refused` (which does not fit) that `probe` finds to fit.
+
+    A multiple of `multiple` unless not even `multiple` fits; then the largest
+    smaller batch that fits. `known` outcomes (batch -> Outcome, compiled already)
+    narrow the search for free. At most compile_bound(refused) probes.
+    """
+    known = dict(known or {})
+    bound = compile_bound(refused, multiple)
+    made = 0
+
+    def counted(batch: int) -> Outcome:
+        nonlocal made
+        made += 1
+        log(f"Batch search: compile {made} of at most {bound}, at {batch} per replica.")
+        known[batch] = probe(batch)
+        return known[batch]
+
+    units = (refused - 1) // multiple  # the multiples of `multiple` below `refused`
+    fit, over = _bisect(counted, hbm_bytes, units, multiple, known, EXTRA_PROBES)
+    if fit:
+        return Found(fit * multiple, min(over * multiple, refused), made, bound)
+    bound = compile_bound(refused, multiple, smallest=True)  # 1 .. multiple - 1 too
+    small = min(multiple, refused)
+    fit, over = _bisect(counted, hbm_bytes, small - 1, 1, known, extra=0)
+    return Found(fit or None, over, made, bound)
+
+
+def _bound(span: int, extra: int = EXTRA_PROBES) -> int:
+    """Probes that settle an interval (fit, over) with over - fit = span: a bisection's
+    ceil(log2(span)), and `extra`."""
+    if span <= 1:
+        return 0
+    return (span - 1).bit_length() + extra  # ceil(log2(span)) + extra
+
+
+def _bisect(
+    probe: Probe,
+    hbm_bytes: int,
+    units: int,
+    multiple: int,
+    known: Mapping[int, Outcome],
+    extra: int,
+) -> tuple[int, int]:
+    """(fit, over) in units of `multiple` among 1 .. units: the largest unit found to fit
+    (0: none), and the unit above it found not to (units + 1: none was)."""
+    fit, over = 0, units + 1
+    sizes: dict[int, Outcome] = {b // multiple: o for b, o in known.items() if b % multiple == 0}
+    for unit, outcome in sizes.items():
+        if 1 <= unit <= units and outcome.fits and unit > fit:
+            fit = unit
+    over = min((u for u, o in sizes.items() if fit < u <= units and not o.fits), default=over)
+    left = _bound(over - fit, extra)
+    history: list[Step] = []
+    while over - fit > 1 and over - fit > fit // RESOLUTION:
+        assert left >= 1 and over - fit <= 1 << left  # the bound's invariant
+        guess = _guess(sizes, hbm_bytes, fit, over, history)
+        reach = 1 << (left - 1)  # after this probe, at most `reach` units may be left
+        unit = min(max(guess, over - reach, fit + 1), fit + reach, over - 1)
+        outcome = probe(unit * multiple)
+        sizes[unit] = outcome
+        history.append(Step(outcome.fits, over - fit))
+        left -= 1
+        if outcome.fits:
+            fit = unit
+        else:
+            over = unit
+    return fit, over
+
+
+def _guess(
+    sizes: Mapping[int, Outcome], hbm_bytes: int, fit: int, over: int, history: list[Step]
+) -> int:
+    """The next unit to try (before the bound's projection).
+
+    First the estimated edge. While the probes land on one side, the next aims past
+    the edge on the other, by 1% of it, doubled at each further probe on that side
+    (galloping: the edge is bracketed in as many probes as doublings). Once probes
+    have landed on both sides, the estimate again, unless the last probe did not
+    halve the interval (the line misleads there, as where memory flattens): then the
+    midpoint.
+    """
+    edge = _edge(sizes, hbm_bytes, fit, over)
+    if edge is None:
+        return (fit + over) // 2
+    if not history:
+        return int(edge)  # the unit below the edge
+    last = history[-1]
+    streak = next((i for i, s in enumerate(reversed(history)) if s.fits != last.fits), len(history))
+    if streak < len(history):  # probes on both sides
+        if streak == 1 and 2 * (over - fit) > last.span:
+            return (fit + over) // 2
+        if streak == 1:
+            return int(edge)
+    margin = max(1, round(edge * MARGIN)) << (streak - 1)
+    # After a fit, a unit above the edge; after a refusal, one below.
+    return int(edge) + margin if last.fits else int(edge) - margin
+
+
+def _edge(sizes: Mapping[int, Outcome], hbm_bytes: int, fit: int, over: int) -> float | None:
+    """Where the memory crosses the HBM (in units), on the line through the sizes nearest
+    the interval (fit, over): one on each side, else the two nearest on one side, else
+    one and the origin (memory in proportion to the batch). None without a size."""
+    below = sorted((u, o.bytes) for u, o in sizes.items() if u <= fit and o.fits and o.bytes)
+    above = sorted((u, o.bytes) for u, o in sizes.items() if u >= over and not o.fits and o.bytes)
+    if below and above:
+        line = [below[-1], above[0]]
+    elif len(above) >= 2 or len(below) >= 2:
+        line = above[:2] if len(above) >= 2 else below[-2:]
+    elif above or below:
+        line = [(0, 0), (above or below)[0]]
+    else:
+        return None
+    (u0, b0), (u1, b1) = line
+    if b1 <= b0:
+        return None  # a line that does not rise says nothing
+    return u0 + (hbm_bytes - b0) * (u1 - u0) / (b1 - b0)
