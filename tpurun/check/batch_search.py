@@ -12,17 +12,19 @@ ceil(log2(8)) = 3 more when not even a batch of 8 fits (`compile_bound`). It is
 a bisection's count (ceil(log2(B / 8)) halvings take the interval [8, B) down to
 one multiple of 8) plus two probes of slack, spent on guesses.
 
-Each probe is a guess where the memory crosses the HBM, on the line through the
-sizes compiled nearest it on either side (memory grows about linearly with the
-batch), moved further each time the guesses keep landing on the same side. The
-guess is then held inside the interval that keeps the bound (the projection of
-the ITP method: Oliveira and Takahashi, "An Enhancement of the Bisection Method
-Average Performance Preserving Minmax Optimality", ACM TOMS 47(1), 2020): after
-the k-th probe, the batches still in question must span at most 2^(n - k)
-multiples of 8, n being the probes allowed, so that bisection alone could still
-finish in the probes left. A guess outside that interval is moved to its nearest
-end, and the bisection's midpoint is always inside it: the bound holds whatever
-the guesses are.
+Each probe is either a guess at where the memory crosses the HBM, on the line
+through the totals compiled nearest it (memory grows about linearly with the
+batch), or the midpoint of the batches still in question: the midpoint when no
+total is known yet (a refusal gives none) and after a guess that did not halve
+them (`_guess`). Either is then held inside the interval that keeps the bound
+(the projection of the ITP method: Oliveira and Takahashi, "An Enhancement of the
+Bisection Method Average Performance Preserving Minmax Optimality", ACM TOMS
+47(1), 2020): after the k-th probe, the batches still in question must span at
+most 2^(n - k) multiples of 8, n being the probes allowed, so that bisection alone
+could still finish in the probes left. A probe outside that interval is moved to
+its nearest end, and the midpoint is always inside it: the bound holds whatever
+the guesses are. When memory is close to linear, the guesses find the edge in
+three or four compiles from any batch.
 
 Near the HBM a compiler's memory is not monotonic in the batch: it recomputes
 activations rather than keep them when they would not fit, so the memory flattens
@@ -36,6 +38,7 @@ search found; a larger batch may still fit beyond a refused one.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -47,17 +50,14 @@ EXTRA_PROBES = 2
 # (a search of batches in the millions would otherwise spend its last compiles on
 # the last 0.1%).
 RESOLUTION = 1000
-# How far past the estimated edge a probe aims, as a share of the edge (doubled with
-# each probe that lands on the same side as the one before).
+# How far past the estimated edge a guess aims once guesses keep landing on one side,
+# as a share of the edge (doubled with each further guess on that side).
 MARGIN = 0.01
 
 
 class Outcome(NamedTuple):
-    """What a compile of the step at one batch said: whether it fits, and its size.
-
-    `bytes` is the step's total when it fits, or the compiler's figure of what it
-    needed when it refused (a guide for the next guess only); None when unknown.
-    """
+    """What a compile of the step at one batch said: whether it fits, and its total
+    bytes (None when the compiler refused the step and gave no total)."""
 
     fits: bool
     bytes: int | None
@@ -67,10 +67,12 @@ Probe = Callable[[int], Outcome]
 
 
 class Step(NamedTuple):
-    """One probe of a search: whether it fit, and the interval's span before it."""
+    """One probe of a search: whether it fit, the interval's span before it, and whether
+    it was a guess at the edge (or a midpoint)."""
 
     fits: bool
     span: int
+    guessed: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,12 +157,12 @@ def _bisect(
     history: list[Step] = []
     while over - fit > 1 and over - fit > fit // RESOLUTION:
         assert left >= 1 and over - fit <= 1 << left  # the bound's invariant
-        guess = _guess(sizes, hbm_bytes, fit, over, history)
+        guess, guessed = _guess(sizes, hbm_bytes, fit, over, history)
         reach = 1 << (left - 1)  # after this probe, at most `reach` units may be left
         unit = min(max(guess, over - reach, fit + 1), fit + reach, over - 1)
         outcome = probe(unit * multiple)
         sizes[unit] = outcome
-        history.append(Step(outcome.fits, over - fit))
+        history.append(Step(outcome.fits, over - fit, guessed))
         left -= 1
         if outcome.fits:
             fit = unit
@@ -171,31 +173,32 @@ def _bisect(
 
 def _guess(
     sizes: Mapping[int, Outcome], hbm_bytes: int, fit: int, over: int, history: list[Step]
-) -> int:
-    """The next unit to try (before the bound's projection).
+) -> tuple[int, bool]:
+    """The next unit to try (before the bound's projection), and whether it is a guess
+    at the edge (else the midpoint).
 
-    First the estimated edge. While the probes land on one side, the next aims past
-    the edge on the other, by 1% of it, doubled at each further probe on that side
-    (galloping: the edge is bracketed in as many probes as doublings). Once probes
-    have landed on both sides, the estimate again, unless the last probe did not
-    halve the interval (the line misleads there, as where memory flattens): then the
-    midpoint.
+    The midpoint without a size to draw a line through, and after a guess that did
+    not halve the interval (the line misleads there, as where memory flattens).
+    Else the estimated edge: the unit just below it at first, then just past it on
+    the side the last guess did not land on; after k guesses in a row on one side,
+    past it by MARGIN of it (at most a quarter of the interval) times 2^(k - 2):
+    galloping, so that a line that keeps missing brackets the edge in as many
+    guesses as doublings.
     """
     edge = _edge(sizes, hbm_bytes, fit, over)
-    if edge is None:
-        return (fit + over) // 2
-    if not history:
-        return int(edge)  # the unit below the edge
-    last = history[-1]
-    streak = next((i for i, s in enumerate(reversed(history)) if s.fits != last.fits), len(history))
-    if streak < len(history):  # probes on both sides
-        if streak == 1 and 2 * (over - fit) > last.span:
-            return (fit + over) // 2
-        if streak == 1:
-            return int(edge)
-    margin = max(1, round(edge * MARGIN)) << (streak - 1)
+    if edge is None or (history and history[-1].guessed and 2 * (over - fit) > history[-1].span):
+        return (fit + over) // 2, False
+    guesses = [step.fits for step in history if step.guessed]
+    if not guesses:  # just below the edge: the nearest size to it that fits, if the line holds
+        return math.floor(edge - max(1.0, edge / RESOLUTION)), True
+    streak = next(
+        (i for i, fits in enumerate(reversed(guesses)) if fits != guesses[-1]), len(guesses)
+    )
+    margin = (
+        0 if streak == 1 else max(1, min(round(edge * MARGIN), (over - fit) // 4)) << (streak - 2)
+    )
     # After a fit, a unit above the edge; after a refusal, one below.
-    return int(edge) + margin if last.fits else int(edge) - margin
+    return (math.floor(edge) + 1 + margin if guesses[-1] else math.floor(edge) - margin), True
 
 
 def _edge(sizes: Mapping[int, Outcome], hbm_bytes: int, fit: int, over: int) -> float | None:

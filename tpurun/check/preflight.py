@@ -220,10 +220,11 @@ class Preflight:
 
 
 def outcome(size: StepSize, hbm_bytes: int) -> Outcome:
-    """What the batch search takes of a step's size: whether it fits, and its bytes (the
-    compiler's figure, for a step it refused)."""
+    """What the batch search takes of a step's size: whether it fits, and its total. A
+    refusal's figure is no total (the planned temporaries, or the program, without the
+    arguments): the search is given none then."""
     if isinstance(size, RefusedStep):
-        return Outcome(False, size.needed_bytes)
+        return Outcome(False, None)
     return Outcome(size.fits(hbm_bytes), size.padded_total_bytes)
 
 
