@@ -177,8 +177,10 @@ def _guess(
     """The next unit to try (before the bound's projection), and whether it is a guess
     at the edge (else the midpoint).
 
-    The midpoint without a size to draw a line through, and after a guess that did
-    not halve the interval (the line misleads there, as where memory flattens).
+    The midpoint without a size to draw a line through, when the line crosses the
+    HBM outside the interval (where memory flattens, as the compiler recomputes
+    activations, the line through two sizes that fit runs past a batch refused), and
+    after a guess that did not halve the interval.
     Else the estimated edge: the unit just below it at first, then just past it on
     the side the last guess did not land on; after k guesses in a row on one side,
     past it by MARGIN of it (at most a quarter of the interval) times 2^(k - 2):
@@ -186,7 +188,8 @@ def _guess(
     guesses as doublings.
     """
     edge = _edge(sizes, hbm_bytes, fit, over)
-    if edge is None or (history and history[-1].guessed and 2 * (over - fit) > history[-1].span):
+    misled = history and history[-1].guessed and 2 * (over - fit) > history[-1].span
+    if edge is None or misled or not fit < edge < over:  # a line against the compiles
         return (fit + over) // 2, False
     guesses = [step.fits for step in history if step.guessed]
     if not guesses:  # just below the edge: the nearest size to it that fits, if the line holds

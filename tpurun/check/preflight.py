@@ -200,8 +200,8 @@ class Preflight:
         if isinstance(size, RefusedStep):
             return f"refused, {size.stated}"
         fits = "fits" if size.fits(hbm_bytes) else "does not fit"
-        total = memory.format_bytes(size.padded_total_bytes)
-        return f"{total} of {memory.format_bytes(hbm_bytes)}, {fits}"
+        total = memory.format_bytes(size.padded_total_bytes, 4)
+        return f"{total} of {memory.format_bytes(hbm_bytes, 4)}, {fits}"
 
     def largest_batch(self, mode: Mode, batch: int) -> Found:
         """The largest per-replica batch below `batch` (which does not fit) that the
