@@ -36,6 +36,17 @@ def convmixer(batch: int) -> Outcome:
     return Outcome(False, None)  # refused: the compiler gives no total
 
 
+def convmixer_measured(batch: int) -> Outcome:
+    """As the TPU compiler sized a ConvMixer-256/8 (AdamW, 32x32x3) on a v5e here: the
+    same 15.7-15.9 GB from 1,800 to 3,464 per replica (it recomputes activations the
+    more, the larger the batch), refused from 3,472."""
+    if batch <= 1700:
+        return Outcome(True, STATE + 9_300_000 * batch)
+    if batch <= 3464:
+        return Outcome(True, 15_700_000_000 + (batch * 7919 % 200) * 1_000_000)
+    return Outcome(False, None)
+
+
 class Counted:
     """A probe that records each batch it is asked for (a compile each)."""
 
@@ -74,6 +85,15 @@ def test_a_flat_non_monotonic_edge_is_searched_within_the_bound(refused):
     assert found.refused_above <= refused
     # The edge of this stand-in, or one of the larger batches that fit beyond it.
     assert found.batch in (EDGE, *BEYOND)
+
+
+@pytest.mark.parametrize("refused", [3480, 3600, 8192, 65536, 1 << 20])
+def test_the_measured_convmixer_takes_a_bisections_count_and_one(refused):
+    """Its memory is flat for 1,700 batches below the edge: no line finds the edge, and
+    one guess is spent before the search falls back to halving."""
+    found, probed = search(convmixer_measured, refused)
+    assert (found.batch, found.refused_above) == (3464, 3472)
+    assert found.compiles <= compile_bound(refused) - EXTRA_PROBES + 1, probed
 
 
 def test_from_3600_the_flat_edge_is_not_walked_one_multiple_at_a_time():
