@@ -6,7 +6,7 @@ For each seed config (iris, mnist, fashion_mnist, shakespeare, flops; their data
 made here, small) and a CNN of a user's own (a CIFAR-sized ResNet-style model
 with BatchNorm, written to a directory outside the repo), runs
 `tpurun check --target` twice in fresh processes: with the TPU compiler
-(`tpurun[tpu-compile]`), and with it hidden (the XLA:CPU estimate). Prints, per
+(`pip install '.[tpu-compile]'`), and with it hidden (the XLA:CPU estimate). Prints, per
 step, both totals and their ratio, and the wall time of each run. Timings are
 the machine's of the moment: compare them within one run.
 """

@@ -1,17 +1,18 @@
-"""tpurun.check.fit_report: the memory table, the `memory` finding and its levers, the JSON.
+"""tpurun.check.fit_report: the memory table and the `--report` JSON.
 
-Built from estimates made up here (no compile): what each row and each lever says,
-for configs with and without the precision and accumulation keys.
+Built from sizes made up here (no compile): what each row says, for the XLA:CPU
+estimate and for a step the TPU compiler refused (its own figures, or "not known").
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tpurun.check import fit_report, targets
-from tpurun.check.findings import merge
+from tpurun.check import fit_findings, fit_report, targets
+from tpurun.check.batch_search import Found
 from tpurun.check.memory import Array, MemoryEstimate
 from tpurun.check.preflight import StepMemory, TargetMemory
+from tpurun.check.tpu_compiler.sizing import RefusedStep
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, config_files, merge_flags
 
@@ -35,17 +36,33 @@ def run_config(**keys) -> RunConfig:
     )
 
 
-def step(mode: Mode, batch: int, per_example: int, max_batch: int | None = None) -> StepMemory:
+def step(mode: Mode, batch: int, per_example: int, search: Found | None = None) -> StepMemory:
     """A made-up estimate: 4 MB of float32 weights, `per_example` bytes of other per example."""
     weights = Array("weights", "dense/kernel", (1000, 1000), "float32", 4 * 10**6, 4 * 10**6)
     found = MemoryEstimate(arrays=(weights,), temporaries_bytes=batch * per_example)
-    return StepMemory(mode, batch, found, V5E_8.hbm_bytes_per_replica, max_batch)
+    return StepMemory(mode, batch, found, V5E_8.hbm_bytes_per_replica, search)
 
 
-def too_big(run: RunConfig, max_batch: int | None = 1000) -> str:
-    found = TargetMemory(V5E_8, (step(Mode.TRAIN, 4096, 10**7, max_batch),), {}, {})
-    (finding,) = merge(fit_report.problems(run, found))
-    return str(finding)
+def refused(temporaries_gib: float) -> RefusedStep:
+    """A v5e compiler's refusal before compiling: its planned temporaries, in GiB."""
+    needed = int(temporaries_gib * (1 << 30))
+    return RefusedStep(
+        what="HLO temporaries",
+        needed_bytes=needed,
+        available_bytes=int(15.75 * (1 << 30)),
+        message=f"RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: ... ({temporaries_gib}G) ...",
+    )
+
+
+def refused_train(batch: int = 3600) -> StepMemory:
+    """The train step refused at `batch` per replica, searched down to 3456."""
+    return StepMemory(
+        Mode.TRAIN,
+        batch,
+        refused(17.5),
+        int(15.75 * (1 << 30)),
+        search=Found(3456, 3464, compiles=8, bound=11),
+    )
 
 
 def test_a_fitting_job_shows_every_row_and_its_headroom():
@@ -61,68 +78,52 @@ def test_a_fitting_job_shows_every_row_and_its_headroom():
         assert f"\n  {row} " in text
     assert "total" in text and "HBM per replica" in text
     assert "15.87 GB (99.1%)" in text  # 16 GB - 4 MB - 128 MB, rounded down
-    assert "largest batch that fits" not in text  # nothing to search: everything fits
+    assert "largest batch found to fit" not in text  # nothing to search: everything fits
     assert "predict: tpurun predict runs X.generate()" in text
     assert "--iterations=50" in text and "re-uses the step's buffers" in text
-    assert fit_report.problems(run_config(), found) == []
+    assert fit_findings.problems(run_config(), found) == []
 
 
-def test_a_step_that_does_not_fit_is_one_error_line_with_the_batch_that_does():
-    line = too_big(run_config())
-    assert line.startswith(
-        "[memory] error: the train step needs 41 GB per replica at a per-replica batch of "
-        "4096, and a v5litepod-8 replica has 16 GB (estimated from the compiled step). Fix: "
-        "the largest per-replica batch that fits is 1000: --batch_size=8000 (8 replicas)"
-    ), line
-    # A v5litepod-32 splits 32768 into 1024 per replica: too many; a v5litepod-64 into 512.
-    assert line.endswith(
-        "or more replicas: a v5litepod-64 splits --batch_size=32768 into 512 per replica"
-    )
-    assert "\n" not in line
-
-
-def test_bfloat16_and_accumulation_keep_the_batch():
-    line = too_big(run_config())
-    assert "; or bfloat16 activations: --precision=mixed_bfloat16; " in line
-    # 4096 per replica in 8 micro-batches of 512: the same 32768 examples per update.
+def test_a_refused_step_shows_only_what_the_compiler_said():
+    found = TargetMemory(V5E_8, (refused_train(), step(Mode.EVAL, 128, 10**5)), {}, {})
+    lines = fit_report.table(found, iterations=1)
+    columns = {line[2:34].strip(): line[34:].split("  ") for line in lines[2:] if line[2] != "n"}
+    rows = {label: [v.strip() for v in values if v.strip()] for label, values in columns.items()}
+    for label in ("weights", "optimizer state", "input (2 batches)", "outputs", "total"):
+        assert rows[label][0] == "not known", label  # the refusal gave no figure for it
+    assert rows["weights"][1] == "4 MB" and rows["outputs"] == ["not known"]  # eval: none
+    assert rows["temporaries"] == ["18.8 GB"]  # 17.5 GiB: what the refusal said
+    assert rows["headroom"][0] == "refused by the compiler"
+    assert rows["largest batch found to fit"] == ["3456", "-"]
+    text = "\n".join(lines)
     assert (
-        "; or gradient accumulation: --batch_size=4096 --config.train.accumulate_steps=8 keeps "
-        "32768 examples per update; "
-    ) in line
-
-
-def test_accumulation_already_on_is_raised_to_what_fits():
-    line = too_big(run_config(train__accumulate_steps=2))
-    # 2 x 4096 = 8192 per replica per update: 16 micro-batches of 512 (8 of 1024 do not fit).
-    assert "--batch_size=4096 --config.train.accumulate_steps=16 keeps 65536 examples" in line
-
-
-def test_bfloat16_is_not_offered_when_it_is_already_on():
-    assert "precision" not in too_big(run_config(precision="mixed_bfloat16"))
-
-
-def test_when_nothing_fits_the_weights_alone_are_named_and_bigger_tpus():
-    line = too_big(run_config(), max_batch=None)
+        "note: train at 3600 per replica: refused by the TPU compiler, whose refusal states "
+        "only what it planned for the HLO temporaries, before it would recompute activations "
+        "to save memory; the rows 'not known' are figures it gives only for a program it "
+        "compiles"
+    ) in text
     assert (
-        "not even a per-replica batch of 1 fits: the weights and optimizer state alone take" in line
-    )
-    assert "a TPU with more HBM per replica: v3 with 17.2 GB (16 GiB), v4 with" in line
-    assert "v5p with 102 GB (95 GiB)" in line and "v2 with" not in line
+        "note: largest batch found to fit: by compiling the step at a few batches (train 8 "
+        "of at most 11, at most ceil(log2(batch / 8)) + 2); a batch that compiled and fits, "
+        "next to a larger one that does not."
+    ) in text
+    assert "a still larger batch may fit" in text
 
 
-def test_an_estimate_that_failed_is_an_error():
-    found = TargetMemory(V5E_8, (), {}, {Mode.EVAL: "the step does not compile with XLA: boom"})
-    (finding,) = merge(fit_report.problems(run_config(), found))
-    assert str(finding).startswith(
-        "[memory] error: the memory of the eval step on a v5litepod-8 could not be estimated: "
-        "the step does not compile with XLA: boom. Fix: "
-    )
+def test_a_refused_steps_report_has_no_figure_it_did_not_give():
+    found = TargetMemory(V5E_8, (refused_train(),), {}, {})
+    train = fit_report.report(run_config(), found)["steps"]["train"]
+    assert train["temporary_bytes"] == int(17.5 * (1 << 30))
+    for key in ("weights_bytes", "optimizer_bytes", "input_bytes", "total_bytes", "code_bytes"):
+        assert train[key] is None, key
+    assert train["refused"].startswith("the TPU compiler refused it: its HLO temporaries need")
+    assert train["max_batch_per_replica"] == 3456
+    assert train["batch_search"] == {"refused_above": 3464, "compiles": 8, "compile_bound": 11}
 
 
 def test_the_json_report_has_the_documented_keys():
-    found = TargetMemory(
-        V5E_8, (step(Mode.TRAIN, 4096, 10**7, 1000), step(Mode.EVAL, 8, 10)), {}, {}
-    )
+    searched = step(Mode.TRAIN, 4096, 10**7, Found(1000, 1008, compiles=5, bound=11))
+    found = TargetMemory(V5E_8, (searched, step(Mode.EVAL, 8, 10)), {}, {})
     data = fit_report.report(run_config(), found)
     assert {"target", "replicas", "hbm_bytes_per_replica", "steps"} <= set(data)
     assert (data["target"], data["replicas"], data["hbm_bytes_per_replica"]) == (

@@ -1,4 +1,4 @@
-"""tpurun.check.memory: a training step's buffers by category, TPU padding, the batch search.
+"""tpurun.check.memory: a training step's buffers by category, and TPU padding.
 
 The steps are written as the Trainer's `_replica_step`: a GradientTape, the
 optimizer built beforehand, `apply_gradients` inside a tf.function.
@@ -6,7 +6,6 @@ optimizer built beforehand, `apply_gradients` inside a tf.function.
 
 from __future__ import annotations
 
-import math
 import resource
 
 import keras
@@ -153,53 +152,6 @@ def test_tpu_padded_bytes(shape, dtype, padded):
 def test_other_tile_rows_can_be_given():
     # TPU7x tiles 16-bit types by 16 rows.
     assert me.tpu_padded_bytes((20, 5), tf.bfloat16, {16: 16}) == 32 * 128 * 2
-
-
-@pytest.mark.parametrize("budget", [1, 100, 1000, 1001, 5000])
-def test_binary_search_finds_the_largest_batch_under_the_budget(budget):
-    probed = []
-
-    def build(batch: int) -> me.MemoryEstimate:
-        probed.append(batch)
-        return me.MemoryEstimate(arrays=(), temporaries_bytes=10 * batch)
-
-    found = me.max_batch_that_fits(build, hbm_bytes=10 * budget, lo=1, hi=4096)
-    assert found == min(budget, 4096)
-    assert len(probed) <= 2 + math.ceil(math.log2(4096))
-
-
-def test_binary_search_keeps_to_multiples_and_says_when_nothing_fits():
-    def build(batch: int) -> me.MemoryEstimate:
-        return me.MemoryEstimate(arrays=(), temporaries_bytes=batch)
-
-    assert me.max_batch_that_fits(build, 1000, lo=8, hi=4096, multiple_of=8) == 1000
-    assert me.max_batch_that_fits(build, 1007, lo=8, hi=4096, multiple_of=8) == 1000
-    assert me.max_batch_that_fits(build, 7, lo=8, hi=4096, multiple_of=8) is None
-    with pytest.raises(ValueError, match="no multiple of 8"):
-        me.max_batch_that_fits(build, 7, lo=9, hi=15, multiple_of=8)
-
-
-def test_binary_search_over_compiles_stops_where_the_next_batch_does_not_fit():
-    inputs = keras.Input((64,))
-    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(64)(inputs)))
-    optimizer = keras.optimizers.SGD(0.1)
-    step = train_step(model, optimizer, cross_entropy)
-    compiled: dict[int, me.MemoryEstimate] = {}
-
-    def build(batch: int) -> me.MemoryEstimate:
-        if batch not in compiled:
-            specs = (tf.TensorSpec([batch, 64], tf.float32), tf.TensorSpec([batch], tf.int32))
-            compiled[batch] = me.estimate(
-                step, specs, weights=model.variables, optimizer_variables=optimizer.variables
-            )
-        return compiled[batch]
-
-    budget = build(200).padded_total_bytes
-    found = me.max_batch_that_fits(build, budget, lo=8, hi=512, multiple_of=8)
-    assert found == 200  # the budget is its estimate
-    assert build(found).fits(budget)
-    assert not build(found + 8).fits(budget)
-    assert len(compiled) <= 10
 
 
 def test_nothing_is_allocated_a_batch_beyond_this_machine_can_be_sized():

@@ -233,16 +233,23 @@ def test_a_batch_too_large_for_a_v5e_8_fails_with_the_largest_that_fits(checked)
     train = data["steps"]["train"]
     largest = train["max_batch_per_replica"]
     assert not train["fits"] and largest % 8 == 0 and 0 < largest < 32768
+    above = train["batch_search"]["refused_above"]
     assert (
-        f"the largest per-replica batch that fits is {largest}: --batch_size={8 * largest}"
+        f"the largest per-replica batch found to fit is {largest} (the search's answer, not a "
+        f"proof: {above} does not fit, a larger batch might) by that estimate: "
+        f"--batch_size={8 * largest}"
     ) in finding
+    assert "(XLA:CPU's estimate, not the TPU compiler's; pip install '.[tpu-compile]'" in finding
+    search = train["batch_search"]
+    assert search["compiles"] <= search["compile_bound"] == 14  # ceil(log2(32768 / 8)) + 2
     assert "or more replicas: a v5litepod-" in finding
     assert data["steps"]["eval"]["fits"]  # only the step that does not fit is an error
 
 
 # That the largest batch reported fits and twice it does not is the search's property,
-# whichever sizes the steps (`StepChecker.largest_batch`): tested with the TPU compiler
-# (tests/test_check_tpu_compiler.py), not again with this estimate (26 s of the suite).
+# whichever sizes the steps (`Preflight.largest_batch`): tested with the TPU compiler
+# (tests/test_check_tpu_compiler.py) and on stand-in sizes (tests/test_check_batch_search.py),
+# not again with this estimate (26 s of the suite).
 
 
 # --- Usage errors ---------------------------------------------------------------------------

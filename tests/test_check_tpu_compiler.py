@@ -26,12 +26,12 @@ from tpurun.models.flops import train_step_flops
 
 import tpurun.check
 from tpurun import model as model_lib
-from tpurun.check import fit_report, memory, preflight, step_bounds, targets
+from tpurun.check import batch_search, fit_report, preflight, step_bounds, targets
 from tpurun.check.memory import INPUT, OPTIMIZER, WEIGHTS
 from tpurun.check.preflight import Preflight, estimate_steps
 from tpurun.check.steps import SingleDeviceStep, StepChecker
 from tpurun.check.tpu_compiler import client, program
-from tpurun.check.tpu_compiler.sizing import CompiledStep, TpuSizer
+from tpurun.check.tpu_compiler.sizing import CompiledStep, RefusedStep, TpuSizer
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, config_files, merge_flags
@@ -141,10 +141,35 @@ def test_the_parameters_in_the_chosen_layouts_add_up_to_the_compilers_arguments(
 
 def test_a_program_the_compiler_refuses_is_one_that_does_not_fit(compiler, iris):
     refused = compile_step(iris, Mode.PREDICT, TpuSizer(compiler, V5E), 1 << 28)
+    assert isinstance(refused, RefusedStep) and refused.what == "HLO temporaries"
     assert refused.refusal.startswith("the TPU compiler refused it: its HLO temporaries need ")
     assert refused.refusal.endswith("more than the 16.9 GB of HBM it has")
     assert not refused.fits(1 << 50) and refused.flops is None
-    assert refused.padded_total_bytes > TpuSizer(compiler, V5E).capacity.bytes
+    capacity = TpuSizer(compiler, V5E).capacity.bytes
+    assert refused.temporary_bytes > capacity == refused.available_bytes
+
+
+@pytest.mark.parametrize(
+    "message, parsed",
+    [
+        (
+            # Before compiling (libtpu 0.0.52's words for a program far too large).
+            "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total "
+            "memory required for HLO temporaries (60.00G) exceeds available HBM (15.75G). HLO "
+            "module: jit_f.",
+            ("HLO temporaries", 60 * GIB, int(15.75 * GIB)),
+        ),
+        (
+            # After compiling (OpenXLA's error page, E1000).
+            "XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used "
+            "20.50G of 15.75G hbm. Exceeded hbm capacity by 4.75G.",
+            (client.PROGRAM, int(20.5 * GIB), int(15.75 * GIB)),
+        ),
+        ("RESOURCE_EXHAUSTED: something else", None),
+    ],
+)
+def test_a_refusal_gives_what_it_needed_and_the_hbm(message, parsed):
+    assert client.parse_refusal(message) == parsed
 
 
 def test_a_compile_over_its_time_limit_is_stopped_and_the_next_one_starts_anew():
@@ -252,9 +277,10 @@ def test_the_largest_batch_found_by_tpu_compiles_fits_and_twice_it_does_not(comp
     assert search.estimate(Mode.EVAL, largest).fits(step.hbm_bytes)
     assert not search.estimate(Mode.EVAL, 2 * largest).fits(step.hbm_bytes)
     # Within 1/1000 of the edge: one more thousandth does not fit.
-    over = largest + largest // memory.RESOLUTION + 8
+    over = largest + largest // batch_search.RESOLUTION + 8
     assert not search.estimate(Mode.EVAL, over - over % 8).fits(step.hbm_bytes)
-    assert len(search._estimates) <= 12  # interpolated: a handful of compiles
+    # Guided by the compiled sizes: a handful of compiles, of the 24 at most.
+    assert step.search.compiles <= 8 and step.search.bound == batch_search.compile_bound(batch)
 
 
 # --- FLOPs, and the bounds on time and price ---------------------------------------------
@@ -346,13 +372,19 @@ def test_without_the_extra_the_estimate_says_how_to_install_it(monkeypatch, iris
     assert lines[0].endswith(
         "(an estimate: XLA's CPU compile of each step, its arrays padded to TPU tiles)"
     )
-    (line,) = [line for line in lines if "tpurun[tpu-compile]" in line]
+    (line,) = [line for line in lines if "[tpu-compile]" in line]
     assert line == (
         "  note: XLA's CPU estimate, not the TPU's compiler: the TPU compiler is not installed "
-        "(jax is missing): pip install 'tpurun[tpu-compile]' sizes each step with the TPU's "
-        "own compiler"
+        "(jax is missing): pip install '.[tpu-compile]' in tpurun's source directory sizes "
+        "each step with the TPU's own compiler"
     )
-    assert step_bounds.lines(iris.run, found) == []  # no FLOPs counted: no bound
+    (no_bound,) = step_bounds.lines(iris.run, found)  # no FLOPs counted: no bound, and why
+    assert no_bound == (
+        "Time per step and cost: no bound: XLA's CPU estimate counts no FLOPs, and the TPU "
+        "compiler, which does, did not size the steps (the TPU compiler is not installed "
+        "(jax is missing): pip install '.[tpu-compile]' in tpurun's source directory sizes "
+        "each step with the TPU's own compiler)"
+    )
     per_step, whole = step_bounds.report(iris.run, found)
     assert per_step["train"]["compiler"] == "xla:cpu" and per_step["train"]["flops"] is None
     assert whole["train_time_bound_s"] is None and whole["cost_bound_usd"] is None
@@ -394,7 +426,7 @@ def test_the_flops_model_at_a_64_gib_batch_is_sized_without_allocating_it(compil
     step = Preflight(checker, V5E_8.hbm_bytes_per_replica, TpuSizer(compiler, V5E)).estimate(
         Mode.TRAIN, 131072
     )
-    assert step.refusal and step.padded_bytes(INPUT) == 2 * 2 * 131072 * 16384 * 4
+    assert isinstance(step, RefusedStep) and step.needed_bytes > 2 * 131072 * 16384 * 4
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert arrays._arrays is None and grown < 4 * GIB  # the 1 GiB kernel, not the rows
 
@@ -417,6 +449,7 @@ def iris_on_v5e(tmp_path_factory):
         f"--report={report}",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"\nWrote the report to {report}\n" in result.stdout
     return result.stdout, json.loads(report.read_text())
 
 
@@ -455,7 +488,7 @@ def test_the_time_and_cost_lines_are_bounds_with_their_sources(iris_on_v5e):
     assert re.search(r"\n  train: [\d.]+ \w+ per step \((compute|memory)-bound: ", text)
     (training,) = [line for line in text.splitlines() if line.startswith("Training, at least")]
     assert training.startswith("Training, at least: 5000 steps (--train_steps) take ")
-    assert "8 chips at $2.00 per chip-hour (--price_per_chip_hour;" in training
+    assert training.endswith("8 chips at $2.00 per chip-hour (--price_per_chip_hour)")
     assert "note: these are bounds, not predictions: real steps take longer" in text
 
 

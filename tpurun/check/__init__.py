@@ -57,7 +57,7 @@ from absl import logging
 
 from tpurun import datasets, inputs, precision
 from tpurun import model as model_lib
-from tpurun.check import fit_report, host_input, preflight, step_bounds, targets, xla
+from tpurun.check import fit_findings, fit_report, host_input, preflight, step_bounds, targets, xla
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
 from tpurun.check.host_input import HostInput
@@ -132,7 +132,7 @@ def run_checks(
                 checker.single_device_steps.pop(mode, None)
             sizer, note = tpu_sizer(target)
             found = preflight.estimate_steps(checker, target, sizer, note)
-            problems += fit_report.problems(run, found)
+            problems += fit_findings.problems(run, found)
             host = host_input.check(checker, found) if run.input_check else None
             host = host or host_input.skipped(target)
     return merge(problems), found, host
@@ -203,6 +203,7 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
             if host is not None:
                 data["input"] = host_input.report(host)
             fit_report.write_report(run.report, data)
+            print(f"Wrote the report to {run.report}", file=out)
     errors = sum(f.severity == ERROR for f in findings)
     warnings = len(findings) - errors
     if report(findings, out):

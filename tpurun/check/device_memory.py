@@ -19,8 +19,9 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import storage
-from tpurun.check import fit_report
+from tpurun.check import fit_findings, fit_report
 from tpurun.check.input_rules import BATCH_FLAGS
+from tpurun.check.memory import MemoryEstimate
 from tpurun.check.preflight import Preflight, StepSize
 from tpurun.check.steps import StepChecker, global_batch
 from tpurun.cluster import Cluster
@@ -116,9 +117,8 @@ def out_of_memory(
     if found.needs and found.capacity and step == "step" and batch > 1:
         max_batch = _largest_batch(run, cluster, model, mode, found.needs, found.capacity)
     if max_batch:
-        fix = fit_report.levers(
-            run, mode, batch, max_batch, cluster.num_replicas, None, about="about "
-        )
+        largest = f"the largest per-replica batch that fits is about {max_batch}"
+        fix = fit_findings.levers(run, mode, batch, largest, max_batch, cluster.num_replicas, None)
     else:
         fix = (
             f"a smaller per-replica batch than {batch} ({flag}); `tpurun check "
@@ -138,9 +138,10 @@ def _largest_batch(
     """
     try:
         preflight, batch, estimate = _estimate(run, cluster, model, mode)
+        assert isinstance(estimate, MemoryEstimate)  # no TPU compiler on this side
         preflight.hbm_bytes = int(capacity * estimate.padded_total_bytes / needs)
         with tf.device(_HOST_CPU):
-            return preflight.largest_batch(mode, batch)
+            return preflight.largest_batch(mode, batch).batch
     except Exception as e:  # noqa: BLE001 - the advice without the batch is still advice
         logging.warning("Could not estimate the largest batch that fits: %s", user_code_line(e))
         return None

@@ -1,10 +1,11 @@
-"""What `tpurun check --target` says: the memory table, a finding per step that does not
-fit (with the largest batch that does and the other levers), and the `--report` JSON.
+"""What `tpurun check --target` prints about memory: the table, and the `--report` JSON.
 
 The table's rows are what sized each step: the TPU compiler's (arguments by kind,
 outputs and what is written in place of arguments, temporaries, generated code),
 or the XLA:CPU estimate's (arguments in TPU tiles, and "other"), with a line
-saying why when it is the estimate.
+saying why when it is the estimate. A step the compiler refused has only what its
+refusal said; its other rows read "not known". (The finding of a step that does
+not fit, with its levers, is `fit_findings`'.)
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import math
 from typing import Any
 
 from tpurun import storage
-from tpurun.check import step_bounds
-from tpurun.check.findings import ERROR, STEP_NAMES, Problem
-from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, format_bytes
+from tpurun.check import batch_search, step_bounds
+from tpurun.check.findings import STEP_NAMES
+from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
+from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, MemoryEstimate, format_bytes
 from tpurun.check.preflight import PREFETCHED_BATCHES, StepMemory, StepSize, TargetMemory
-from tpurun.check.targets import GENERATIONS, Target, larger_slice
-from tpurun.check.tpu_compiler.sizing import CompiledStep
+from tpurun.check.tpu_compiler.sizing import RefusedStep
 from tpurun.errors import RunError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
@@ -39,6 +39,7 @@ _ORDER = (
     "(of which TPU tile padding)",
     "total",
 )
+NOT_KNOWN = "not known"
 
 
 def hbm_text(n: int) -> str:
@@ -57,20 +58,26 @@ def step_hbm_text(step: StepMemory) -> str:
 def rows_of(estimate: StepSize, device_data: bool = False) -> dict[str, int | None]:
     """The table's rows of one step, by label (None: not known)."""
     input_label = "input" if device_data else _INPUT_LABEL
-    rows: dict[str, int | None] = {
+    if isinstance(estimate, RefusedStep):  # only what the refusal said
+        rows = dict.fromkeys(("weights", "optimizer state", input_label, "outputs"))
+        rows["(written in place of arguments)"] = None
+        rows["temporaries"] = estimate.temporary_bytes
+        rows["generated code"] = None
+        rows["total"] = estimate.program_bytes  # printed as ">= ": the input comes on top
+        return rows
+    rows = {
         "weights": estimate.padded_bytes(WEIGHTS),
         "optimizer state": estimate.padded_bytes(OPTIMIZER),
         input_label: estimate.padded_bytes(INPUT),
     }
-    if isinstance(estimate, CompiledStep):
-        refused = estimate.refusal is not None
-        rows["outputs"] = None if refused else estimate.output_bytes
-        rows["(written in place of arguments)"] = None if refused else -estimate.alias_bytes
-        rows["temporaries"] = estimate.temporary_bytes
-        rows["generated code"] = None if refused else estimate.code_bytes
-    else:
+    if isinstance(estimate, MemoryEstimate):
         rows["other"] = estimate.padded_bytes(OTHER)
         rows["(of which TPU tile padding)"] = estimate.padding_bytes
+    else:
+        rows["outputs"] = estimate.output_bytes
+        rows["(written in place of arguments)"] = -estimate.alias_bytes
+        rows["temporaries"] = estimate.temporary_bytes
+        rows["generated code"] = estimate.code_bytes
     rows["total"] = estimate.padded_total_bytes
     return rows
 
@@ -101,10 +108,12 @@ def table(found: TargetMemory, iterations: int) -> list[str]:
             values = []
             for step, column in zip(steps, columns, strict=True):
                 value = column.get(label)
-                if label == "total" and step.estimate.padded_total_bytes and _refused(step):
-                    values.append(f">= {format_bytes(value or 0)}")
-                elif label == "total":
-                    values.append(format_bytes(value or 0))
+                if label not in column:
+                    values.append("")  # a row of the other kind of sizing
+                elif label == "total" and value is not None and _refused(step):
+                    values.append(f">= {format_bytes(value)}")
+                elif label == "total" and value is not None:
+                    values.append(format_bytes(value))
                 else:
                     values.append(_signed(value))
             rows.append((label, values))
@@ -113,7 +122,7 @@ def table(found: TargetMemory, iterations: int) -> list[str]:
             ("headroom", [_headroom(s) for s in steps]),
         ]
         if not all(s.fits for s in steps):
-            rows.append(("largest batch that fits", [_largest(s) for s in steps]))
+            rows.append(("largest batch found to fit", [_largest(s) for s in steps]))
         width = max(12, *(len(v) for _, values in rows for v in values))
         label_width = max(len(label) for label, _ in rows)
         header = " " * (label_width + 2) + "".join(
@@ -130,12 +139,12 @@ def table(found: TargetMemory, iterations: int) -> list[str]:
 
 
 def _refused(step: StepMemory) -> bool:
-    return isinstance(step.estimate, CompiledStep) and step.estimate.refusal is not None
+    return isinstance(step.estimate, RefusedStep)
 
 
 def _signed(n: int | None) -> str:
     if n is None:
-        return "?"
+        return NOT_KNOWN
     if n < 0:
         return f"-{format_bytes(-n)}"
     return format_bytes(n) if n else "-"
@@ -146,13 +155,14 @@ def _batch(step: StepMemory) -> str:
 
 
 def _headroom(step: StepMemory) -> str:
-    if _refused(step):
+    headroom = step.headroom_bytes
+    if headroom is None:
         return "refused by the compiler"
     if not step.fits:
-        return f"-{format_bytes(-step.headroom_bytes)} (does not fit)"
+        return f"-{format_bytes(-headroom)} (does not fit)"
     # Rounded down: 99.96% free is not "100.0%".
-    share = math.floor(1000 * step.headroom_bytes / step.hbm_bytes) / 10
-    return f"{format_bytes(step.headroom_bytes, 4)} ({share:.1f}%)"
+    share = math.floor(1000 * headroom / step.hbm_bytes) / 10
+    return f"{format_bytes(headroom, 4)} ({share:.1f}%)"
 
 
 def _largest(step: StepMemory) -> str:
@@ -211,6 +221,21 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
             "HBM per replica: what the TPU compiler lets a program use (it refuses a "
             "program that needs more)"
         )
+    notes += [_refused_note(s) for s in found.steps if isinstance(s.estimate, RefusedStep)]
+    searched = [s for s in found.steps if s.search is not None]
+    if searched:
+        counts = ", ".join(
+            f"{STEP_NAMES[s.mode]} {s.search.compiles} of at most {s.search.bound}"
+            for s in searched
+            if s.search is not None
+        )
+        notes.append(
+            f"largest batch found to fit: by compiling the step at a few batches ({counts}, "
+            f"at most ceil(log2(batch / {TPU_BATCH_MULTIPLE})) + {batch_search.EXTRA_PROBES}); "
+            "a batch that compiled and fits, next to a larger one that does not. Near the "
+            "HBM the compiler recomputes activations rather than keep them, so memory is "
+            "not monotonic in the batch: a still larger batch may fit"
+        )
     if estimated:
         notes.append(
             "other: gradients, activations and temporaries as XLA:CPU assigns them; the TPU's "
@@ -235,139 +260,27 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
     return [f"  note: {note}" for note in notes]
 
 
+def _refused_note(step: StepMemory) -> str:
+    refused = step.estimate
+    assert isinstance(refused, RefusedStep)
+    if refused.program_bytes is not None:
+        said = "what the compiled program used (the total is at least that)"
+    elif refused.temporary_bytes is not None:
+        said = (
+            "what it planned for the HLO temporaries, before it would recompute activations "
+            "to save memory"
+        )
+    else:
+        said = "that it does not fit"
+    return (
+        f"{STEP_NAMES[step.mode]} at {step.batch} per replica: refused by the TPU compiler, "
+        f"whose refusal states only {said}; the rows '{NOT_KNOWN}' are figures it gives only "
+        "for a program it compiles"
+    )
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-# --- Findings ---------------------------------------------------------------------------
-
-
-def problems(run: RunConfig, found: TargetMemory) -> list[Problem]:
-    """A `memory` error for every step that does not fit, or whose estimate failed."""
-    result = []
-    for step in found.steps:
-        if not step.fits:
-            result.append(_too_big(run, found.target, step))
-    for mode, why in found.failed.items():
-        result.append(
-            Problem(
-                "memory",
-                ERROR,
-                "{steps}",
-                f"the memory of the {{steps}} on a {found.target.name} could not be "
-                f"estimated: {why}",
-                "rerun with --verbosity=1 for the details; without --target the other "
-                "checks still run",
-                mode,
-            )
-        )
-    return result
-
-
-def _too_big(run: RunConfig, target: Target, step: StepMemory) -> Problem:
-    estimate = step.estimate
-    if isinstance(estimate, CompiledStep) and estimate.refusal is not None:
-        message = (
-            f"the {{steps}} does not fit a {target.name} replica at a per-replica batch of "
-            f"{step.batch}: {estimate.refusal}"
-        )
-    else:
-        how = (
-            "by the TPU compiler" if step.compiler == "tpu" else "estimated from the compiled step"
-        )
-        message = (
-            f"the {{steps}} needs {format_bytes(estimate.padded_total_bytes)} per replica at "
-            f"a per-replica batch of {step.batch}, and a {target.name} replica has "
-            f"{step_hbm_text(step)} ({how})"
-        )
-    if step.max_batch is None:
-        fix = _nothing_fits(run, step)
-    else:
-        fix = levers(run, step.mode, step.batch, step.max_batch, target.replicas, target)
-    return Problem("memory", ERROR, "{steps}", message, fix, step.mode)
-
-
-def levers(
-    run: RunConfig,
-    mode: Mode,
-    batch: int,
-    max_batch: int,
-    replicas: int,
-    target: Target | None,
-    about: str = "",
-) -> str:
-    """What makes a step that needs too much memory fit: the largest per-replica batch that
-    fits (`about`: "about " when it is a rough one), then bfloat16, gradient accumulation
-    and more replicas (of the `target`'s generation, when known)."""
-    flag = BATCH_FLAGS[mode]
-    found = [
-        f"the largest per-replica batch that fits is {about}{max_batch}: "
-        f"{flag}={max_batch * replicas} ({replicas} replica{'s' if replicas > 1 else ''})"
-    ]
-    precision = _precision_lever(run)
-    if precision:
-        found.append(precision)
-    if mode is Mode.TRAIN:
-        accumulation = _accumulation_lever(run, batch, max_batch, replicas)
-        if accumulation:
-            found.append(accumulation)
-    global_batch = batch * replicas
-    larger = larger_slice(target, global_batch, max_batch) if target else None
-    if larger is not None:
-        found.append(
-            f"more replicas: a {larger.name} splits {flag}={global_batch} into "
-            f"{global_batch // larger.replicas} per replica"
-        )
-    elif target is None:
-        found.append(f"more replicas (a larger slice), each with a smaller share of {flag}")
-    return "; or ".join(found)
-
-
-def _precision_lever(run: RunConfig) -> str | None:
-    """bfloat16 activations (the TPU's own 16-bit type), unless the run has them already."""
-    if run.config.precision == "mixed_bfloat16":
-        return None
-    return "bfloat16 activations: --precision=mixed_bfloat16"
-
-
-def _accumulation_lever(run: RunConfig, batch: int, max_batch: int, replicas: int) -> str | None:
-    """The same examples per update in more, smaller micro-batches (a train step
-    accumulates train.accumulate_steps micro-batches of --batch_size), when they split
-    evenly."""
-    accumulate = run.config.train.accumulate_steps
-    per_update = batch * accumulate  # per replica
-    more = next(
-        (
-            k
-            for k in range(accumulate + 1, per_update + 1)
-            if per_update % k == 0 and per_update // k <= max_batch
-        ),
-        None,
-    )
-    if more is None:
-        return None
-    return (
-        f"gradient accumulation: --batch_size={per_update // more * replicas} "
-        f"--config.train.accumulate_steps={more} keeps {per_update * replicas} examples per "
-        "update"
-    )
-
-
-def _nothing_fits(run: RunConfig, step: StepMemory) -> str:
-    state = step.estimate.padded_bytes(WEIGHTS) + step.estimate.padded_bytes(OPTIMIZER)
-    bigger = [
-        f"{g.prefix} with {hbm_text(g.hbm_bytes_per_replica)}"
-        for g in GENERATIONS
-        if g.hbm_bytes_per_replica > step.hbm_bytes
-    ]
-    fix = (
-        f"not even a per-replica batch of 1 fits: the weights and optimizer state alone take "
-        f"{format_bytes(state)}; use a smaller model"
-    )
-    if bigger:
-        fix += f", or a TPU with more HBM per replica: {', '.join(bigger)}"
-    precision = _precision_lever(run)
-    return fix + (f"; or {precision}" if precision else "")
 
 
 # --- The JSON report --------------------------------------------------------------------
@@ -390,6 +303,12 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
             "hbm_bytes": step.hbm_bytes,
             **bounds[name],
         }
+        if step.search is not None:  # the largest batch found, and what the search cost
+            steps[name]["batch_search"] = {
+                "refused_above": step.search.refused_above,
+                "compiles": step.search.compiles,
+                "compile_bound": step.search.bound,
+            }
         if step.mode in found.fallbacks:
             steps[name]["tpu_compile_failed"] = found.fallbacks[step.mode]
     data: dict[str, Any] = {
@@ -403,6 +322,8 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
     }
     if found.compiler_note:
         data["compiler_note"] = found.compiler_note
+    if found.usable_hbm:
+        data["usable_hbm_bytes_per_replica"] = found.usable_hbm
     not_estimated = {**found.skipped, **found.failed}
     if not_estimated:
         data["not_estimated"] = {STEP_NAMES[m]: why for m, why in not_estimated.items()}
@@ -410,24 +331,33 @@ def report(run: RunConfig, found: TargetMemory) -> dict[str, Any]:
 
 
 def step_bytes(batch: int, estimate: StepSize) -> dict[str, Any]:
-    """One step's memory in the report's (and the run record's) keys."""
-    data: dict[str, Any] = {
-        "batch_per_replica": batch,
-        "weights_bytes": estimate.padded_bytes(WEIGHTS),
-        "optimizer_bytes": estimate.padded_bytes(OPTIMIZER),
-        "input_bytes": estimate.padded_bytes(INPUT),
-        "other_bytes": estimate.padded_bytes(OTHER),
-        "total_bytes": estimate.padded_total_bytes,
-        "padding_bytes": estimate.padding_bytes,
-    }
-    if isinstance(estimate, CompiledStep):
-        refused = estimate.refusal is not None
+    """One step's memory in the report's (and the run record's) keys (null: not known)."""
+    data: dict[str, Any] = {"batch_per_replica": batch}
+    if isinstance(estimate, RefusedStep):  # only what the refusal said
+        keys = ("weights", "optimizer", "input", "other", "total", "padding", "output", "alias")
+        data.update({f"{key}_bytes": None for key in keys})
         data.update(
-            output_bytes=None if refused else estimate.output_bytes,
-            alias_bytes=None if refused else estimate.alias_bytes,
             temporary_bytes=estimate.temporary_bytes,
-            code_bytes=None if refused else estimate.code_bytes,
+            program_bytes=estimate.program_bytes,
+            code_bytes=None,
             refused=estimate.refusal,
+        )
+        return data
+    data.update(
+        weights_bytes=estimate.padded_bytes(WEIGHTS),
+        optimizer_bytes=estimate.padded_bytes(OPTIMIZER),
+        input_bytes=estimate.padded_bytes(INPUT),
+        other_bytes=estimate.padded_bytes(OTHER),
+        total_bytes=estimate.padded_total_bytes,
+        padding_bytes=estimate.padding_bytes,
+    )
+    if not isinstance(estimate, MemoryEstimate):
+        data.update(
+            output_bytes=estimate.output_bytes,
+            alias_bytes=estimate.alias_bytes,
+            temporary_bytes=estimate.temporary_bytes,
+            code_bytes=estimate.code_bytes,
+            refused=None,
         )
     return data
 

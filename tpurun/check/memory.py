@@ -14,9 +14,7 @@ gradient through a scatter with batch-sized index arrays that a TPU does not
 need. The arrays whose shapes are known (weights, optimizer state, inputs) are
 also given as a TPU stores them, padded to its tiles (`tpu_padded_bytes`).
 
-`max_batch_that_fits(build, hbm_bytes, lo, hi)` binary-searches the largest batch
-whose estimate fits, one compile per probe (seconds each for a small CNN), from a
-guess when there is one.
+The largest batch whose estimate fits is searched by `tpurun.check.batch_search`.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import tensorflow as tf
 
@@ -50,7 +48,6 @@ __all__ = [
     "MemoryEstimate",
     "estimate",
     "format_bytes",
-    "max_batch_that_fits",
     "tpu_padded_bytes",
 ]
 
@@ -209,129 +206,6 @@ def estimate(
         temporaries_bytes=buffers.temporaries_bytes(hlo),
         computes=buffers.computes(hlo),
     )
-
-
-# The batch search stops within 1/RESOLUTION of the largest batch that fits.
-RESOLUTION = 1000
-
-
-class Fits(Protocol):
-    """What a batch search needs of a step's size: its total, and whether it fits."""
-
-    @property
-    def padded_total_bytes(self) -> int: ...
-
-    def fits(self, hbm_bytes: int) -> bool: ...
-
-
-def max_batch_that_fits(
-    build: Callable[[int], Fits],
-    hbm_bytes: int,
-    lo: int,
-    hi: int,
-    *,
-    multiple_of: int = 1,
-    guess: int | None = None,
-    known: Mapping[int, Fits] | None = None,
-) -> int | None:
-    """The largest batch in [lo, hi] (a multiple of `multiple_of`) whose estimate fits.
-
-    `build(batch)` returns the size of one replica's step at that batch, one compile
-    per probe; the memory must grow with the batch. Memory grows about linearly
-    with it (weights and optimizer state, plus activations and input per example),
-    so each probe is where the line through the nearest sizes on either side of
-    the HBM crosses it (`guess` first, when given): a few probes, however large the
-    batch. Three probes running on the same side mean the line misleads there (a
-    TPU's memory rises in steps, as it pads arrays to tiles), and the next probe
-    halves the interval instead, so it is never much worse than a binary search. `known` sizes (batch -> size, already compiled)
-    bound the answer for free. The answer is exact below RESOLUTION multiples, and
-    within 1/RESOLUTION of the largest above (it always fits). None if even `lo`
-    does not fit.
-    """
-    low = -(-lo // multiple_of)  # in units of multiple_of
-    high = hi // multiple_of
-    if low > high:
-        raise ValueError(f"no multiple of {multiple_of} in [{lo}, {hi}]")
-    # batch -> (total bytes, whether exact), for the line. A size the TPU compiler
-    # refused is a lower bound only (what it said it needed): exact ones draw the line
-    # when there are two.
-    sizes: dict[int, tuple[int, bool]] = {}
-    fit: int | None = None  # the largest unit known to fit
-    over: int | None = None  # the smallest unit known not to fit (high + 1: unknown)
-
-    def note(batch: int, size: Fits) -> bool:
-        nonlocal fit, over
-        sizes[batch] = (size.padded_total_bytes, getattr(size, "refusal", None) is None)
-        if size.fits(hbm_bytes):
-            unit = batch // multiple_of  # a smaller batch fits too
-            if unit >= low and (fit is None or unit > fit):
-                fit = min(unit, high)
-            return True
-        unit = -(-batch // multiple_of)  # a larger batch does not fit either
-        if unit <= high and (over is None or unit < over):
-            over = unit
-        return False
-
-    for batch, size in (known or {}).items():
-        note(batch, size)
-
-    def probe(unit: int) -> bool:
-        return note(unit * multiple_of, build(unit * multiple_of))
-
-    def close(unit: int) -> int:
-        """Near enough: the next unit, or within 1/RESOLUTION of a large batch (a TPU
-        pads arrays to tiles, so its memory rises in steps that a search to the last
-        multiple of 8 of a batch of millions would walk one compile at a time)."""
-        return max(1, unit // RESOLUTION)
-
-    sides: list[bool] = []  # each probe's answer: fits or not
-    first = None if guess is None else min(max(guess // multiple_of, low), high)
-    while True:
-        if over is not None and over <= low:
-            return None
-        if fit is not None and (fit >= high or (over is not None and over - fit <= close(fit))):
-            return fit * multiple_of
-        if first is not None and (fit is None or first > fit) and (over is None or first < over):
-            unit = first
-        elif fit is None and over is None:
-            unit = low
-        elif fit is None:
-            assert over is not None
-            # Below the smallest that does not fit; after a miss, whether anything fits.
-            missed = bool(sides) and not sides[-1]
-            unit = low if missed else _crossing(sizes, hbm_bytes, low, over - 1, multiple_of)
-        elif over is None:
-            unit = high
-        else:
-            unit = _crossing(sizes, hbm_bytes, fit + 1, over - 1, multiple_of)
-            # The line fell short three times running: halve instead, unless it now
-            # puts the edge next to a known side (one probe settles that).
-            if len(sides) >= 3 and sides[-1] == sides[-2] == sides[-3]:
-                unit = unit if unit in (fit + 1, over - 1) else (fit + over) // 2
-        first = None
-        sides.append(probe(unit))
-
-
-def _crossing(
-    sizes: Mapping[int, tuple[int, bool]], hbm_bytes: int, first: int, last: int, unit: int
-) -> int:
-    """The unit in [first, last] where the line through the two sizes nearest the HBM,
-    one on each side of it if there are, crosses it (exact sizes, when two are)."""
-    exact = {b: total for b, (total, is_exact) in sizes.items() if is_exact}
-    points = exact if len(exact) >= 2 else {b: total for b, (total, _) in sizes.items()}
-    below = sorted((b, s) for b, s in points.items() if s <= hbm_bytes)
-    above = sorted((b, s) for b, s in points.items() if s > hbm_bytes)
-    if below and above:
-        (b0, s0), (b1, s1) = below[-1], above[0]
-    else:  # all on one side: extrapolate from the two nearest the HBM
-        line = below[-2:] if below else above[:2]
-        if len(line) < 2:
-            return (first + last) // 2
-        (b0, s0), (b1, s1) = line
-    if b1 == b0 or s1 == s0:
-        return (first + last) // 2
-    batch = b0 + (hbm_bytes - s0) * (b1 - b0) / (s1 - s0)
-    return min(max(int(batch // unit), first), last)
 
 
 def tpu_padded_bytes(

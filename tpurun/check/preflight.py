@@ -4,7 +4,8 @@ For each step that passed the other checks, the single-device build that check's
 XLA rule compiled (the runner's public `replica_step`: the Trainer's with its
 optimizer, the Evaluator's, the Predictor's) is compiled again, at the target's
 per-replica batch, for its buffer assignment (`tpurun.check.memory`). A step
-that does not fit is searched for the largest per-replica batch that does.
+that does not fit is searched for the largest per-replica batch that does
+(`tpurun.check.batch_search`: at most ceil(log2(batch / 8)) + 2 more compiles).
 
 What is compiled is what a TPU compiles. Under TPUStrategy the `--iterations`
 host loop stays on the host (TensorFlow's TPU host-training-loop rewrite,
@@ -32,18 +33,20 @@ import time
 
 from absl import logging
 
-from tpurun.check import memory
+from tpurun.check import batch_search, memory
+from tpurun.check.batch_search import Found, Outcome
 from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
 from tpurun.check.memory import MemoryEstimate
 from tpurun.check.steps import StepChecker
-from tpurun.check.targets import Target
+from tpurun.check.targets import GENERATIONS, Target
 from tpurun.check.tpu_compiler.client import CompileError
-from tpurun.check.tpu_compiler.sizing import XLA_CPU, CompiledStep, TpuSizer
+from tpurun.check.tpu_compiler.sizing import XLA_CPU, CompiledStep, RefusedStep, TpuSizer
 from tpurun.model import Mode, has_generate
 from tpurun.runners.train import Trainer
 
-# A step's memory as the TPU compiler found it, or as XLA:CPU estimates it.
-StepSize = MemoryEstimate | CompiledStep
+# A step's memory as the TPU compiler found it (or what it said when it refused the
+# step), or as XLA:CPU estimates it.
+StepSize = MemoryEstimate | CompiledStep | RefusedStep
 
 # tpurun.inputs distributes with InputOptions(experimental_fetch_to_device=True): on a
 # TPU each replica's next batch is prefetched into its HBM while the step runs on
@@ -60,9 +63,11 @@ class StepMemory:
     batch: int  # per replica (per micro-batch, with gradient accumulation)
     estimate: StepSize
     hbm_bytes: int
-    # The largest per-replica batch that fits, searched only when `batch` does not
-    # (None then: not even a batch of 1 fits).
-    max_batch: int | None = None
+    # The search for the largest per-replica batch that fits, made only when `batch`
+    # does not (its batch is None when not even a batch of 1 fits).
+    search: Found | None = None
+    # When not even a batch of 1 fits: the step at a batch of 1 (what it needs at least).
+    smallest: StepSize | None = None
     micro_batches: int = 1  # train.accumulate_steps: batches stacked into one train step
     # The train step gathers its batches from the training arrays each replica holds
     # (tpurun.inputs.device_data): they are its input, instead of the batches prefetched.
@@ -73,13 +78,22 @@ class StepMemory:
         return self.estimate.fits(self.hbm_bytes)
 
     @property
-    def headroom_bytes(self) -> int:
+    def max_batch(self) -> int | None:
+        """The largest per-replica batch the search found to fit (None: not searched, or
+        not even a batch of 1 fits)."""
+        return self.search.batch if self.search else None
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """HBM minus the step's total; None for a step the compiler refused (no total)."""
+        if isinstance(self.estimate, RefusedStep):
+            return None
         return self.hbm_bytes - self.estimate.padded_total_bytes
 
     @property
     def compiler(self) -> str:
         """What sized the step: "tpu" or "xla:cpu"."""
-        return self.estimate.compiler if isinstance(self.estimate, CompiledStep) else XLA_CPU
+        return XLA_CPU if isinstance(self.estimate, MemoryEstimate) else self.estimate.compiler
 
     @property
     def examples(self) -> int:
@@ -149,7 +163,9 @@ class Preflight:
         )
         if step.fits:
             return step
-        return dataclasses.replace(step, max_batch=self.largest_batch(mode, batch))
+        search = self.largest_batch(mode, batch)
+        smallest = self.estimate(mode, 1) if search.batch is None else None
+        return dataclasses.replace(step, search=search, smallest=smallest)
 
     def estimate(self, mode: Mode, batch: int) -> StepSize:
         """One replica's step at a per-replica batch, as a TPU would hold it (compiled once)."""
@@ -166,70 +182,50 @@ class Preflight:
                 weights=runner.weights,  # every model's: a GAN's step holds both
                 optimizer_variables=variables,  # every named optimizer's
             )
-            if size is not None:  # seconds to minutes each: say what the wait is for
-                logging.info(
-                    "The TPU compiler sized the %s step at %d per replica in %.0f s%s.",
-                    mode.value,
-                    batch,
-                    time.monotonic() - start,
-                    "" if found.fits(self.hbm_for(mode)) else " (it does not fit)",
-                )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
             self._estimates[key] = dataclasses.replace(found, input_batches=held)
+            if size is not None:  # seconds to minutes each: say what the wait is for
+                logging.info(
+                    "The TPU compiler sized the %s step at %d per replica in %.0f s: %s.",
+                    mode.value,
+                    batch,
+                    time.monotonic() - start,
+                    self._said(self._estimates[key], self.hbm_for(mode)),
+                )
         return self._estimates[key]
 
-    def largest_batch(self, mode: Mode, batch: int) -> int | None:
-        """The largest per-replica batch below `batch` that fits, by compiling (an
-        interpolation search from the sizes already compiled: `memory.max_batch_that_fits`).
+    @staticmethod
+    def _said(size: StepSize, hbm_bytes: int) -> str:
+        if isinstance(size, RefusedStep):
+            return f"refused, {size.stated}"
+        fits = "fits" if size.fits(hbm_bytes) else "does not fit"
+        total = memory.format_bytes(size.padded_total_bytes, 4)
+        return f"{total} of {memory.format_bytes(hbm_bytes, 4)}, {fits}"
 
-        A multiple of 8 (the TPU pads a batch to one) unless only a smaller one fits.
-        """
+    def largest_batch(self, mode: Mode, batch: int) -> Found:
+        """The largest per-replica batch below `batch` (which does not fit) that the
+        search finds to fit, by compiling (`batch_search.largest_batch`: a multiple of 8
+        unless only a smaller batch fits; at most `batch_search.compile_bound(batch)`
+        compiles beyond those made already)."""
         hbm = self.hbm_for(mode)
 
-        def build(size: int) -> StepSize:
-            return self.estimate(mode, size)
+        def probe(size: int) -> Outcome:
+            return outcome(self.estimate(mode, size), hbm)
 
-        multiple = TPU_BATCH_MULTIPLE
-        if batch > multiple:
-            found = memory.max_batch_that_fits(
-                build,
-                hbm,
-                multiple,
-                batch,
-                multiple_of=multiple,
-                guess=self._guess(mode, batch),
-                known=self._known(mode),
-            )
-            if found is not None:
-                return found
-        return (
-            memory.max_batch_that_fits(
-                build, hbm, 1, min(batch, multiple) - 1, known=self._known(mode)
-            )
-            if batch > 1
-            else None
+        known = {b: outcome(size, hbm) for (m, b), size in self._estimates.items() if m is mode}
+        return batch_search.largest_batch(
+            probe, hbm, batch, multiple=TPU_BATCH_MULTIPLE, known=known
         )
 
-    def _known(self, mode: Mode) -> dict[int, StepSize]:
-        return {batch: size for (m, batch), size in self._estimates.items() if m is mode}
 
-    def _guess(self, mode: Mode, batch: int) -> int | None:
-        """Where the memory crosses the HBM, on the line through `batch` and a quarter of it.
-
-        The memory of a step is nearly affine in the batch (weights and optimizer
-        state, plus activations and input per example), so this is usually right
-        within one multiple of 8, and the search then needs a compile or two more.
-        """
-        small = max(1, batch // 4)
-        if small == batch:
-            return None
-        big_bytes = self.estimate(mode, batch).padded_total_bytes
-        small_bytes = self.estimate(mode, small).padded_total_bytes
-        per_example = (big_bytes - small_bytes) / (batch - small)
-        if per_example <= 0:
-            return None
-        return int(small + (self.hbm_for(mode) - small_bytes) / per_example)
+def outcome(size: StepSize, hbm_bytes: int) -> Outcome:
+    """What the batch search takes of a step's size: whether it fits, and its total. A
+    refusal's figure is no total (the planned temporaries, or the program, without the
+    arguments): the search is given none then."""
+    if isinstance(size, RefusedStep):
+        return Outcome(False, None)
+    return Outcome(size.fits(hbm_bytes), size.padded_total_bytes)
 
 
 def on_device_data(runner: object) -> bool:
@@ -251,6 +247,9 @@ class TargetMemory:
     # Why the steps are XLA:CPU estimates (the extra is missing, the compiler failed).
     compiler_note: str | None = None
     fallbacks: dict[Mode, str] = dataclasses.field(default_factory=dict)  # per step
+    # A replica's HBM as each generation's TPU compiler counts it (generation name ->
+    # bytes), measured only when a step the compiler sized fits not even at a batch of 1.
+    usable_hbm: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def step(self, mode: Mode) -> StepMemory | None:
         return next((s for s in self.steps if s.mode is mode), None)
@@ -285,6 +284,10 @@ def estimate_steps(
     if header is not None and steps and all(s.compiler == XLA_CPU for s in steps):
         header = None
         note = note or "the TPU compiler sized no step"
+    nothing_fits = [s for s in steps if s.search and s.search.batch is None]
+    usable = {}
+    if sizer is not None and any(s.compiler != XLA_CPU for s in nothing_fits):
+        usable = usable_hbm(sizer)
     return TargetMemory(
         target,
         tuple(steps),
@@ -293,4 +296,17 @@ def estimate_steps(
         compiler=header,
         compiler_note=note,
         fallbacks=dict(preflight.fallbacks),
+        usable_hbm=usable,
     )
+
+
+def usable_hbm(sizer: TpuSizer) -> dict[str, int]:
+    """A replica's HBM as each generation's TPU compiler counts it (a refusal each, in
+    under a second); a generation whose compiler does not say is left out."""
+    found = {}
+    for row in GENERATIONS:
+        try:
+            found[row.name] = TpuSizer(sizer.compiler, row).capacity.bytes
+        except CompileError as e:
+            logging.info("The TPU compiler of %s did not state its HBM: %s", row.name, e)
+    return found

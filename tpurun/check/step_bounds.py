@@ -29,9 +29,11 @@ from tpurun.check.findings import STEP_NAMES
 from tpurun.check.memory import format_bytes
 from tpurun.check.preflight import StepMemory, TargetMemory
 from tpurun.check.targets import PRICES_DATE, PRICES_SOURCE, Generation, generation
+from tpurun.check.tpu_compiler.sizing import RefusedStep
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 
+PRICE_FLAG = "--price_per_chip_hour"
 COMPUTE = "compute"
 MEMORY = "memory"
 # How far real runs sit from the compute bound, as a cited source says it: MaxText,
@@ -119,7 +121,7 @@ def run_bound(run: RunConfig, found: TargetMemory, train: StepBound | None) -> R
         return None
     row = generation(found.target.generation)
     if run.price_per_chip_hour is not None:
-        price, source = run.price_per_chip_hour, "--price_per_chip_hour"
+        price, source = run.price_per_chip_hour, PRICE_FLAG
     elif row.price_per_chip_hour is not None:
         price = row.price_per_chip_hour
         source = f"{row.name} on demand, {PRICES_DATE}, {PRICES_SOURCE}"
@@ -136,8 +138,10 @@ def run_bound(run: RunConfig, found: TargetMemory, train: StepBound | None) -> R
 
 def lines(run: RunConfig, found: TargetMemory) -> list[str]:
     """What `tpurun check --target` prints after the memory table: the bounds, or why none."""
-    if found.compiler is None or not found.steps:
-        return []  # the XLA:CPU estimate counts no FLOPs (the table's note says why)
+    if not found.steps:
+        return []
+    if found.compiler is None:
+        return [f"Time per step and cost: no bound: {no_compiler(found)}"]
     row = generation(found.target.generation)
     if row.missing_peaks:
         return [f"Time per step: no bound: {row.missing_peaks}"]
@@ -168,22 +172,37 @@ def lines(run: RunConfig, found: TargetMemory) -> list[str]:
             f"{format_seconds(total.seconds)} on the {found.target.name}"
         )
         if total.cost_usd is not None:
+            source = total.price_source
+            if source != PRICE_FLAG:
+                source += f"; {PRICE_FLAG} overrides"
             text += (
                 f", and cost {format_usd(total.cost_usd)}: {total.chips} chips at "
-                f"${total.price_per_chip_hour:.2f} per chip-hour ({total.price_source}; "
-                "--price_per_chip_hour overrides)"
+                f"${total.price_per_chip_hour:.2f} per chip-hour ({source})"
             )
         else:
             text += f"; no price: {total.price_source}"
         out.append(text)
+    elif found.step(Mode.TRAIN) is not None:
+        out.append("Training, at least: no bound, and no price: the train step has no bound")
     out.append(f"  note: these are bounds, not predictions: {REAL_RUNS}")
     return out
+
+
+def no_compiler(found: TargetMemory) -> str:
+    """Why there is no bound at all: the XLA:CPU estimate sized every step."""
+    why = found.compiler_note or "the TPU compiler sized no step"
+    return (
+        f"XLA's CPU estimate counts no FLOPs, and the TPU compiler, which does, did not size "
+        f"the steps ({why})"
+    )
 
 
 def _why_no_bound(step: StepMemory) -> str:
     if step.compiler != "tpu":
         return "estimated by XLA:CPU, which counts no FLOPs"
-    return "it does not fit, so it was not compiled at this batch"
+    if isinstance(step.estimate, RefusedStep):
+        return "the TPU compiler refused it at this batch: no program, no FLOPs counted"
+    return "it does not fit a replica at this batch"
 
 
 def report(run: RunConfig, found: TargetMemory) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -42,7 +42,7 @@ from tpurun.check.tpu_compiler import server
 
 # The distributions of the `tpu-compile` extra (setup.cfg), as they are imported.
 EXTRA = ("jax", "jaxlib", "libtpu")
-INSTALL = "pip install 'tpurun[tpu-compile]'"
+INSTALL = "pip install '.[tpu-compile]' in tpurun's source directory"
 START_TIMEOUT_S = 120.0  # importing jax and libtpu: about a second on an idle machine
 COMPILE_TIMEOUT_S = 600.0  # the steps tpurun compiles took 1-30 s on a loaded 2-core CPU
 _STDERR_LINES = 40  # kept for the message of a child that died
@@ -319,21 +319,32 @@ class TpuCompiler:
 # A size as XLA prints it (tsl's HumanReadableNumBytes): "34.71G", "15.75G", "512.00M".
 _SIZE = r"([\d.]+)\s*([KMGTP]?)i?B?"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-# The compiler's refusal (https://openxla.org/xla/errors/error_1000): "Ran out of memory
-# on HBM, the total memory required for HLO temporaries (34.71G) exceeds available HBM
-# (15.75G)."
-_REFUSAL = re.compile(
+# The compiler's refusals (https://openxla.org/xla/errors/error_1000), as libtpu 0.0.52
+# words them: before compiling, when the temporaries it plans already exceed the HBM
+# (the figure is the plan's, before the compiler recomputes activations to save
+# memory: "Ran out of memory on HBM, the total memory required for HLO temporaries
+# (34.71G) exceeds available HBM (15.75G)"), and after compiling, when the program
+# still does not fit ("Ran out of memory in memory space hbm. Used 20.50G of 15.75G
+# hbm. Exceeded hbm capacity by 4.75G.").
+_PLANNED = re.compile(
     rf"the total memory required for ([\w\s-]+?) \({_SIZE}\) exceeds available HBM "
     rf"\({_SIZE}\)"
 )
+_USED = re.compile(rf"Ran out of memory in memory space hbm\. Used {_SIZE} of {_SIZE} hbm")
+PROGRAM = "program"  # what a refusal after compiling counts: all the program holds
 
 
 def parse_refusal(message: str) -> tuple[str, int, int] | None:
-    """(what needs the memory, its bytes, the device's bytes) from a CompileTimeHbmOom."""
-    match = _REFUSAL.search(" ".join(message.split()))
-    if match is None:
+    """(what needs the memory, its bytes, the device's bytes) from a CompileTimeHbmOom:
+    ("HLO temporaries", ...) before compiling, (PROGRAM, ...) after."""
+    text = " ".join(message.split())
+    if match := _PLANNED.search(text):
+        what, needed, needed_unit, available, available_unit = match.groups()
+    elif match := _USED.search(text):
+        what = PROGRAM
+        needed, needed_unit, available, available_unit = match.groups()
+    else:
         return None
-    what, needed, needed_unit, available, available_unit = match.groups()
     return (
         what,
         int(float(needed) * _UNITS[needed_unit]),

@@ -12,9 +12,11 @@ next input batch a TPU prefetches meanwhile (as the XLA:CPU estimate counts it).
 It also has the step's FLOPs and bytes accessed (`cost_analysis`), for the time
 bound (`tpurun.check.step_bounds`).
 
-A program that does not fit is refused by the compiler (CompileTimeHbmOom, with
-what it needed): a `CompiledStep` too, which does not fit, whose total is at
-least the arguments plus what the compiler said it needed.
+A program that does not fit is refused by the compiler (CompileTimeHbmOom): a
+`RefusedStep`, which holds only what the refusal says (what its HLO temporaries
+need, or what the whole program used, and the HBM it has). The compiler chooses no
+layouts for a program it refuses, so the arguments' sizes are not known then, and
+none is made up.
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import tensorflow as tf
-
 from tpurun.check.buffers import CATEGORIES, INPUT, OTHER
-from tpurun.check.memory import Array, format_bytes, tpu_padded_bytes
+from tpurun.check.memory import Array, format_bytes
 from tpurun.check.targets import Generation
 from tpurun.check.tpu_compiler import program as program_lib
 from tpurun.check.tpu_compiler.client import (
+    PROGRAM,
     Capacity,
     CompileError,
     OutOfMemory,
@@ -53,9 +54,6 @@ class CompiledStep:
     flops: float | None  # per step, None when refused
     bytes_accessed: float | None
     input_batches: int = 1  # the step's batch, and those prefetched meanwhile
-    # The compiler's refusal, when it refused: "HLO temporaries need 34.7 GB, more
-    # than the 16.9 GB of HBM"; then the arrays' layouts are estimated (TPU tiles).
-    refusal: str | None = None
     compiler: str = TPU
     computes: frozenset[str] = frozenset()  # (MemoryEstimate's: XLA:CPU's biases; none here)
 
@@ -87,7 +85,7 @@ class CompiledStep:
 
     @property
     def padded_total_bytes(self) -> int:
-        """The compiler's total for one replica (at least that, when it refused)."""
+        """The compiler's total for one replica, with the prefetched batches."""
         return sum(self.padded_bytes(c) for c in CATEGORIES)
 
     @property
@@ -96,15 +94,64 @@ class CompiledStep:
         return self.padded_total_bytes - self.total_bytes
 
     def fits(self, hbm_bytes: int) -> bool:
-        return self.refusal is None and self.padded_total_bytes <= hbm_bytes
+        return self.padded_total_bytes <= hbm_bytes
 
     def summary(self) -> str:
         parts = [f"{c} {format_bytes(self.padded_bytes(c))}" for c in CATEGORIES]
-        about = "at least " if self.refusal else ""
         return (
-            f"{about}{format_bytes(self.padded_total_bytes)} per replica: {', '.join(parts)}; "
+            f"{format_bytes(self.padded_total_bytes)} per replica: {', '.join(parts)}; "
             "compiled by the TPU compiler"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class RefusedStep:
+    """One replica's step that the TPU compiler refused for lack of HBM: what it said.
+
+    Before compiling, libtpu refuses a program whose planned HLO temporaries exceed
+    the HBM (`what` = "HLO temporaries", its plan's figure, made before it would
+    recompute activations to save memory); after compiling, one that still does not
+    fit (`what` = client.PROGRAM: what the program used). Nothing else is known.
+    """
+
+    what: str  # "HLO temporaries", client.PROGRAM, or "memory" (the message gave no figure)
+    needed_bytes: int | None  # what the compiler said `what` needs; None: no figure
+    available_bytes: int  # a device's HBM, as the compiler counts it
+    message: str  # the compiler's message, on one line
+    input_batches: int = 1  # (as CompiledStep's: the input is not known here)
+    compiler: str = TPU
+    computes: frozenset[str] = frozenset()
+    flops: None = None  # no program, no cost
+    bytes_accessed: None = None
+
+    def fits(self, hbm_bytes: int) -> bool:
+        return False
+
+    @property
+    def temporary_bytes(self) -> int | None:
+        """The compiler's figure for the temporaries, when the refusal gives one."""
+        return self.needed_bytes if self.what == "HLO temporaries" else None
+
+    @property
+    def program_bytes(self) -> int | None:
+        """What the compiled program used, when the refusal came after compiling."""
+        return self.needed_bytes if self.what == PROGRAM else None
+
+    @property
+    def stated(self) -> str:
+        """What the refusal said: "its HLO temporaries need 34.7 GB, more than the 16.9 GB
+        of HBM it has"."""
+        if self.needed_bytes is None:
+            return f"it gave no figure ({self.message})"
+        needed, available = format_bytes(self.needed_bytes), format_bytes(self.available_bytes)
+        if self.what == PROGRAM:
+            return f"it used {needed} of the {available} of HBM it has"
+        return f"its {self.what} need {needed}, more than the {available} of HBM it has"
+
+    @property
+    def refusal(self) -> str:
+        """The refusal as a finding says it."""
+        return f"the TPU compiler refused it: {self.stated}"
 
 
 class TpuSizer:
@@ -136,16 +183,21 @@ class TpuSizer:
         *,
         weights: Iterable[Any],
         optimizer_variables: Iterable[Any] = (),
-    ) -> CompiledStep:
-        """The step compiled for one replica (CompileError: no answer; EstimateError: the
-        step does not lower to HLO)."""
+    ) -> CompiledStep | RefusedStep:
+        """The step compiled for one replica, or refused (CompileError: no answer;
+        EstimateError: the step does not lower to HLO)."""
         step = program_lib.step_program(
             fn, args_specs, weights=weights, optimizer_variables=optimizer_variables
         )
         try:
             compiled = self.compiler.compile(self.topology, step.hlo)
         except OutOfMemory as e:
-            return _refused(step, e, self.capacity.bytes)
+            return RefusedStep(
+                what=e.what,
+                needed_bytes=e.needed_bytes,
+                available_bytes=e.available_bytes or self.capacity.bytes,
+                message=e.message.strip().splitlines()[0] if e.message.strip() else "",
+            )
         if len(compiled.parameter_layouts) != len(step.parameters):
             raise CompileError(
                 f"the TPU compiler gave {len(compiled.parameter_layouts)} parameter layouts for "
@@ -180,33 +232,4 @@ def _array(parameter: program_lib.Parameter, laid_out: int) -> Array:
         dtype=parameter.dtype,
         bytes=program_lib.plain_bytes(parameter.dims, parameter.element_type),
         padded_bytes=laid_out,
-    )
-
-
-def _refused(step: program_lib.StepProgram, error: OutOfMemory, capacity: int) -> CompiledStep:
-    """A step the compiler refused: its arguments in TPU tiles (their layouts were not
-    chosen), and what the compiler said it needed."""
-    arrays = []
-    for p in step.parameters:
-        plain = program_lib.plain_bytes(p.dims, p.element_type)
-        known = p.dtype != "resource"
-        padded = tpu_padded_bytes(p.dims, tf.as_dtype(p.dtype)) if known else plain
-        arrays.append(Array(p.category, p.name, p.dims, p.dtype, bytes=plain, padded_bytes=padded))
-    needed = error.needed_bytes or 0
-    available = error.available_bytes or capacity
-    refusal = (
-        f"the TPU compiler refused it: its {error.what} need {format_bytes(needed)}, more "
-        f"than the {format_bytes(available)} of HBM it has"
-        if error.needed_bytes
-        else f"the TPU compiler refused it for lack of HBM ({error.message.splitlines()[0]})"
-    )
-    return CompiledStep(
-        arrays=tuple(arrays),
-        output_bytes=0,
-        alias_bytes=0,
-        temporary_bytes=needed,
-        code_bytes=0,
-        flops=None,
-        bytes_accessed=None,
-        refusal=refusal,
     )
