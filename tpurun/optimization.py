@@ -134,23 +134,38 @@ class RecipeOptimizer:
 
     clip_norm: float = 0.0
     weight_decay_exclude: str = ""
+    l2_weight_decay: float = 0.0
 
     def build(self, variables: Sequence[Any]) -> None:
+        pattern = re.compile(self.weight_decay_exclude)
+        excluded = [v for v in variables if pattern.search(v.path)]
         if self.weight_decay:  # type: ignore[attr-defined]
-            pattern = re.compile(self.weight_decay_exclude)
-            self.exclude_from_weight_decay(  # type: ignore[attr-defined]
-                var_list=[v for v in variables if pattern.search(v.path)]
-            )
+            self.exclude_from_weight_decay(var_list=excluded)  # type: ignore[attr-defined]
+        # The update sees the variables' values (what Keras' _backend_update_step passes):
+        # the L2-decayed ones are known by those.
+        self._l2_decayed = {id(v.value) for v in variables if not any(v is e for e in excluded)}
         super().build(variables)  # type: ignore[misc]
 
     def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         # Keras all-reduces here, after its own (per-replica) clipping and before the
-        # update (module docstring); the summed gradients are clipped right after.
+        # update (module docstring); the summed gradients get the L2 term and are clipped
+        # right after, as if the L2 term were in the loss (as TF1 programs put it).
         summed = list(super()._all_reduce_sum_gradients(grads_and_vars))  # type: ignore[misc]
+        if self.l2_weight_decay:
+            summed = [(self._with_l2(g, v), v) for g, v in summed]
         if not self.clip_norm:
             return summed
         grads = clip_by_global_norm([g for g, _ in summed], self.clip_norm)
         return [(g, v) for g, (_, v) in zip(grads, summed, strict=True)]
+
+    def _with_l2(self, grad: Any, variable: Any) -> Any:
+        """grad + l2_weight_decay x variable: the gradient of l2_weight_decay x sum(w^2) / 2."""
+        if grad is None or id(variable) not in self._l2_decayed:
+            return grad
+        decay = tf.cast(self.l2_weight_decay, variable.dtype) * tf.convert_to_tensor(variable)
+        if isinstance(grad, tf.IndexedSlices):  # an embedding's: every row decays
+            grad = tf.convert_to_tensor(grad)
+        return grad + tf.cast(decay, grad.dtype)
 
 
 def clip_by_global_norm(grads: Sequence[Any], clip_norm: float) -> list[Any]:
@@ -295,6 +310,7 @@ def build_optimizer(
         ) from None
     optimizer.clip_norm = float(opt.clip_norm)
     optimizer.weight_decay_exclude = opt.weight_decay_exclude
+    optimizer.l2_weight_decay = float(opt.get("l2_weight_decay", 0.0))
     return optimizer
 
 

@@ -25,7 +25,7 @@ from absl import logging
 from tpurun import bounds, optimization_config, records, storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, EPOCH, RunConfig
 
 FILE = "train_config.json"
 # The config's name, beside its keys in the record: a key no config has.
@@ -268,6 +268,28 @@ def steps_for_epochs(epochs: float, examples: int, per_step: int) -> int:
     return math.ceil(exact)
 
 
+def resolve_epochs(config: ml_collections.ConfigDict, examples: int, per_step: int) -> None:
+    """Turns the optimizer recipes' epochs into steps, in place, for `examples` per epoch and
+    `per_step` examples per optimizer step, as --train_epochs becomes train.steps.
+
+    warmup_epochs E -> warmup_steps = the first step by which E epochs are done. A piecewise
+    boundary is the last step at the rate before it, so boundary_epochs E -> boundaries =
+    that first step minus one: the new rate starts once E epochs are done (resnet_main.py's
+    `current_epoch < start_epoch`). The epoch keys are cleared: the run's record holds the
+    steps they made, and a resumed run, which makes the same, compares equal.
+    """
+    for recipe in [config.optimizer, *(config.get("optimizers") or {}).values()]:
+        if recipe.get("warmup_epochs"):
+            recipe.warmup_steps = steps_for_epochs(recipe.warmup_epochs, examples, per_step)
+            recipe.warmup_epochs = 0.0
+        if recipe.get("boundary_epochs"):
+            recipe.boundaries = tuple(
+                steps_for_epochs(epochs, examples, per_step) - 1
+                for epochs in recipe.boundary_epochs
+            )
+            recipe.boundary_epochs = ()
+
+
 def epoch_count(run: RunConfig) -> EpochCount | None:
     """How `run`'s steps count epochs, once its training examples are counted."""
     if not run.train_examples:
@@ -322,7 +344,13 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
             recorded,
         )
     examples = recorded or examples
-    why = f"--train_epochs={config.train.epochs:g}" if config.train.epochs else "--eval_every=epoch"
+    why = (
+        f"--train_epochs={config.train.epochs:g}"
+        if config.train.epochs
+        else "--eval_every=epoch"
+        if config.train.eval_every == EPOCH
+        else "the optimizer's warmup_epochs or boundary_epochs"
+    )
     if not examples:
         raise UsageError(
             f"{why} needs the number of training examples, and {run.config_name}'s model has "
@@ -330,10 +358,14 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
             "config (or pass --config.data.train_examples=N if it has the key), or count in "
             "--train_steps"
         )
-    if not config.train.epochs:
-        return dataclasses.replace(run, train_examples=examples)
     train = config.train
     per_step = train.batch_size * train.accumulate_steps
+    with_steps = ml_collections.ConfigDict(config.to_dict())
+    resolve_epochs(with_steps, examples, per_step)
+    if not config.train.epochs:
+        return dataclasses.replace(
+            run, config=ml_collections.FrozenConfigDict(with_steps), train_examples=examples
+        )
     steps = steps_for_epochs(train.epochs, examples, per_step)
     if steps > bounds.MAX_STEPS:
         raise UsageError(
@@ -348,7 +380,6 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
         examples,
         per_step,
     )
-    with_steps = ml_collections.ConfigDict(config.to_dict())
     with_steps.train.steps = steps
     try:  # validated again, now with its steps (a warmup must end before them)
         return dataclasses.replace(

@@ -109,6 +109,7 @@ def run_checks(
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)
         run = train_config.resolve_length(run, arrays.num_examples if arrays else None)
+        model.config = run.config  # its optimizer's schedule, in the steps they made
     keras.utils.set_random_seed(run.seed)
     found = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
