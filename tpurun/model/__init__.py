@@ -62,6 +62,8 @@ What the launcher guarantees, so the model never needs a device branch:
   as `input_fn(PREDICT)` yields them, with a variable batch dimension; override
   `serving_input_spec` to accept something else, and `serving_features` to turn
   those inputs into the features (e.g. parse serialized tf.Example strings).
+  `serving_signatures` may name more signatures than `serving_default`, each with
+  inputs of its own (resnet50 serves JPEG bytes, and decoded images beside).
 
 Optional: a training step of its own (a GAN: several models and optimizers,
 alternating updates, a gradient penalty): `build()` returns its models by name,
@@ -258,8 +260,15 @@ class Model(abc.ABC):
             lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype, name=s.name), predict_spec
         )
 
+    def serving_signatures(self, predict_spec: Any) -> dict[str, Any]:
+        """The exported SavedModel's signatures by name, each its inputs' spec; by default
+        one, `serving_default`, of `serving_input_spec`. Each serves the predictions of
+        `serving_features(inputs)`: give the signatures inputs of different names, so
+        that serving_features knows which it got."""
+        return {"serving_default": self.serving_input_spec(predict_spec)}
+
     def serving_features(self, inputs: Any) -> Any:
-        """The features `build()`'s model takes, from the exported signature's inputs
+        """The features `build()`'s model takes, from an exported signature's inputs
         (`serving_input_spec`); the inputs themselves by default."""
         return inputs
 
