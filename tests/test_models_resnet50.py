@@ -1,0 +1,208 @@
+"""resnet50 (configs/resnet50.py's cpu variant) on synthetic JPEGs in imagenet_to_gcs's format.
+
+One training of the module (in-process, 35 steps of 32 at 32x32: 5 host loops of 7,
+one trace), evaluated, predicted and exported once; a SIGKILLed run of the same flags
+resumed to the same weights, bit for bit. The input's keyed crops are checked
+without training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import OFFLINE_ENV, assert_ok, tpurun_in_process
+from synthetic_jpegs import TRAIN, VALIDATION, write_imagenet, write_split
+from test_resume import assert_bit_identical, group_survivors
+from tpurun.models import imagenet_records, resnet_input, resnet_preprocessing
+
+from tpurun import config_files
+from tpurun import model as model_lib
+from tpurun.model import InputParams, Mode
+
+pytestmark = pytest.mark.slow
+
+STEPS = 35
+# A save every 7 steps: the resumed run starts inside an epoch (10 steps of 32 examples).
+CONFIG = "--config=resnet50:cpu"
+TRAINED = (CONFIG, f"--train_steps={STEPS}", "--iterations=7", "--save_checkpoints_steps=7")
+LOCAL = ("--use_tpu=false",)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_imagenet(tmp_path_factory.mktemp("imagenet"))
+
+
+@pytest.fixture(scope="module")
+def validation(data) -> tuple[list[bytes], np.ndarray]:
+    """The validation JPEGs and classes 0..9, in file order (written again: the same)."""
+    return write_split(data.parent / "again", "validation", VALIDATION, 2, seed=2)
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> dict:
+    """The module's training, then eval, predict and export."""
+    root = tmp_path_factory.mktemp("resnet50")
+    model_dir = root / "model"
+    where = (f"--data_dir={data}", f"--model_dir={model_dir}")
+    runs = {"model_dir": model_dir}
+    runs["train"] = assert_ok(tpurun_in_process("train", *TRAINED, *where, *LOCAL))
+    common = (CONFIG, *where)
+    runs["eval"] = assert_ok(tpurun_in_process("eval", *common, *LOCAL))
+    results = model_dir / "eval" / "validation" / f"results-{STEPS}.json"
+    runs["results"] = json.loads(results.read_text())
+    predictions = root / "predictions.jsonl"
+    assert_ok(tpurun_in_process("predict", *common, *LOCAL, f"--output={predictions}"))
+    runs["rows"] = [json.loads(line) for line in predictions.read_text().splitlines()]
+    runs["export"] = root / "export"
+    assert_ok(tpurun_in_process("export", *common, f"--export_dir={runs['export']}"))
+    return runs
+
+
+def test_it_trains_in_bfloat16_and_learns_the_classes(trained):
+    log = trained["train"].stderr
+    assert f"step {STEPS}/{STEPS}" in log
+    assert trained["results"]["top_1_accuracy"] >= 0.5, trained["results"]  # chance: 0.1
+
+
+def test_eval_counts_every_validation_image_once(trained, validation):
+    """90 images in batches of 32: the last one padded with 6 rows, none of them counted:
+    the accuracy is that of predict's 90 rows."""
+    assert f"({VALIDATION} examples)" in trained["eval"].stdout
+    _, labels = validation
+    predicted = np.array([row["class_ids"] for row in trained["rows"]])
+    exact = float(np.mean(predicted == labels))
+    assert trained["results"]["top_1_accuracy"] == pytest.approx(exact, abs=1e-6)
+    assert trained["results"]["top_5_accuracy"] >= exact
+
+
+def test_predict_writes_one_row_per_validation_image_in_order(trained, validation):
+    rows = trained["rows"]
+    assert len(rows) == VALIDATION
+    assert all(abs(sum(row["probabilities"]) - 1) < 1e-4 for row in rows)
+    assert all(len(row["probabilities"]) == 10 for row in rows)
+
+
+def test_the_export_classifies_jpeg_bytes_as_predict_does(trained, validation):
+    jpegs, _ = validation
+    loaded = tf.saved_model.load(str(trained["export"]))
+    assert set(loaded.signatures) == {"serving_default", "serving_images"}
+    served = loaded.signatures["serving_default"](image_bytes=tf.constant(jpegs))
+    rows = trained["rows"]
+    assert served["class_ids"].numpy().tolist() == [row["class_ids"] for row in rows]
+    np.testing.assert_allclose(
+        served["probabilities"].numpy(), [row["probabilities"] for row in rows], atol=1e-5
+    )
+    # The decoded-image signature, given the eval crops, serves the same.
+    crops = tf.stack([resnet_preprocessing.eval_image(jpeg, 32) for jpeg in jpegs[:8]])
+    images = loaded.signatures["serving_images"](image=crops)
+    assert images["class_ids"].numpy().tolist() == served["class_ids"].numpy().tolist()[:8]
+
+
+# --- keyed crops and a stream that seeks -------------------------------------------------
+
+
+def stream(data: Path, start_batch: int, batches: int, pipelines: int = 1, pipeline: int = 0):
+    """`batches` training batches of 32 (float32) from `start_batch`, as input_fn makes them."""
+    config = config_files.load(config_files.resolve("resnet50:cpu"))
+    config.data.data_dir = str(data)
+    config.precision = "float32"
+    model = model_lib.create(config)
+    params = InputParams(
+        batch_size=32,
+        global_batch_size=32 * pipelines,
+        num_replicas=pipelines,
+        input_pipeline_id=pipeline,
+        num_input_pipelines=pipelines,
+        seed=config.seed,
+        start_batch=start_batch,
+    )
+    dataset = model.input_fn(Mode.TRAIN, params).take(batches)
+    return [(f["image"].numpy(), labels.numpy()) for f, labels in dataset]
+
+
+@pytest.mark.parametrize("pipelines, pipeline", [(1, 0), (2, 1)])
+def test_a_stream_started_at_batch_n_is_the_stream_from_0_from_batch_n(data, pipelines, pipeline):
+    """Across an epoch's end (10 batches an epoch on one pipeline, 5 on each of two), to
+    the bit: the files, the records and the crops of a resumed run are an uninterrupted one's."""
+    whole = stream(data, 0, 14, pipelines, pipeline)
+    for start in (3, 12):
+        resumed = stream(data, start, 2, pipelines, pipeline)
+        for (image, label), (expected_image, expected_label) in zip(
+            resumed, whole[start : start + 2], strict=True
+        ):
+            np.testing.assert_array_equal(image, expected_image)
+            np.testing.assert_array_equal(label, expected_label)
+
+
+def test_every_epoch_has_every_image_once_in_a_new_order_with_new_crops(data):
+    one_epoch = TRAIN // 32
+    batches = stream(data, 0, 2 * one_epoch)
+    first, second = batches[:one_epoch], batches[one_epoch:]
+    labels = [np.concatenate([b[1] for b in epoch]) for epoch in (first, second)]
+    assert sorted(labels[0]) == sorted(labels[1]) == sorted(np.arange(TRAIN) % 10)
+    assert not np.array_equal(labels[0], labels[1])
+    # Random crops and flips: no two images of an epoch alike (each image is drawn anew).
+    images = np.concatenate([b[0] for b in first])
+    assert len({image.tobytes() for image in images}) == TRAIN
+    assert images.min() >= -30 and images.max() <= 285  # [0, 255], bicubic overshoots a little
+
+
+def test_the_eval_crop_is_the_centre_224_256_of_the_shorter_side():
+    image = np.zeros((256, 320, 3), np.uint8)
+    image[16:240, 48:272] = 255  # the centre 224 x 224 square of the shorter side
+    crop = resnet_preprocessing.eval_image(tf.io.encode_jpeg(image, quality=100), 224).numpy()
+    assert crop.shape == (224, 224, 3)
+    assert crop[2:-2, 2:-2].min() > 240  # inside the square (JPEG and bicubic blur the edge)
+
+
+def test_a_bad_record_is_named_with_its_file_and_fix(tmp_path):
+    path = tmp_path / "train-00000-of-00001"
+    good = write_split(tmp_path / "ok", "train", 2, 1, seed=3)[0][0]
+    example = tf.train.Example()
+    example.features.feature["image/encoded"].bytes_list.value.append(good)
+    example.features.feature["image/class/label"].int64_list.value.append(0)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(example.SerializeToString())
+    said = imagenet_records.find_bad_record([str(path)], Mode.TRAIN, 10)
+    assert said.startswith(f"data file {path}, record 1: label 0 is not a class 1..10"), said
+
+
+# --- SIGKILL, then resume ---------------------------------------------------------------
+
+
+def test_sigkill_then_resume_with_the_jpeg_pipeline_is_bit_identical(trained, data, tmp_path):
+    """A trainer of its own process, killed (SIGKILL) once a checkpoint inside the second
+    epoch is saved, resumed in this process: the weights of the uninterrupted run."""
+    common = (*TRAINED, *LOCAL, f"--data_dir={data}", f"--model_dir={tmp_path}")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "train", *common],
+        env={**os.environ, **OFFLINE_ENV},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: what it started is found by it
+    )
+    assert process.stderr is not None
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        saved = re.search(r"Saved checkpoint \S+ckpt-(\d+)\.", line)
+        if saved and int(saved.group(1)) >= 14:
+            process.send_signal(signal.SIGKILL)
+            break
+    assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
+    assert not group_survivors(process), "the killed trainer left a process behind"
+    resumed = assert_ok(tpurun_in_process("train", *common)).stderr
+    start = int(re.search(r"Resuming from \S+ \(step (\d+)\)", resumed).group(1))
+    assert start % 10, f"resumed at {start}, an epoch's end: the test wants one inside an epoch"
+    assert_bit_identical(tmp_path / f"ckpt-{STEPS}", trained["model_dir"] / f"ckpt-{STEPS}")
