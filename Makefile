@@ -1,7 +1,7 @@
 # Common tasks. Every target that runs code first makes sure .venv exists and
-# holds tpurun (editable) with its test tools and the TPU compiler (the tpu-compile
-# extra, which `tpurun check --target` and its tests use), so a fresh clone needs
-# only Python 3.11.
+# holds tpurun (editable) with its test tools, the TPU compiler (the tpu-compile
+# extra, which `tpurun check --target` and its tests use) and TensorFlow Datasets
+# (the tfds extra, tpurun.datasets), so a fresh clone needs only Python 3.11.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -28,8 +28,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv pip install --quiet --native-tls --compile-bytecode --python $(BIN)/python \
-	  -e '.[test,tpu-compile,docs]' \
-	  || $(BIN)/pip install --quiet -e '.[test,tpu-compile,docs]'
+	  -e '.[test,tpu-compile,docs,tfds]' \
+	  || $(BIN)/pip install --quiet -e '.[test,tpu-compile,docs,tfds]'
 	touch $(STAMP)
 
 demo: install

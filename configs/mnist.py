@@ -18,6 +18,13 @@ clipping at global norm 1.0, an EMA of the weights (0.999) that eval, predict an
 export use, and mixed bfloat16:
   tpurun train --config=mnist:recipe --data_dir=/tmp/mnist/data --use_tpu=false
 
+From TensorFlow Datasets instead, `--config=mnist:tfds` (docs/datasets.md): MNIST
+as `tfds build mnist` prepares it, read by name from its data_dir (nothing is
+downloaded at run time; prepare it once where the internet is):
+  tfds build mnist --data_dir=gs://my-bucket/tensorflow_datasets
+  tpurun train --config=mnist:tfds --use_tpu=false --model_dir=/tmp/mnist-tfds \
+      --config.data.tfds_data_dir=gs://my-bucket/tensorflow_datasets
+
 (predict and export read --data_dir too: predict's default input is the test
 files, and export takes the feature spec from predict's input. The exported
 signature takes serialized tf.Example strings of the TFRecord schema, `examples`;
@@ -59,8 +66,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.predict.batch_size = 256
     if variant == "recipe":
         _recipe(config)
+    elif variant == "tfds":
+        # TFDS's mnist (image uint8 [28, 28, 1], label), its train and test splits.
+        config.data = config_defaults.tfds_data("mnist", {"train": "train", "test": "test"})
+        config.data.shuffle_buffer = 10_000
     elif variant:
-        raise ValueError(f"unknown variant {variant!r} of the mnist config; use mnist:recipe")
+        raise ValueError(
+            f"unknown variant {variant!r} of the mnist config; use mnist:recipe or mnist:tfds"
+        )
     return config
 
 

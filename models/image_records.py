@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
+from tpurun.models import image_tfds
 
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Classifier, InputParams, Mode, to_json
@@ -120,8 +121,13 @@ def parse_batch(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]
     parsed = tf.io.parse_example(serialized, FEATURE_SPEC)
     pixels = tf.io.decode_raw(parsed[IMAGE_KEY], tf.uint8)
     pixels = tf.ensure_shape(pixels, [None, PIXELS])  # a record of another size fails here
+    return features_of(pixels, parsed[LABEL_KEY])
+
+
+def features_of(pixels: tf.Tensor, labels: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """uint8 pixels [b, 784] and class ids -> ({"image": float32 in [-0.5, 0.5]}, int32 [b])."""
     image = tf.cast(pixels, tf.float32) * (1.0 / 255) - 0.5
-    return {FEATURE: image}, tf.cast(parsed[LABEL_KEY], tf.int32)
+    return {FEATURE: image}, tf.cast(labels, tf.int32)
 
 
 def dataset(
@@ -427,10 +433,15 @@ class ImageClassifier(Classifier):
 
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         data = self.config.data
+        if image_tfds.reads_tfds(self.config, mode):  # a TFDS dataset by name
+            split = params.split or self.eval_splits[0]
+            return image_tfds.dataset(data, mode, params, split, features_of)
         files = files_for(data, mode, self.config.predict.input)
         return dataset(files, mode, params, data.shuffle_buffer, data.cycle_length)
 
     def diagnose_data(self, mode: Mode) -> str | None:
+        if image_tfds.reads_tfds(self.config, mode):
+            return None  # TFDS checked its examples when it prepared them
         return find_bad_record(files_for(self.config.data, mode, self.config.predict.input), mode)
 
     def serving_input_spec(self, predict_spec: Any) -> Any:

@@ -350,6 +350,15 @@ def contents(directory: Path) -> set[str]:
     return {str(p.relative_to(directory)) for p in directory.rglob("*")}
 
 
+def short_input_check(patch: pytest.MonkeyPatch) -> None:
+    """`tpurun check --target`'s input measured for half a second, not 2 s
+    (tpurun.check.host_input): a test checks what is reported, not how exact it is."""
+    from tpurun.check import host_input
+
+    patch.setattr(host_input, "MEASURE_SECONDS", 0.5)
+    patch.setattr(host_input, "WARMUP_SECONDS", 0.2)
+
+
 @pytest.fixture(scope="session")
 def trained_iris(tmp_path_factory) -> Path:
     """An Iris model_dir trained with the default config (1000 steps), shared by read-only tests."""

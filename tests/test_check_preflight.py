@@ -8,12 +8,13 @@ read its output and `--report`. The unit tests build the Trainer's step directly
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
 import pytest
 import tensorflow as tf
-from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines
+from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines, short_input_check
 from test_check import findings, shipped_config_args
 
 from tpurun import config_files
@@ -34,6 +35,8 @@ BFLOAT16_CHECKED = {
 # Their chips: 8 (a v5e-8), but the CNN's and the LSTM's costly checks on a v5e-4 (a check
 # traces the step once per replica: 4 replicas take 24 s where 8 took 36).
 CHIPS = {name: 4 for name in BFLOAT16_CHECKED}
+# Only mnist's training input is measured (tpurun.check.host_input): a few seconds each.
+INPUT_CHECK = {"mnist": ()}
 _RUNS: dict[tuple[str, ...], tuple[subprocess.CompletedProcess, dict | None, float, list[str]]] = {}
 
 
@@ -60,11 +63,13 @@ def checked(tpurun_cli, seed_data, tmp_path_factory):
             start = time.perf_counter()
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(client, "missing_extra", lambda: "jax")
+                short_input_check(patch)
                 result = tpurun_cli(
                     "check",
                     f"--config={config}",
                     *seed_data[config],
                     *flags,
+                    *INPUT_CHECK.get(config, ("--input_check=false",)),
                     f"--report={report}",
                     cwd=work,
                 )
@@ -135,6 +140,31 @@ def test_mnists_table_names_every_row_and_the_cpus_bias(checked):
     assert lines[2].split()[-3:] == ["128", "128", "32"]  # 1024, 1024 and 256 over 8
     assert "max-pool gradients" in result.stdout  # XLA:CPU's scatter: 'other' errs high
     assert data["steps"]["train"]["optimizer_bytes"] <= 16  # SGD without momentum: no slots
+
+
+@pytest.mark.slow
+def test_mnists_training_input_is_measured_and_a_v5e_host_figured(checked):
+    """Its TFRecords (tests/synthetic_images.py) read here for a few seconds; without the TPU
+    compiler (these runs), no step time to set the host's examples/s against."""
+    result, data, _ = checked("mnist", "--target=v5e-8")
+    text = result.stdout
+    assert "Will the input keep up? The training input, measured here (" in text
+    here = re.search(r"\n  here: ([\d.]+)(k|M)? examples/s on this machine's (\d+) cores", text)
+    assert here and float(here.group(1)) > 0, text
+    assert (
+        "a v5litepod-8 host (224 vCPUs, https://cloud.google.com/tpu/docs/v5e) makes at most ~"
+    ) in text
+    assert "no train step time to compare with: its XLA:CPU estimate counts no FLOPs" in text
+    figures = data["input"]
+    assert figures["measured"] and figures["examples_per_cpu_second"] > 0
+    assert figures["host_examples_per_second"] == pytest.approx(
+        figures["examples_per_cpu_second"] * 224
+    )
+    assert (figures["hosts"], figures["examples_per_host_step"]) == (1, 1024)
+    assert figures["input_bound"] is None and figures["step_examples_per_second_per_host"] is None
+    # The others skip it (--input_check=false), and say so.
+    _, skipped, _ = checked("flops", "--target=v5e-8")
+    assert skipped["input"] == {"measured": False, "why_not": "not measured (--input_check=false)"}
 
 
 @pytest.mark.slow

@@ -128,3 +128,32 @@ def test_the_next_slice_that_splits_the_batch_small_enough(
     if found:
         assert global_batch % found.replicas == 0
         assert global_batch // found.replicas <= max_per_replica
+
+
+@pytest.mark.parametrize(
+    "name, vcpus",
+    [
+        ("v2-8", None),  # no figure found
+        ("v3-8", 96),  # ct3-hightpu-4t
+        ("v3-32", 48),  # a Pod slice's hosts: ct3p-hightpu-4t
+        ("v4-8", 240),
+        ("v4-32", 240),
+        ("v5litepod-1", 24),  # the v5e page's 1-, 4- and 8-chip VMs
+        ("v5litepod-4", 112),
+        ("v5e-8", 224),
+        ("v5litepod-16", 224),
+        ("v5p-8", 208),
+        ("v6e-1", 44),
+        ("v6e-4", 180),
+        ("v6e-8", 180),  # ct6e-standard-8t's 360, one thread per core
+    ],
+)
+def test_the_vcpus_of_each_host_that_feeds_a_slice(name, vcpus):
+    assert targets.host_vcpus(targets.parse(name)) == vcpus
+
+
+def test_every_vcpu_figure_names_where_it_comes_from():
+    for generation in targets.GENERATIONS:
+        if generation.host_vcpus:
+            assert generation.host_source, generation.name
+            assert generation.host_vcpus[-1][0] >= 1 << 20  # any larger slice is covered

@@ -520,3 +520,13 @@ def test_the_child_is_started_as_a_script_that_never_imports_tensorflow():
     )
     hello = json.loads(result.stdout.splitlines()[0])
     assert hello["hello"] and hello["tensorflow_imported"] is False and result.returncode == 0
+
+
+def test_a_model_on_device_data_has_no_host_input_to_measure(iris_on_v5e):
+    text, data = iris_on_v5e
+    assert (
+        "Input: Iris trains on device data: its training arrays stay in each replica's memory "
+        "and every step gathers its own batch, so no host input pipeline feeds the chips "
+        "(nothing to measure)"
+    ) in text.splitlines()
+    assert data["input"]["measured"] is False and "device data" in data["input"]["why_not"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_ok, capture_info_logs
+from conftest import assert_ok, capture_info_logs, short_input_check
 
 from tpurun import config_files, device_data, inputs, strategy
 from tpurun import model as model_lib
@@ -458,6 +458,7 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
             "--target=v5e-8",
             f"--config.train.device_data={device}",
             f"--report={report}",
+            "--input_check=false",  # the multi-host test below measures a tf.data input
             cwd=tmp_path,
         )
         assert result.returncode == 0, result.stdout + result.stderr
@@ -473,8 +474,12 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
     assert steps_off["eval"] == steps["eval"]
 
 
-def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(tpurun_cli, tmp_path):
-    """A v4-32 is 4 hosts: training there keeps tf.data, and so does its estimate."""
+def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(
+    tpurun_cli, tmp_path, monkeypatch
+):
+    """A v4-32 is 4 hosts: training there keeps tf.data, and so does its estimate; that
+    input (one of the 4 hosts' pipelines) is measured against the train step's bound."""
+    short_input_check(monkeypatch)
     report = tmp_path / "v4-32.json"
     batches = [f"--{flag}=128" for flag in ("batch_size", "eval_batch_size", "predict_batch_size")]
     result = tpurun_cli(
@@ -485,8 +490,19 @@ def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(tpurun_cli, t
         "Training data stays in tf.data, not on the device: it runs on one host, and this "
         "cluster feeds its replicas from several." in result.stderr
     )
-    assert "device_data" not in json.loads(report.read_text())["steps"]["train"]
+    data = json.loads(report.read_text())
+    assert "device_data" not in data["steps"]["train"]
     assert "\n  input (2 batches) " in result.stdout
+    # 128 over 16 replicas, 4 on each host: 32 examples per host per step, 240 vCPUs each.
+    figures = data["input"]
+    assert (figures["hosts"], figures["examples_per_host_step"], figures["host_vcpus"]) == (
+        4,
+        32,
+        240,
+    )
+    assert figures["input_bound"] is not None  # the TPU compiler bounds the step: a verdict
+    verdict = "input-bound: " if figures["input_bound"] else "keeps up: "
+    assert f"\n  {verdict}a v4-32 host (240 vCPUs, " in result.stdout
 
 
 def test_the_device_data_steps_estimate_grows_with_its_batch_not_its_input():

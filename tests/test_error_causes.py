@@ -127,6 +127,7 @@ def test_a_pod_batch_past_2_20_is_sized_not_refused(tpurun_cli, tmp_path):
         "--batch_size=2097152",
         "--eval_batch_size=16384",
         "--predict_batch_size=16384",
+        "--input_check=false",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]

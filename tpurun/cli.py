@@ -285,6 +285,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         target=cli_flags.TARGET.value,
         report=cli_flags.REPORT.value,
         price_per_chip_hour=cli_flags.PRICE_PER_CHIP_HOUR.value,
+        input_check=cli_flags.INPUT_CHECK.value,
     )
 
 

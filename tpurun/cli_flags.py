@@ -254,6 +254,12 @@ PRICE_PER_CHIP_HOUR = flags.DEFINE_float(
     "check --target: the $ per chip-hour the run's cost bound uses, instead of the "
     "generation's on-demand list price (e.g. your region's, or a committed-use price).",
 )
+INPUT_CHECK = flags.DEFINE_bool(
+    "input_check",
+    True,
+    "check --target: also run the model's training input here for a few seconds and say "
+    "whether the target's hosts would keep its chips fed (false: skip it).",
+)
 
 MAX_RESTARTS = flags.DEFINE_integer(
     "max_restarts",
@@ -308,7 +314,7 @@ COMMAND_FLAGS = {
     # --num_shards sets the replicas to check for (default 8, a v3-8; --target sets
     # them too); --model_dir, --tpu and --use_tpu are accepted but unused: check
     # always traces on the CPU.
-    "check": (*COMMON_FLAGS, "target", "report", "price_per_chip_hour"),
+    "check": (*COMMON_FLAGS, "target", "report", "price_per_chip_hour", "input_check"),
     "list": (),
     "report": ("model_dir", "json"),
 }

@@ -23,6 +23,7 @@ from tpurun import (
     check,
     checkpoints,
     cluster,
+    datasets,
     inputs,
     lease,
     precision,
@@ -198,7 +199,9 @@ def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays
     if not (train or sidecar):
         return run, None
     arrays = inputs.train_arrays(model)
-    counted = train_config.resolve_length(run, arrays.num_examples if arrays else None)
+    # In-memory arrays count themselves; a TFDS dataset's record counts its train split.
+    examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
+    counted = train_config.resolve_length(run, examples)
     return counted, arrays
 
 

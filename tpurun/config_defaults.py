@@ -132,6 +132,28 @@ def image_records_data() -> ml_collections.ConfigDict:
     return data
 
 
+def tfds_data(name: str = "", splits: dict[str, str] | None = None) -> ml_collections.ConfigDict:
+    """The keys of `config.data` that name a TensorFlow Datasets dataset (tpurun.datasets,
+    docs/datasets.md); a config adds them to its `data` section with `data.update(...)`,
+    or uses them as the whole section.
+
+    `splits` maps tpurun's splits (train, and each of the model's eval_splits) to the
+    dataset's own split names, e.g. {"train": "train", "val": "validation"}.
+    """
+    data = ml_collections.ConfigDict()
+    # The dataset's name as `tfds build` knows it, optionally with its config and
+    # version: "imagenet2012", "mnist:3.0.1", "imagenet2012_subset/10pct:5.0.0". ""
+    # = the model reads no TensorFlow Datasets dataset.
+    data.tfds_name = name
+    # Where `tfds build NAME --data_dir=DIR` prepared it (local or gs://); required
+    # with tfds_name: tpurun never downloads a dataset, nor reads TFDS's default
+    # ~/tensorflow_datasets behind a user's back.
+    data.tfds_data_dir = ""
+    # tpurun's split -> the dataset's split (any TFDS split spec: "train[:90%]" too).
+    data.tfds_splits = ml_collections.ConfigDict(dict(splits or {"train": "train"}))
+    return data
+
+
 def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
     """One optimizer's recipe, `config.optimizer` (or a `config.optimizers.<name>`): every key
     at its default (which leaves it off), then `keys`, e.g. beta_1=0.5 for adam."""

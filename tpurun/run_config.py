@@ -52,6 +52,7 @@ class RunConfig:
     # run counts in epochs or evaluates every epoch); 0 = not counted.
     train_examples: int = 0
     price_per_chip_hour: float | None = None  # check --target: $ per chip-hour for the cost
+    input_check: bool = True  # check --target: measure whether the training input keeps up
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -303,8 +303,10 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
     epochs (ceil(epochs x examples / examples per step)); `run` itself when it needs
     neither (see RunConfig.needs_examples).
 
-    `counted`: the model's in-memory training examples (TrainArrays.num_examples), None
-    for a tf.data input, whose examples only `config.data.train_examples` says: TRAIN
+    `counted`: the model's in-memory training examples (TrainArrays.num_examples), or the
+    train split of the TFDS dataset config.data names (its record counts them,
+    `tpurun.datasets.train_examples`); None for another tf.data input, whose examples
+    only `config.data.train_examples` says: TRAIN
     repeats forever, and the cardinality under its `.repeat()` counts batches, shards or
     windows as often as examples. A model_dir whose record counted examples keeps
     counting those: with the same batch, a resumed run trains to the same step as the
@@ -323,7 +325,7 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
         )
     if counted and declared and counted != declared:
         logging.warning(
-            "config.data.train_examples=%d, but the model's train_arrays hold %d examples: "
+            "config.data.train_examples=%d, but the training data hold %d examples: "
             "epochs count the %d.",
             declared,
             counted,

@@ -24,12 +24,14 @@ the replicas are the slice's, and each step is compiled by the TPU's own compile
 for that generation (`tpu_compiler`, the `tpu-compile` extra; without it, XLA's
 CPU compile estimates it): its memory per replica against a replica's HBM
 (`preflight`, rule `memory`), its FLOPs and bytes against the chip's peaks, which
-bound its time and the run's price (`step_bounds`); `fit_report` prints the table
-and writes `--report`. On the TPU itself
+bound its time and the run's price (`step_bounds`), and the model's training
+input runs here for a few seconds to say whether the target's hosts would keep its
+chips fed (`host_input`); `fit_report` prints the table and writes `--report`. On
+the TPU itself
 `train`/`eval`/`predict` use the same estimate (`device_memory`): an out-of-memory
 error becomes that advice, and the run record keeps it beside the measured peak.
 
-No step runs: no variable changes, nothing is written (no model_dir, no
+No step runs (only the training input, with --target): no variable changes, nothing is written (no model_dir, no
 checkpoint; only the `--report` file asked for). Every problem is a `Finding`
 with the fix; `report` prints them. `tpurun check` exits 1 if any finding is an
 error; warnings alone exit 0.
@@ -53,11 +55,12 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, precision, strategy, train_config
+from tpurun import datasets, inputs, precision, strategy, train_config
 from tpurun import model as model_lib
-from tpurun.check import fit_report, preflight, step_bounds, targets
+from tpurun.check import fit_report, host_input, preflight, step_bounds, targets
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
+from tpurun.check.host_input import HostInput
 from tpurun.check.peaks import peak_flops
 from tpurun.check.preflight import TargetMemory
 from tpurun.check.replica_rules import batch_norm_warning
@@ -93,9 +96,10 @@ MAX_TRACED_REPLICAS = 8
 
 def run_checks(
     run: RunConfig, target: Target | None = None
-) -> tuple[list[Finding], TargetMemory | None]:
+) -> tuple[list[Finding], TargetMemory | None, HostInput | None]:
     """Traces the model's train, eval and predict steps as on a TPU; returns every problem,
-    and with a `target` the memory of each step on it.
+    and with a `target` the memory of each step on it and whether its hosts' input keeps
+    up with its train step (`host_input`, unless --input_check=false).
 
     Must be called before TensorFlow has run an op (the CPU is split into replicas).
     """
@@ -108,10 +112,11 @@ def run_checks(
     arrays = None
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)
-        run = train_config.resolve_length(run, arrays.num_examples if arrays else None)
+        examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
+        run = train_config.resolve_length(run, examples)
         model.config = run.config  # its optimizer's schedule, in the steps they made
     keras.utils.set_random_seed(run.seed)
-    found = None
+    found = host = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):
         if target:  # a TPU slice, traced on CPU devices
             cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
@@ -127,7 +132,9 @@ def run_checks(
             sizer, note = tpu_sizer(target)
             found = preflight.estimate_steps(checker, target, sizer, note)
             problems += fit_report.problems(run, found)
-    return merge(problems), found
+            host = host_input.check(checker, found) if run.input_check else None
+            host = host or host_input.skipped(target)
+    return merge(problems), found, host
 
 
 def tpu_sizer(target: Target) -> tuple[TpuSizer | None, str | None]:
@@ -170,14 +177,19 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
         layout += f" (a {target.name})"
     elif replicas == DEFAULT_REPLICAS:
         layout += " (a v3-8)"
-    findings, found = run_checks(run, target)
+    findings, found, host = run_checks(run, target)
     if found is not None:
         print("\n".join(fit_report.table(found, run.iterations)), file=out)
         bounds = step_bounds.lines(run, found)
         if bounds:
             print("\n".join(bounds), file=out)
+        if host is not None:
+            print("\n".join(host_input.lines(host)), file=out)
         if run.report:
-            fit_report.write_report(run.report, fit_report.report(run, found))
+            data = fit_report.report(run, found)
+            if host is not None:
+                data["input"] = host_input.report(host)
+            fit_report.write_report(run.report, data)
     errors = sum(f.severity == ERROR for f in findings)
     warnings = len(findings) - errors
     if report(findings, out):

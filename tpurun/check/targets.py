@@ -23,7 +23,10 @@ generation's peak bfloat16 FLOP/s and HBM bandwidth (`peak_flops_per_replica`,
 on-demand price (`price_per_chip_hour`, of `PRICES_DATE`). A figure the docs do
 not publish is None, with the reason in `missing_peaks` / `missing_price`: it is
 left out of the bound, never guessed. `compile_topology` is what the TPU
-compiler (`tpurun.check.tpu_compiler`) compiles one replica's step for.
+compiler (`tpurun.check.tpu_compiler`) compiles one replica's step for. The vCPUs
+of a slice's hosts (`host_vcpus`, which run the input pipeline) say how many
+examples/s a host can make (`tpurun.check.host_input`); where no figure was found
+(v2), none is guessed either.
 """
 
 from __future__ import annotations
@@ -48,6 +51,22 @@ TERA = 10**12
 # rows have no price, so the cost of a run on them needs --price_per_chip_hour.
 PRICES_DATE = "2026-11"
 PRICES_SOURCE = "https://cloud.google.com/tpu/pricing"
+
+# A TPU VM host's vCPUs. v5e's are on its Cloud TPU page ("VM types": 24, 112 and
+# 224 vCPUs for its 1-, 4- and 8-chip VMs). The other generations' pages give none:
+# their figures are those of the Compute Engine machine types their TPU VMs are
+# (the machine-type list's guestCpus, as recorded in
+# github.com/Cyclenerd/google-cloud-pricing-cost-calculator, tools/machinetypes.csv):
+# ct3-hightpu-4t (a v3-8) 96 and ct3p-hightpu-4t (a v3 Pod slice's hosts) 48,
+# ct4p-hightpu-4t 240, ct5p-hightpu-4t 208, ct6e-standard-1t 44 and -4t 180. The
+# 8-chip ct6e-standard-8t lists 360 but runs one thread per core (the Kubernetes
+# cluster autoscaler's GCE machine configs, kubernetes/autoscaler), so 180. No v2
+# figure was found.
+MACHINE_TYPES_SOURCE = (
+    "Compute Engine's TPU machine types, github.com/Cyclenerd/google-cloud-pricing-cost-"
+    "calculator tools/machinetypes.csv"
+)
+ANY = 1 << 30  # chips: any larger slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +94,15 @@ class Generation:
     # topology as libtpu names it, and its options (v4's megacore: one device a chip).
     compile_topology: str
     compile_options: tuple[tuple[str, str], ...] = ()
+    # The vCPUs of one TPU VM host, which run the input pipeline: (largest slice in
+    # chips, vCPUs of its hosts), smallest first; () where no figure was found. Read
+    # by `host_vcpus` (tpurun.check.host_input: will the input keep up?).
+    host_vcpus: tuple[tuple[int, int], ...] = ()
+    host_source: str = ""  # where the vCPU figures come from
+
+    def vcpus_per_host(self, chips: int) -> int | None:
+        """The vCPUs of each host of a slice of `chips` chips; None if none was found."""
+        return next((vcpus for most, vcpus in self.host_vcpus if chips <= most), None)
 
     @property
     def hbm_bytes_per_replica(self) -> int:
@@ -185,6 +213,9 @@ GENERATIONS: tuple[Generation, ...] = (
         hbm_bandwidth_per_chip=900 * GB,  # "HBM2 capacity and bandwidth: 32 GiB, 900 GBps"
         price_per_chip_hour=None,
         compile_topology="v3:1x1",
+        # A v3-8 is one ct3-hightpu-4t; a Pod slice's hosts are ct3p-hightpu-4t.
+        host_vcpus=((4, 96), (ANY, 48)),
+        host_source=MACHINE_TYPES_SOURCE,
     ),
     Generation(
         name="v4",
@@ -203,6 +234,8 @@ GENERATIONS: tuple[Generation, ...] = (
         price_per_chip_hour=3.22,
         compile_topology="v4:1x1x1",
         compile_options=(("chip_config_name", "megacore"),),
+        host_vcpus=((ANY, 240),),  # ct4p-hightpu-4t
+        host_source=MACHINE_TYPES_SOURCE,
     ),
     Generation(
         name="v5e",
@@ -222,6 +255,9 @@ GENERATIONS: tuple[Generation, ...] = (
         hbm_bandwidth_per_chip=819 * GB,
         price_per_chip_hour=1.20,
         compile_topology="v5e:1x1",
+        # "VM types": 1-chip 24 vCPUs, 4-chip 112, 8-chip 224 (larger slices: 8-chip VMs).
+        host_vcpus=((1, 24), (4, 112), (ANY, 224)),
+        host_source="https://cloud.google.com/tpu/docs/v5e",
     ),
     Generation(
         name="v5p",
@@ -239,6 +275,8 @@ GENERATIONS: tuple[Generation, ...] = (
         hbm_bandwidth_per_chip=2765 * GB,  # "HBM2e capacity and bandwidth: 95 GB, 2765 GBps"
         price_per_chip_hour=4.20,
         compile_topology="v5p:1x1x1",
+        host_vcpus=((ANY, 208),),  # ct5p-hightpu-4t
+        host_source=MACHINE_TYPES_SOURCE,
     ),
     Generation(
         name="v6e",
@@ -256,6 +294,11 @@ GENERATIONS: tuple[Generation, ...] = (
         hbm_bandwidth_per_chip=1638 * GB,  # "HBM bandwidth per chip: 1638 GBps"
         price_per_chip_hour=2.70,
         compile_topology="v6e:1x1",
+        # ct6e-standard-1t 44, -4t 180, -8t 180 (one thread per core; larger slices are
+        # counted in 8-chip hosts, as `chips_per_host`: if theirs are 4-chip VMs of 180
+        # vCPUs, a host has twice the vCPUs per chip assumed here).
+        host_vcpus=((1, 44), (4, 180), (ANY, 180)),
+        host_source=MACHINE_TYPES_SOURCE,
     ),
 )
 
@@ -322,6 +365,11 @@ def larger_slice(target: Target, global_batch: int, max_per_replica: int) -> Tar
         if generation.sizes(number):
             return parse(f"{generation.prefix}-{number}")
     return None
+
+
+def host_vcpus(target: Target) -> int | None:
+    """The vCPUs of each of the target's hosts (TPU VMs); None where none was found (v2)."""
+    return _BY_NAME[target.generation].vcpus_per_host(target.chips)
 
 
 def generation(name: str) -> Generation:
