@@ -58,8 +58,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # after the files' order is shuffled every epoch; and files read at once.
     config.data.shuffle_buffer = 16 * 1024
     config.data.cycle_length = 64
-    # What an epoch counts (--train_epochs, the warmup and the decay epochs).
+    # What an epoch counts (--train_epochs, the warmup and the decay epochs); with a
+    # TFDS dataset, its train split's own count.
     config.data.train_examples = IMAGENET_TRAIN_EXAMPLES
+    # Or TFDS's imagenet2012, prepared once (`tfds build`): --config.data.tfds_name=
+    # imagenet2012 --config.data.tfds_data_dir=gs://... (then data_dir is not read).
+    config.data.update(
+        config_defaults.tfds_data("", {"train": "train", "validation": "validation"})
+    )
 
     config.image_size = 224  # the crop's side, in training and eval
     config.width = 64  # the filters of the first group (x2 per group, x4 out)

@@ -63,7 +63,11 @@ class ResNet50(Classifier):
         return tf.bfloat16 if self.config.precision == "mixed_bfloat16" else tf.float32
 
     def _source(self, mode: Mode, params: InputParams) -> Any:
+        """TFDS's dataset when config.data.tfds_name names one, else imagenet_to_gcs's files."""
         data = self.config.data
+        if data.tfds_name and not (mode is Mode.PREDICT and self.config.predict.input):
+            split = "train" if mode is Mode.TRAIN else params.split or self.eval_splits[0]
+            return resnet_input.TfdsSource(data, split, params, data.shuffle_buffer)
         files = imagenet_records.files_for(data, mode, self.config.predict.input)
         return resnet_input.TFRecordSource(files, params, data.cycle_length, data.shuffle_buffer)
 
@@ -75,6 +79,8 @@ class ResNet50(Classifier):
         return resnet_input.eval_dataset(source, mode, params, size, self._dtype())
 
     def diagnose_data(self, mode: Mode) -> str | None:
+        if self.config.data.tfds_name:
+            return None  # TFDS wrote and checked its records: TensorFlow's error is shown
         files = imagenet_records.files_for(self.config.data, mode, self.config.predict.input)
         return imagenet_records.find_bad_record(files, mode, self.config.num_classes)
 

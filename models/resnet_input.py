@@ -1,15 +1,17 @@
 """The ResNet-50 input pipelines: ImageNet JPEGs to keyed training crops and exact eval batches.
 
-Training is an endless stream of epochs. Epoch e of input pipeline p is a pure
-function of (seed, e, p): its files in an order shuffled by (seed, e), read
-interleaved (deterministically), the records shuffled in a buffer seeded by (seed,
-e). Every record gets a key, (seed, p, e, its index in the epoch), from which its
-crop and flip are drawn (`resnet_preprocessing.example_key`). So:
+Two sources of the same JPEGs: imagenet_to_gcs TFRecords (`TFRecordSource`) and
+TFDS's imagenet2012 through tpurun.datasets (`TfdsSource`, the JPEG bytes read
+undecoded). Training is an endless stream of epochs. Epoch e of input pipeline p
+is a pure function of (seed, e, p): its files in an order of the seed and the
+epoch, read interleaved (deterministically), the records shuffled in a buffer.
+Every record gets a key, (seed, p, e, its index in the epoch), from which its crop
+and flip are drawn (`resnet_preprocessing.example_key`). So:
 
 * a resumed run continues the stream exactly: it counts the records of one epoch
   (`epoch_size`), starts at the epoch of its position, and skips to its place
   inside that epoch, reading at most one epoch's records and decoding none of them
-  (the epochs before are never read);
+  (the epochs before are not read);
 * nothing depends on how the stream was read before (no random state), so the
   crops of a resumed run are the crops of an uninterrupted one, bit for bit.
 
@@ -24,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 from tpurun.models import imagenet_records, resnet_preprocessing
 
+from tpurun import datasets
 from tpurun.model import InputParams, Mode
 
 # What input_fn yields as features: {"image": [batch, size, size, 3]} pixel values in
@@ -51,6 +54,12 @@ class TFRecordSource:
         self.seed = params.seed
         self.cycle_length = max(1, min(cycle_length, len(self.mine)))
         self.shuffle_buffer = shuffle_buffer
+
+    def keyed_stream(self, first_epoch: tf.Tensor) -> tf.data.Dataset:
+        """(epoch, index in it, record) from epoch `first_epoch` (int64) on, endless."""
+        return tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(
+            lambda epoch: keyed(epoch, self.epoch(epoch))
+        )
 
     def epoch(self, epoch: tf.Tensor) -> tf.data.Dataset:
         """The serialized records of epoch `epoch` (int64) of this pipeline, shuffled."""
@@ -91,6 +100,60 @@ class TFRecordSource:
         return imagenet_records.parse(record)
 
 
+class TfdsSource:
+    """One input pipeline's share of a TFDS image dataset (imagenet2012's `image`, `label`
+    0..999), the JPEGs undecoded: tpurun.datasets shards it and orders its files.
+
+    The files' order changes every epoch, from a seed of the run's: TFDS draws the k-th
+    order for the k-th pass over the examples (a seeded reshuffle), so a stream that
+    starts at epoch e first makes e passes of one record each (`keyed_stream`).
+    """
+
+    def __init__(self, data: Any, split: str, params: InputParams, shuffle_buffer: int):
+        import tensorflow_datasets as tfds
+
+        self.data, self.split, self.params = data, split, params
+        self.shuffle_buffer = shuffle_buffer
+        self.decoders = {"image": tfds.decode.SkipDecoding()}
+
+    def _examples(self, shuffle_files: bool) -> tf.data.Dataset:
+        return datasets.tfds_examples(
+            self.data, self.split, self.params, shuffle_files=shuffle_files, decoders=self.decoders
+        )
+
+    def keyed_stream(self, first_epoch: tf.Tensor) -> tf.data.Dataset:
+        examples = self._examples(shuffle_files=True)  # one dataset: its passes are the epochs
+        passed = tf.data.Dataset.range(first_epoch).flat_map(lambda _: examples.take(1))
+        shuffled = examples.shuffle(self.shuffle_buffer, seed=self.params.seed)
+        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(
+            lambda epoch: keyed(epoch, shuffled)
+        )
+        none = tf.constant(-1, tf.int64)
+        skipped = passed.skip(first_epoch).map(lambda example: (none, none, example))
+        return skipped.concatenate(epochs)  # (the passes yield nothing: all skipped)
+
+    def epoch_size(self) -> tf.Tensor:
+        """The examples in one epoch of this pipeline: the split's own count on one
+        pipeline, else its share read once."""
+        if self.params.num_input_pipelines == 1:
+            return tf.constant(datasets.num_examples(self.data, self.split), tf.int64)
+        return self._examples(shuffle_files=False).reduce(
+            tf.constant(0, tf.int64), lambda count, _: count + 1
+        )
+
+    def one_pass(self) -> tf.data.Dataset:
+        return self._examples(shuffle_files=False)
+
+    @staticmethod
+    def parse(example: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        return example["image"], tf.cast(example["label"], tf.int32)
+
+
+def keyed(epoch: tf.Tensor, records: tf.data.Dataset) -> tf.data.Dataset:
+    """(epoch, index, record) for the records of one epoch."""
+    return records.enumerate().map(lambda index, record: (epoch, index, record))
+
+
 def train_dataset(
     source: Any, params: InputParams, image_size: int, dtype: tf.DType
 ) -> tf.data.Dataset:
@@ -104,10 +167,7 @@ def train_dataset(
     else:
         first_epoch, skip = tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
-    def keyed_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-        return source.epoch(epoch).enumerate().map(lambda index, record: (epoch, index, record))
-
-    stream = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(keyed_epoch).skip(skip)
+    stream = source.keyed_stream(first_epoch).skip(skip)
 
     def preprocess(epoch: tf.Tensor, index: tf.Tensor, record: Any) -> tuple[Any, tf.Tensor]:
         image_bytes, label = source.parse(record)

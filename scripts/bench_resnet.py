@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from offline_env import OFFLINE_ENV, execution_stamps, run_json_worker  # scripts/offline_env.py
+from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".venv-bench"
@@ -76,12 +76,16 @@ def main() -> None:
         write_data(Path(data_dir), args.images)
         bench_python, why = bench_venv(args)
         pipelines = time_pipelines(data_dir, args, bench_python)
-        training = {kind: run(sys.executable, f"train-{kind}", data_dir, args) for kind in ("tpurun", "fit")}
+        training = {
+            kind: run(sys.executable, f"train-{kind}", data_dir, args) for kind in ("tpurun", "fit")
+        }
     report(pipelines, training, why)
 
 
 def report(pipelines: dict[str, float], training: dict[str, float], why: str) -> None:
-    print(f"\nResNet-50 training input, {IMAGE_SIZE}x{IMAGE_SIZE} crops, batch {BATCH}, this machine")
+    print(
+        f"\nResNet-50 training input, {IMAGE_SIZE}x{IMAGE_SIZE} crops, batch {BATCH}, this machine"
+    )
     print(f"{'pipeline':<44} {'images/s':>10}")
     for name, rate in pipelines.items():
         print(f"{name:<44} {rate:>10.0f}")
@@ -91,8 +95,10 @@ def report(pipelines: dict[str, float], training: dict[str, float], why: str) ->
     print(f"\ntpurun / best other ({best}) = {ours / others[best]:.2f}  (target >= 1.0)")
     if why:
         print(f"Model Garden not timed: {why}")
-    print(f"\nResNet-50 cpu size (32x32, width 8, blocks 1-1-1-1), batch {TRAIN_BATCH}, "
-          f"mixed_bfloat16, {ITERATIONS} steps per call")
+    print(
+        f"\nResNet-50 cpu size (32x32, width 8, blocks 1-1-1-1), batch {TRAIN_BATCH}, "
+        f"mixed_bfloat16, {ITERATIONS} steps per call"
+    )
     print(f"{'loop':<44} {'examples/s':>10}")
     print(f"{'tpurun Trainer':<44} {training['tpurun']:>10.0f}")
     print(f"{'keras fit':<44} {training['fit']:>10.0f}")
@@ -147,8 +153,18 @@ def bench_venv(args: argparse.Namespace) -> tuple[str | None, str]:
         print(f"Making {BENCH_VENV.name} ({MODEL_GARDEN}, with its TensorFlow; a few minutes)...")
         steps = [
             [str(uv), "venv", "--quiet", "--python", sys.executable, str(BENCH_VENV)],
-            [str(uv), "pip", "install", "--quiet", "--native-tls", "--python", str(python),
-             MODEL_GARDEN, "-e", str(REPO)],
+            [
+                str(uv),
+                "pip",
+                "install",
+                "--quiet",
+                "--native-tls",
+                "--python",
+                str(python),
+                MODEL_GARDEN,
+                "-e",
+                str(REPO),
+            ],
         ]
         for step in steps:
             result = subprocess.run(step, capture_output=True, text=True)
@@ -170,7 +186,7 @@ def run(python: str, worker: str, data_dir: str, args: argparse.Namespace) -> fl
         f"--data_dir={data_dir}",
         f"--batches={args.batches}",
         f"--steps={args.steps}",
-        f"--repeats=1" if worker.startswith("input-") else f"--repeats={args.repeats}",
+        "--repeats=1" if worker.startswith("input-") else f"--repeats={args.repeats}",
     ]
     return float(run_json_worker(command))  # type: ignore[arg-type]
 

@@ -1,10 +1,13 @@
-"""A learnable synthetic ImageNet in imagenet_to_gcs.py's format: JPEG tf.Examples in sharded files.
+"""A learnable synthetic ImageNet, in imagenet_to_gcs.py's TFRecords or as TFDS's imagenet2012.
 
 Ten classes, each a colour of its own under noise and a random gradient, at sizes
 that vary (non-square, 36 to 64 pixels a side, so crops and resizes do work).
-Files `train-00000-of-00004` ..., `validation-00000-of-00002` ...; each record holds
-the keys imagenet_to_gcs writes (`image/encoded`, `image/class/label` 1..10,
-`image/format`, `image/class/synset`, `image/height`, ...). Nothing is downloaded.
+`write_imagenet`: files `train-00000-of-00004` ..., `validation-00000-of-00002` ...;
+each record holds the keys imagenet_to_gcs writes (`image/encoded`,
+`image/class/label` 1..10, `image/format`, `image/class/synset`, `image/height`,
+...). `prepare_imagenet2012`: the same images as TFDS's `imagenet2012` (features
+`image`, a JPEG, `label` 0..9, `file_name`), prepared with TFDS's own builder API as
+`tfds build` lays it out. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -107,3 +110,40 @@ def write_imagenet(data_dir: Path, train: int = TRAIN, validation: int = VALIDAT
     write_split(data_dir, "train", train, 4, seed=1)
     write_split(data_dir, "validation", validation, 2, seed=2)
     return data_dir
+
+
+def prepare_imagenet2012(data_dir: str, files: int = 4) -> str:
+    """The images of `write_imagenet` as TFDS's imagenet2012 (5.1.0) in `data_dir` (local
+    or gs://), `files` files per split; returns the prepared directory."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    def split(count: int, seed: int) -> tf.data.Dataset:
+        made, labels = images(count, seed)
+        rows = [
+            {"image": image, "label": int(label), "file_name": f"{n}.JPEG"}
+            for n, (image, label) in enumerate(zip(made, labels, strict=True))
+        ]
+        spec = {
+            "image": tf.TensorSpec([None, None, 3], tf.uint8),
+            "label": tf.TensorSpec([], tf.int64),
+            "file_name": tf.TensorSpec([], tf.string),
+        }
+        return tf.data.Dataset.from_generator(lambda: iter(rows), output_signature=spec)
+
+    features = tfds.features.FeaturesDict(
+        {
+            "image": tfds.features.Image(encoding_format="jpeg"),
+            "label": tfds.features.ClassLabel(num_classes=CLASSES),
+            "file_name": tfds.features.Text(),
+        }
+    )
+    builder = tfds.dataset_builders.store_as_tfds_dataset(
+        name="imagenet2012",
+        version="5.1.0",
+        features=features,
+        split_datasets={"train": split(TRAIN, 1), "validation": split(VALIDATION, 2)},
+        data_dir=data_dir,
+        download_config=tfds.download.DownloadConfig(num_shards=files, try_download_gcs=False),
+    )
+    return str(builder.data_dir)

@@ -22,7 +22,7 @@ import tensorflow as tf
 from conftest import OFFLINE_ENV, assert_ok, tpurun_in_process
 from synthetic_jpegs import TRAIN, VALIDATION, write_imagenet, write_split
 from test_resume import assert_bit_identical, group_survivors
-from tpurun.models import imagenet_records, resnet_input, resnet_preprocessing
+from tpurun.models import imagenet_records, resnet_preprocessing
 
 from tpurun import config_files
 from tpurun import model as model_lib

@@ -116,9 +116,7 @@ def sum_over_replicas(values: list[Any]) -> list[Any]:
     def batch_sum(strategy: tf.distribute.Strategy, *parts: Any) -> Any:
         # Each sum where its part is (a tensor's device), as all_reduce reduces them.
         destinations = [p.device if isinstance(p, tf.Tensor) else p for p in parts]
-        return strategy.extended.batch_reduce_to(
-            total, list(zip(parts, destinations, strict=True))
-        )
+        return strategy.extended.batch_reduce_to(total, list(zip(parts, destinations, strict=True)))
 
     return list(context.merge_call(batch_sum, args=tuple(values)))
 
