@@ -124,7 +124,11 @@ class TfdsSource:
     def keyed_stream(self, first_epoch: tf.Tensor) -> tf.data.Dataset:
         examples = self._examples(shuffle_files=True)  # one dataset: its passes are the epochs
         passed = tf.data.Dataset.range(first_epoch).flat_map(lambda _: examples.take(1))
-        shuffled = examples.shuffle(self.shuffle_buffer, seed=self.params.seed)
+        # The buffer draws alike every epoch (as TFRecordSource's): a reshuffling buffer
+        # would draw by its own count of passes, which a resumed stream does not repeat.
+        shuffled = examples.shuffle(
+            self.shuffle_buffer, seed=self.params.seed, reshuffle_each_iteration=False
+        )
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(
             lambda epoch: keyed(epoch, shuffled)
         )

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, assert_ok, tpurun_in_process
-from synthetic_jpegs import TRAIN, VALIDATION, write_imagenet, write_split
+from synthetic_jpegs import TRAIN, VALIDATION, prepare_imagenet2012, write_imagenet, write_split
 from test_resume import assert_bit_identical, group_survivors
 from tpurun.models import imagenet_records, resnet_preprocessing
 
-from tpurun import config_files
+from tpurun import config_files, datasets
 from tpurun import model as model_lib
 from tpurun.model import InputParams, Mode
 
@@ -108,13 +108,84 @@ def test_the_export_classifies_jpeg_bytes_as_predict_does(trained, validation):
     assert images["class_ids"].numpy().tolist() == served["class_ids"].numpy().tolist()[:8]
 
 
+# --- the same from TFDS's imagenet2012 -----------------------------------------------------
+
+TFDS_STEPS = 14
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("tfds")
+    prepare_imagenet2012(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def from_tfds(tfds_dir, tmp_path_factory) -> dict:
+    """Trained, evaluated, predicted and exported from TFDS's imagenet2012 by name."""
+    root = tmp_path_factory.mktemp("resnet50-tfds")
+    where = (
+        "--config.data.tfds_name=imagenet2012",
+        f"--config.data.tfds_data_dir={tfds_dir}",
+        f"--model_dir={root / 'model'}",
+    )
+    length = (f"--train_steps={TFDS_STEPS}", "--iterations=7")
+    runs = {"train": assert_ok(tpurun_in_process("train", CONFIG, *length, *where, *LOCAL))}
+    runs["eval"] = assert_ok(tpurun_in_process("eval", CONFIG, *where, *LOCAL))
+    output = root / "predictions.jsonl"
+    assert_ok(tpurun_in_process("predict", CONFIG, *where, *LOCAL, f"--output={output}"))
+    runs["rows"] = [json.loads(line) for line in output.read_text().splitlines()]
+    runs["export"] = root / "export"
+    assert_ok(tpurun_in_process("export", CONFIG, *where, f"--export_dir={runs['export']}"))
+    return runs
+
+
+def test_tfds_trains_evaluates_every_image_once_predicts_and_exports(from_tfds):
+    assert f"step {TFDS_STEPS}/{TFDS_STEPS}" in from_tfds["train"].stderr
+    assert f"({VALIDATION} examples)" in from_tfds["eval"].stdout
+    rows = from_tfds["rows"]
+    assert len(rows) == VALIDATION and all(len(row["probabilities"]) == 10 for row in rows)
+
+
+def test_the_tfds_export_classifies_the_splits_jpegs_as_predict_does(from_tfds, tfds_dir):
+    """The validation split's JPEGs, read by name in predict's order (tpurun.datasets)."""
+    import tensorflow_datasets as tfds
+
+    data = config_files.load(config_files.resolve("resnet50:cpu")).data
+    data.tfds_name, data.tfds_data_dir = "imagenet2012", str(tfds_dir)
+    params = InputParams(1, 1, 1, 0, 1, seed=0)
+    examples = datasets.tfds_examples(
+        data,
+        "validation",
+        params,
+        shuffle_files=False,
+        decoders={"image": tfds.decode.SkipDecoding()},
+    )
+    jpegs = [example["image"] for example in examples.as_numpy_iterator()]
+    serving = tf.saved_model.load(str(from_tfds["export"])).signatures["serving_default"]
+    served = serving(image_bytes=tf.constant(jpegs))["class_ids"].numpy().tolist()
+    assert served == [row["class_ids"] for row in from_tfds["rows"]]
+
+
 # --- keyed crops and a stream that seeks -------------------------------------------------
 
 
-def stream(data: Path, start_batch: int, batches: int, pipelines: int = 1, pipeline: int = 0):
-    """`batches` training batches of 32 (float32) from `start_batch`, as input_fn makes them."""
+def stream(
+    data: Path,
+    start_batch: int,
+    batches: int,
+    pipelines: int = 1,
+    pipeline: int = 0,
+    tfds: bool = False,
+):
+    """`batches` training batches of 32 (float32) from `start_batch`, as input_fn makes them
+    (from the TFRecords in `data`, or `tfds`: from TFDS's imagenet2012 prepared in `data`)."""
     config = config_files.load(config_files.resolve("resnet50:cpu"))
-    config.data.data_dir = str(data)
+    if tfds:
+        config.data.tfds_name = "imagenet2012"
+        config.data.tfds_data_dir = str(data)
+    else:
+        config.data.data_dir = str(data)
     config.precision = "float32"
     model = model_lib.create(config)
     params = InputParams(
@@ -130,13 +201,18 @@ def stream(data: Path, start_batch: int, batches: int, pipelines: int = 1, pipel
     return [(f["image"].numpy(), labels.numpy()) for f, labels in dataset]
 
 
-@pytest.mark.parametrize("pipelines, pipeline", [(1, 0), (2, 1)])
-def test_a_stream_started_at_batch_n_is_the_stream_from_0_from_batch_n(data, pipelines, pipeline):
+@pytest.mark.parametrize(
+    "source, pipelines, pipeline", [("tfrecords", 1, 0), ("tfrecords", 2, 1), ("tfds", 1, 0)]
+)
+def test_a_stream_started_at_batch_n_is_the_stream_from_0_from_batch_n(
+    data, tfds_dir, source, pipelines, pipeline
+):
     """Across an epoch's end (10 batches an epoch on one pipeline, 5 on each of two), to
     the bit: the files, the records and the crops of a resumed run are an uninterrupted one's."""
-    whole = stream(data, 0, 14, pipelines, pipeline)
+    where, tfds = (tfds_dir, True) if source == "tfds" else (data, False)
+    whole = stream(where, 0, 14, pipelines, pipeline, tfds)
     for start in (3, 12):
-        resumed = stream(data, start, 2, pipelines, pipeline)
+        resumed = stream(where, start, 2, pipelines, pipeline, tfds)
         for (image, label), (expected_image, expected_label) in zip(
             resumed, whole[start : start + 2], strict=True
         ):
