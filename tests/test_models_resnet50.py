@@ -282,3 +282,33 @@ def test_sigkill_then_resume_with_the_jpeg_pipeline_is_bit_identical(trained, da
     start = int(re.search(r"Resuming from \S+ \(step (\d+)\)", resumed).group(1))
     assert start % 10, f"resumed at {start}, an epoch's end: the test wants one inside an epoch"
     assert_bit_identical(tmp_path / f"ckpt-{STEPS}", trained["model_dir"] / f"ckpt-{STEPS}")
+
+
+# --- tpurun check of the full-size model on a v5e-8, by the TPU's own compiler -----------
+
+
+def test_check_sizes_the_full_model_on_a_v5e_8_with_the_tpu_compiler(data, tmp_path):
+    """224x224, global batch 1024 (128 per replica), the recipe's 90 epochs: every step
+    compiled by the TPU compiler for a v5e, fits a replica, and is bounded in time."""
+    report = tmp_path / "report.json"
+    result = tpurun_in_process(
+        "check",
+        "--config=resnet50",
+        "--target=v5e-8",
+        f"--data_dir={data}",
+        f"--report={report}",
+    )
+    text = result.stdout
+    assert text.startswith(
+        "Memory per replica on a v5litepod-8: 8 replicas with 16 GB of HBM each (compiled "
+        "by the TPU compiler"
+    ), text + result.stderr[-3000:]
+    assert "XLA's CPU estimate" not in text, text  # no step fell back
+    steps = json.loads(report.read_text())["steps"]
+    assert set(steps) == {"train", "eval", "predict"}
+    for step in steps.values():
+        assert step["batch_per_replica"] == 128 and step["fits"], step
+    (training,) = [line for line in text.splitlines() if line.startswith("Training, at least")]
+    assert training.startswith("Training, at least: 112603 steps (--train_epochs=90) take "), (
+        training
+    )
