@@ -287,6 +287,8 @@ def test_sigkill_then_resume_with_the_jpeg_pipeline_is_bit_identical(trained, da
 # --- tpurun check of the full-size model on a v5e-8, by the TPU's own compiler -----------
 
 
+@pytest.mark.full_size
+@pytest.mark.timeout(3600)
 def test_check_sizes_the_full_model_on_a_v5e_8_with_the_tpu_compiler(data, tmp_path):
     """224x224, global batch 1024 (128 per replica), the recipe's 90 epochs: every step
     compiled by the TPU compiler for a v5e, fits a replica, and is bounded in time."""
