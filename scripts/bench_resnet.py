@@ -344,7 +344,10 @@ def time_fit(run_config, cluster, model, args) -> list[float]:
     keras_model = model.build()
     keras_model.compile(
         optimizer=model.optimizer(),  # the recipe's: SGD, Nesterov, L2, warmup and steps
-        loss=lambda labels, logits: model.loss(labels, tf.cast(logits, tf.float32)),
+        # (Keras hands a loss function float labels: class ids again.)
+        loss=lambda labels, logits: model.loss(
+            tf.cast(labels, tf.int32), tf.cast(logits, tf.float32)
+        ),
         steps_per_execution=ITERATIONS,
     )
     params = inputs.input_params(tf.distribute.InputContext(), TRAIN_BATCH, run_config.seed)
