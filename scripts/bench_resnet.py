@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_mnist import time_tpurun  # the Trainer's loop, timed as for MNIST
 from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -316,23 +317,11 @@ def time_training(kind: str, args: argparse.Namespace) -> float:
     model = model_lib.create(run_config.config)
     keras.utils.set_random_seed(0)
     with precision_lib.policy(run_config.config.precision):
-        seconds = (time_tpurun if kind == "tpurun" else time_fit)(run_config, cluster, model, args)
+        if kind == "tpurun":
+            seconds = time_tpurun(run_config, cluster, model, args, ITERATIONS)
+        else:
+            seconds = time_fit(run_config, cluster, model, args)
     return TRAIN_BATCH * args.steps / statistics.median(seconds)
-
-
-def time_tpurun(run_config, cluster, model, args) -> list[float]:
-    from tpurun.train import Trainer
-
-    trainer = Trainer(run_config, cluster, model)
-    for _ in range(2):
-        trainer.train(ITERATIONS)
-    seconds = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for _ in range(args.steps // ITERATIONS):
-            trainer.train(ITERATIONS)
-        seconds.append(time.perf_counter() - start)
-    return seconds
 
 
 def time_fit(run_config, cluster, model, args) -> list[float]:
