@@ -13,7 +13,7 @@ export GCE_METADATA_HOST := 127.0.0.1:1
 export GCE_METADATA_IP := 127.0.0.1:1
 export GCS_RETRY_CONFIG_MAX_RETRIES := 0
 
-.PHONY: install install-tpu-wheel demo test test-fast test-tpu-wheel bench bench-resume lint docs clean
+.PHONY: install install-tpu-wheel demo test test-full-size test-fast test-tpu-wheel bench bench-resume lint docs clean
 
 install: $(STAMP)
 
@@ -67,7 +67,12 @@ demo: install
 PYTEST_WORKERS ?= 3
 
 test: install lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 -m 'not full_size'
+
+# Full-size models sized by the TPU compiler (resnet50 at 224, batch 1024 on a v5e-8):
+# the train step's compile alone takes minutes on a 2-core machine, past make test's budget.
+test-full-size: install
+	$(BIN)/pytest --durations=0 -m full_size
 
 # The suite on tensorflow-tpu 2.20 (the wheel every TPU VM runs) with TPU_LOAD_LIBRARY=0, as on
 # worker 0 of a pod slice: TensorFlow computes on the CPU and never loads libtpu, which would
@@ -76,17 +81,18 @@ test: install lint
 # own-step GAN); not the rest of the slow runs, which test tpurun's code paths once, on 2.21.
 test-tpu-wheel: $(STAMP_TPU)
 	TPU_LOAD_LIBRARY=0 $(BIN_TPU)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
-	  -m 'not slow or tpu_wheel'
+	  -m '(not slow or tpu_wheel) and not full_size'
 
 # The unit tests only: skips the end-to-end runs marked slow.
 test-fast: install
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not slow'
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not slow and not full_size'
 
 bench: install
 	$(BIN)/python scripts/bench_train_loop.py
 	$(BIN)/python scripts/bench_mnist.py
 	$(BIN)/python scripts/bench_storage.py
 	$(BIN)/python scripts/bench_help.py
+	$(BIN)/python scripts/bench_resnet.py
 
 bench-resume: install
 	$(BIN)/python scripts/bench_resume.py

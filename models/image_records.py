@@ -56,8 +56,9 @@ DEFAULT_PATTERNS = {Mode.TRAIN: "train-*.tfrecord", Mode.EVAL: "test-*.tfrecord"
 # Reading -----------------------------------------------------------------------------
 
 
-def list_files(patterns: str, what: str) -> list[str]:
-    """The sorted files matching comma-separated globs (local or gs://), or a RunError."""
+def list_files(patterns: str, what: str, writer: str = "scripts/convert_mnist.py") -> list[str]:
+    """The sorted files matching comma-separated globs (local or gs://), or a RunError;
+    `writer`: what makes such files, for the error."""
     globs = [p.strip() for p in patterns.split(",") if p.strip()]
     files: set[str] = set()
     for pattern in globs:
@@ -68,14 +69,14 @@ def list_files(patterns: str, what: str) -> list[str]:
     if not files:
         raise RunError(
             f"{what}: no file matches {patterns!r}; make TFRecords with "
-            "scripts/convert_mnist.py and point --data_dir (or the config's file globs) at them"
+            f"{writer} and point --data_dir (or the config's file globs) at them"
         )
     listed = sorted(files)
-    require_data(listed, what)
+    require_data(listed, what, writer)
     return listed
 
 
-def require_data(files: Sequence[str], what: str) -> None:
+def require_data(files: Sequence[str], what: str, writer: str = "scripts/convert_mnist.py") -> None:
     """A RunError when every file is empty: training would wait forever for a record.
 
     Stops at the first file with data, so a normal run pays for one stat.
@@ -90,7 +91,7 @@ def require_data(files: Sequence[str], what: str) -> None:
     are = "file is" if len(files) == 1 else "files are"
     raise RunError(
         f"{what}: no examples: the data {are} empty (0 bytes): {shown}; write the records "
-        "again (scripts/convert_mnist.py) or point at the right files"
+        f"again ({writer}) or point at the right files"
     )
 
 

@@ -118,17 +118,19 @@ def run_worker(args: argparse.Namespace) -> float:
     return BATCH * args.steps / statistics.median(seconds)
 
 
-def time_tpurun(run, cluster, model, args) -> list[float]:
+def time_tpurun(run, cluster, model, args, iterations: int = ITERATIONS) -> list[float]:
+    """Seconds of `args.steps` steps of the real Trainer, `args.repeats` times, after two
+    host calls of warm-up (scripts/bench_resnet.py times its loop with it too)."""
     from tpurun.runners.train import Trainer
 
     trainer = Trainer(run, cluster, model)
     for _ in range(2):
-        trainer.train(ITERATIONS)
+        trainer.train(iterations)
     seconds = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        for _ in range(args.steps // ITERATIONS):
-            trainer.train(ITERATIONS)
+        for _ in range(args.steps // iterations):
+            trainer.train(iterations)
         seconds.append(time.perf_counter() - start)
     return seconds
 

@@ -36,8 +36,14 @@ def keras_global_clipnorm(recipe: ml_collections.FrozenConfigDict):
 
 
 def train(
-    strategy: tf.distribute.Strategy, recipe, make_optimizer, zero_gradients: bool = False
+    strategy: tf.distribute.Strategy,
+    recipe,
+    make_optimizer,
+    zero_gradients: bool = False,
+    l2_in_loss: float = 0.0,
 ) -> dict[str, list]:
+    """`l2_in_loss`: add l2_in_loss x sum(tf.nn.l2_loss(kernel)) to the loss, as a TF1
+    program (tensorflow/tpu's resnet_main.py) did."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -66,6 +72,10 @@ def train(
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
             if zero_gradients:
                 loss *= 0.0
+            if l2_in_loss:
+                kernels = [v for v in model.trainable_variables if v.path.endswith("kernel")]
+                penalty = l2_in_loss * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
+                loss += tf.nn.scale_regularization_loss(penalty)  # its share per replica
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
 
@@ -103,6 +113,9 @@ def results() -> dict[str, dict]:
         ema_decay=0.5,
     )
     decay = config(name="sgd", learning_rate=0.1, weight_decay=0.5)
+    momentum = {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9, "nesterov": True}
+    l2 = config(**momentum, l2_weight_decay=0.05)
+    plain = config(**momentum)
     build = optimization.build_optimizer
     found = {}
     for name, replicas in strategies.items():
@@ -112,4 +125,12 @@ def results() -> dict[str, dict]:
         found[f"decay/{name}"] = train(
             replicas, decay, lambda c: build(c, GLOBAL_BATCH), zero_gradients=True
         )
+        found[f"l2/{name}"] = train(replicas, l2, lambda c: build(c, GLOBAL_BATCH))
+    # The L2 term in the loss of a TF1 program, and no decay in the optimizer.
+    found["l2_in_loss/default"] = train(
+        strategies["default"], plain, lambda c: build(c, GLOBAL_BATCH), l2_in_loss=0.05
+    )
+    found["momentum/default"] = train(
+        strategies["default"], plain, lambda c: build(c, GLOBAL_BATCH)
+    )
     return found

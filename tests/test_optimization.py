@@ -111,6 +111,49 @@ def test_schedule_value_at_a_step(keys, step, expected):
     )
 
 
+def resnet_main_rate(step: int, batch: int = 1024, examples: int = 1_281_167) -> float:
+    """tensorflow/tpu's resnet_main.py learning_rate_schedule for 90 epochs, restated: 0.1 per
+    256 examples, linear warmup over 5 epochs, x0.1 from epochs 30, 60 and 80."""
+    scaled = 0.1 * batch / 256
+    epoch = step / (examples / batch)
+    rate = scaled * epoch / 5
+    for multiplier, start in ((1.0, 5), (0.1, 30), (0.01, 60), (0.001, 80)):
+        rate = rate if epoch < start else scaled * multiplier
+    return rate
+
+
+def test_the_recipe_in_epochs_is_resnet_mains_schedule_step_by_step(tmp_path):
+    from tpurun.storage import train_config
+
+    config = recipe_config(
+        name="sgd",
+        learning_rate=0.1,
+        base_batch_size=256,
+        warmup_epochs=5,
+        schedule="piecewise",
+        boundary_epochs=(30, 60, 80),
+        multipliers=(1.0, 0.1, 0.01, 0.001),
+    )
+    config.data = ml_collections.ConfigDict({"train_examples": 1_281_167})
+    config = merge_flags(config, {"batch_size": 1024, "train_epochs": 90})
+    run = RunConfig(command="train", config_name="r", config=config, model_dir=str(tmp_path))
+    resolved = train_config.resolve_length(run, None)
+    recipe = resolved.config.optimizer
+    # ceil(5 x 1281167 / 1024) = 6256; the last steps at each rate: 37534, 75068, 100091.
+    assert (recipe.warmup_steps, tuple(recipe.boundaries)) == (6256, (37534, 75068, 100091))
+    assert (recipe.warmup_epochs, tuple(recipe.boundary_epochs)) == (0.0, ())
+    # ceil(90 epochs x 1281167 / 1024); resnet_config.py's 112590 is 90 x floor(1281167 / 1024).
+    assert resolved.train_steps == 112_603
+    optimizer = built(resolved.config, [keras.Variable([1.0])], global_batch_size=1024)
+    changes = [s + d for s in (0, 6256, 37534, 75068, 100091) for d in (-1, 0, 1, 2)]
+    for step in [s for s in changes if s >= 0] + [3000, 112_589]:
+        ours = optimization.learning_rate_at(optimizer, step)
+        # The warmup ends at step 6256, resnet_main's at 6255.70: 5e-5 apart in its slope.
+        assert ours == pytest.approx(resnet_main_rate(step), rel=1e-4 if step < 6256 else 1e-6), (
+            step
+        )
+
+
 def test_the_optimizer_evaluates_its_schedule_at_its_step():
     """A resumed run (iterations restored) continues on the curve."""
     config = recipe(learning_rate=0.1, schedule="cosine")
@@ -314,6 +357,22 @@ def test_weight_decay_exclusion_holds_on_replicas(replicas, strategy):
         np.testing.assert_allclose(after, np.asarray(before) * factor, rtol=1e-6, err_msg=path)
 
 
+@pytest.mark.parametrize("strategy", ["default", "mirrored_4"])
+def test_l2_weight_decay_is_the_l2_loss_of_a_tf1_program(replicas, strategy):
+    """SGD with Nesterov momentum and l2_weight_decay on 1 or 4 replicas takes the steps of
+    plain SGD on the loss + l2 x sum(tf.nn.l2_loss(kernel)) (resnet_main.py's): the term
+    goes through the momentum, and the biases are not decayed."""
+    np.testing.assert_allclose(
+        flat(replicas[f"l2/{strategy}"], "weights"),
+        flat(replicas["l2_in_loss/default"], "weights"),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    # ...and it decays: without it the weights differ.
+    plain = flat(replicas["momentum/default"], "weights")
+    assert np.abs(flat(replicas[f"l2/{strategy}"], "weights") - plain).max() > 1e-3
+
+
 # EMA: Keras' averages, kept by the optimizer.
 
 
@@ -476,6 +535,33 @@ def test_build_errors_name_the_key(name, key, value, words):
         ({"base_batch_size": -256}, ["config.optimizer.base_batch_size=-256", ">= 0"]),
         ({"learning_rate": -0.1}, ["config.optimizer.learning_rate=-0.1", ">= 0"]),
         ({"clipnorm": 1.0}, ["config.optimizer.clipnorm=1.0", "config.optimizer.clip_norm"]),
+        ({"warmup_epochs": -1.0}, ["config.optimizer.warmup_epochs=-1.0", ">= 0"]),
+        (
+            {"warmup_epochs": 5.0, "warmup_steps": 10},
+            ["config.optimizer.warmup_epochs=5.0", "warmup_steps=10", "give one"],
+        ),
+        (
+            {"schedule": "piecewise", "boundary_epochs": (60, 30), "multipliers": (1, 0.1, 0.01)},
+            ["config.optimizer.boundary_epochs=(60, 30)", "increasing epochs"],
+        ),
+        (
+            {"schedule": "piecewise", "boundary_epochs": (30,), "multipliers": (1.0,)},
+            ["config.optimizer.multipliers=(1.0,)", "2 numbers", "1 boundary_epochs"],
+        ),
+        (
+            {
+                "schedule": "piecewise",
+                "boundary_epochs": (30,),
+                "boundaries": (100,),
+                "multipliers": (1, 0.1),
+            },
+            ["config.optimizer.boundary_epochs=(30,)", "boundaries=(100,)", "give one"],
+        ),
+        (
+            {"boundary_epochs": (30,)},
+            ["config.optimizer.boundary_epochs=(30,)", "schedule='piecewise'", "not of 'constant'"],
+        ),
+        ({"l2_weight_decay": -1e-4}, ["config.optimizer.l2_weight_decay=-0.0001", ">= 0"]),
         ({"use_ema": True}, ["config.optimizer.use_ema=True", "config.train.ema_decay"]),
     ],
     ids=lambda v: ",".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else None,

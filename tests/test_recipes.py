@@ -24,6 +24,10 @@ pytestmark = pytest.mark.slow
 IRIS = ("--config=iris", "--use_tpu=false")
 
 
+# 400 steps counted in epochs: 100 of iris's 120 examples at 30 per step.
+IN_EPOCHS = ("--train_epochs=100", "--batch_size=30")
+
+
 def _cosine(step: int) -> float:
     return 0.1 * 0.5 * (1 + math.cos(math.pi * step / 400))
 
@@ -57,7 +61,14 @@ def rates(model_dir: Path) -> dict[int, float]:
             lambda step: 0.1 * 0.5 ** (step // 100),
         ),
         (
-            ["--config.optimizer.schedule=cosine", "--config.optimizer.warmup_steps=100"],
+            # In epochs: 100 of iris's 120 examples at 30 per step are 400 steps, cosine's
+            # horizon (it once stayed at train.steps=0, the rate constant); the warmup's 25
+            # epochs are 100 steps.
+            [
+                *IN_EPOCHS,
+                "--config.optimizer.schedule=cosine",
+                "--config.optimizer.warmup_epochs=25",
+            ],
             # Warmup: linear from 0 to the schedule's value where it ends (Model Garden's).
             lambda step: min(step / 100, 1) * _cosine(max(step, 100)),
         ),
@@ -66,19 +77,29 @@ def rates(model_dir: Path) -> dict[int, float]:
             lambda step: 0.1 + (0.02 - 0.1) * step / 400,
         ),
         (
+            # Boundaries in epochs (resnet_main.py's): the rate changes once 37.5 and 75
+            # epochs are done, at steps 150 and 300 (in steps, boundaries=(149, 299)).
             [
+                *IN_EPOCHS,
                 "--config.optimizer.schedule=piecewise",
-                "--config.optimizer.boundaries=(150,300)",
+                "--config.optimizer.boundary_epochs=(37.5,75)",
                 "--config.optimizer.multipliers=(1.0,0.5,0.1)",
             ],
-            lambda step: 0.1 * (1.0 if step <= 150 else 0.5 if step <= 300 else 0.1),
+            lambda step: 0.1 * (1.0 if step < 150 else 0.5 if step < 300 else 0.1),
         ),
     ],
-    ids=["exponential_of_the_seed", "staircase", "cosine_with_warmup", "linear", "piecewise"],
+    ids=[
+        "exponential_of_the_seed",
+        "staircase",
+        "cosine_with_warmup_in_epochs",
+        "linear",
+        "piecewise_in_epochs",
+    ],
 )
 def test_a_schedule_is_what_tensorboard_shows(tpurun_cli, tmp_path, flags, expected):
+    length = () if "--train_epochs=100" in flags else ("--train_steps=400",)
     result = tpurun_cli(
-        "train", *IRIS, "--train_steps=400", "--iterations=50", f"--model_dir={tmp_path}", *flags
+        "train", *IRIS, *length, "--iterations=50", f"--model_dir={tmp_path}", *flags
     )
     assert_ok(result)
     shown = rates(tmp_path)

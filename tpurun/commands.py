@@ -91,6 +91,9 @@ def _run(run: RunConfig) -> None:
         if run.command in ("train", "eval"):
             splits.resolve(type(model), run.config)  # a bad split name fails before the record
         run, arrays = count_examples(run, model)
+        # The model builds its optimizer from its config: the one with the steps the epochs
+        # made (a cosine schedule ends at them) and the recipe's epochs in steps.
+        model.config = run.config
         if cluster is None or cluster.is_chief:  # one record per run, not per worker
             record, written = write_record(run)
             if run.command == "train" and cluster is not None:

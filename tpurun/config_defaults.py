@@ -170,6 +170,10 @@ def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
     # Linear from 0 to the schedule's rate at step warmup_steps, then the schedule;
     # 0 = none. The decay keeps counting from step 0 (it is not shifted by the warmup).
     recipe.warmup_steps = 0
+    # Or the warmup in epochs (a float), 0 = none: made warmup_steps when the run starts,
+    # ceil(epochs x training examples / examples per step), the examples counted as for
+    # --train_epochs (config.data.train_examples, or the model's train_arrays).
+    recipe.warmup_epochs = 0.0
     # exponential: rate x decay_rate^(step / decay_steps), as TF1's
     # tf.train.exponential_decay; staircase: the exponent in whole numbers.
     recipe.decay_steps = 0
@@ -180,6 +184,10 @@ def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
     # TF1's name: `config.optimizer.values` would be the ConfigDict.values method.)
     recipe.boundaries = ()
     recipe.multipliers = ()
+    # piecewise, the boundaries in epochs instead (e.g. (30, 60, 80)): the rate becomes
+    # multipliers[i + 1] at the first step by which boundary_epochs[i] epochs are done;
+    # made `boundaries` in steps when the run starts, as warmup_epochs.
+    recipe.boundary_epochs = ()
     recipe.alpha = 0.0  # cosine: to alpha x rate at train.steps (0 = to zero)
     recipe.end_learning_rate = 0.0  # linear: the rate (not a factor) at train.steps
     recipe.momentum = 0.0  # sgd and rmsprop only; 0 = none
@@ -187,6 +195,11 @@ def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
     # Decoupled weight decay (Keras' weight_decay): every step each decayed variable is
     # multiplied by (1 - rate x weight_decay), apart from the gradient. 0 = none.
     recipe.weight_decay = 0.0
+    # L2 regularization (TF1's `loss += l2_weight_decay x sum(tf.nn.l2_loss(w))`, as
+    # tensorflow/tpu's resnet_main.py adds it): l2_weight_decay x w is added to each decayed
+    # variable's gradient (summed over the replicas) before the optimizer's update, so it
+    # goes through momentum, unlike weight_decay. The same exclusions. 0 = none.
+    recipe.l2_weight_decay = 0.0
     # Variables NOT decayed: a regex searched in each Keras variable path
     # ("dense/bias", "batch_normalization/gamma"); default: biases and the scales and
     # offsets of normalization layers, matched as the last part of the path.

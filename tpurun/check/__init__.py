@@ -116,6 +116,7 @@ def run_checks(
         arrays = inputs.train_arrays(model)
         examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
         run = train_config.resolve_length(run, examples)
+        model.config = run.config  # its optimizer's schedule, in the steps they made
     keras.utils.set_random_seed(run.seed)
     found = host = None
     with _quiet_tensorflow_info(), precision.policy(run.config.precision):

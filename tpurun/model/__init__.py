@@ -53,15 +53,15 @@ What the launcher guarantees, so the model never needs a device branch:
   never pick devices.
 * `loss` returns one value per example; the launcher weights, sums and scales it
   by the global batch (the same gradients on 1 or 8 replicas).
-* `metrics` are fresh Keras metrics, updated as
-  `metric.update_state(labels, outputs, sample_weight=mask)`; the launcher adds
-  the mean `loss`.
+* `metrics` are fresh Keras metrics, updated as `metric.update_state(labels, outputs,
+  sample_weight=mask)`; the launcher adds the mean `loss`.
 * `predictions(outputs)` maps the model's outputs to named per-example tensors:
   what `tpurun predict` writes and the exported `serving_default` signature returns.
 * Export serves `predictions(model(features))` with the features named and typed
   as `input_fn(PREDICT)` yields them, with a variable batch dimension; override
   `serving_input_spec` to accept something else, and `serving_features` to turn
-  those inputs into the features (e.g. parse serialized tf.Example strings).
+  those inputs into the features (e.g. parse serialized tf.Example strings);
+  `serving_signatures` to serve more signatures (resnet50: JPEG bytes, and images).
 
 Optional: a training step of its own (a GAN: several models and optimizers,
 alternating updates, a gradient penalty): `build()` returns its models by name,
@@ -81,19 +81,16 @@ instead of running `input_fn(PREDICT)` through `predictions`. It runs eagerly on
 the host: wrap its loops in `tf.function`, and call `strategy.run` to use the
 replicas. Export, eval and `tpurun check` still use `input_fn`/`predictions`.
 
-Optional: `diagnose_data(mode)`. A bad record (a feature of the wrong type or size,
-a truncated file) fails inside the compiled loop, where TensorFlow's error names an
-op, not the file. When a train, eval or predict run fails with an InvalidArgumentError
-or DataLossError, the launcher calls `diagnose_data(mode)`: read `mode`'s data record
-by record and return one line, "data file F, record N: what is wrong; the fix", which
-becomes the run's error, or None if the data are fine (TensorFlow's error is shown
-then). It runs only after a failure, so it may read everything; never scan the data
-on the happy path. `models/image_records.py` diagnoses its TFRecords.
+Optional: `diagnose_data(mode)`. A bad record fails inside the compiled loop, where
+TensorFlow's error names an op, not the file: after a run fails with an
+InvalidArgumentError or DataLossError, the launcher calls it to read `mode`'s data and
+return one line, "data file F, record N: what is wrong; the fix" (the run's error), or
+None. It runs only after a failure, so it may read everything
+(`models/image_records.py` diagnoses its TFRecords).
 
 What a model may assume: every batch a replica step sees has exactly
-`params.batch_size` rows, in every mode (eval and predict batches are padded), so
-shapes are static; `build()` must still not bake the batch size in, as the export
-takes any batch size. Config files and the model's module may live anywhere: the
+`params.batch_size` rows in every mode (static shapes); `build()` must still not bake
+it in, as the export takes any batch size. Config files and the model's module may live anywhere: the
 config file's directory is put on `sys.path`, so `config.model_module = "my_model"`
 imports `my_model.py` beside it.
 
@@ -258,8 +255,13 @@ class Model(abc.ABC):
             lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype, name=s.name), predict_spec
         )
 
+    def serving_signatures(self, predict_spec: Any) -> dict[str, Any]:
+        """The export's signatures by name, each its inputs' spec (by default `serving_default`
+        alone); give each inputs of its own names, so that `serving_features` can tell."""
+        return {"serving_default": self.serving_input_spec(predict_spec)}
+
     def serving_features(self, inputs: Any) -> Any:
-        """The features `build()`'s model takes, from the exported signature's inputs
+        """The features `build()`'s model takes, from an exported signature's inputs
         (`serving_input_spec`); the inputs themselves by default."""
         return inputs
 

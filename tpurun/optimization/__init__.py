@@ -24,6 +24,15 @@ What Keras 3 (TensorFlow backend) does under tf.distribute, and what tpurun adds
   substrings of `variable.name` ("bias", without the layer); tpurun's regex is searched
   in `variable.path` ("dense/bias") when the optimizer is built, and the matches are
   excluded by identity (`var_list=`).
+* The all-reduce. Keras sums the replicas' gradients with `ReplicaContext.all_reduce`,
+  which wraps it in a `tf.custom_gradient` (so that the sum is differentiable); in a
+  graph that wrapper walks back from the summed gradients to every op they depend on,
+  with a list for the ops seen (op_selector.get_backward_walk_ops: quadratic), and
+  under a MirroredStrategy, which traces the step once per replica, the sum depends
+  on every replica's forward and backward pass: tracing ResNet-50's train step on 8
+  replicas (`tpurun check --target=v5e-8`) took over 40 minutes in it. Nothing
+  differentiates the sum of gradients, so tpurun sums them without the wrapper
+  (`sum_over_replicas`: the same reduction, as all_reduce itself calls it).
 * EMA. `use_ema=True, ema_momentum=d` keeps one average per trainable variable,
   created by `build` as ordinary optimizer variables (`optimizer/_variables/<i>` in a
   tf.train.Checkpoint, so saved and restored with the optimizer), updated after each
@@ -77,11 +86,39 @@ def missing() -> list[str]:
     """
     optimizer = keras.optimizers.SGD(use_ema=True)
     optimizer.build([keras.Variable(1.0)])
-    return [
+    absent = [
         name
         for name in (_ALL_REDUCE_HOOK, _AVERAGES, _SCHEDULE, _BUILT_ON)
         if not hasattr(optimizer, name)
     ]
+    extended = tf.distribute.get_strategy().extended
+    return absent + [name for name in _REDUCE_PATHS if not hasattr(extended, name)]
+
+
+# tf.distribute's private choice between its two replica-context reductions (what
+# ReplicaContext.all_reduce calls), for `sum_over_replicas`.
+_REDUCE_PATHS = ("_use_merge_call", "_replica_ctx_all_reduce")
+
+
+def sum_over_replicas(values: list[Any]) -> list[Any]:
+    """ReplicaContext.all_reduce(SUM, values) in a replica context, without the gradient
+    TensorFlow wraps it in (see the module docstring); all_reduce itself where the
+    private paths it takes moved (`missing` says so)."""
+    context = tf.distribute.get_replica_context()
+    extended = context.strategy.extended
+    total = tf.distribute.ReduceOp.SUM
+    if not all(hasattr(extended, name) for name in _REDUCE_PATHS):
+        return list(context.all_reduce(total, values))
+    if not extended._use_merge_call():  # e.g. TPUStrategy: in the replica context
+        options = tf.distribute.experimental.CommunicationOptions()
+        return list(extended._replica_ctx_all_reduce(total, values, options))
+
+    def batch_sum(strategy: tf.distribute.Strategy, *parts: Any) -> Any:
+        # Each sum where its part is (a tensor's device), as all_reduce reduces them.
+        destinations = [p.device if isinstance(p, tf.Tensor) else p for p in parts]
+        return strategy.extended.batch_reduce_to(total, list(zip(parts, destinations, strict=True)))
+
+    return list(context.merge_call(batch_sum, args=tuple(values)))
 
 
 def learning_rate_at(optimizer: keras.optimizers.Optimizer, step: Any) -> tf.Tensor:
@@ -135,23 +172,45 @@ class RecipeOptimizer:
 
     clip_norm: float = 0.0
     weight_decay_exclude: str = ""
+    l2_weight_decay: float = 0.0
 
     def build(self, variables: Sequence[Any]) -> None:
+        pattern = re.compile(self.weight_decay_exclude)
+        excluded = [v for v in variables if pattern.search(v.path)]
         if self.weight_decay:  # type: ignore[attr-defined]
-            pattern = re.compile(self.weight_decay_exclude)
-            self.exclude_from_weight_decay(  # type: ignore[attr-defined]
-                var_list=[v for v in variables if pattern.search(v.path)]
-            )
+            self.exclude_from_weight_decay(var_list=excluded)  # type: ignore[attr-defined]
+        # The update sees the variables' values (what Keras' _backend_update_step passes):
+        # the L2-decayed ones are known by those.
+        self._l2_decayed = {id(v.value) for v in variables if not any(v is e for e in excluded)}
         super().build(variables)  # type: ignore[misc]
 
     def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         # Keras all-reduces here, after its own (per-replica) clipping and before the
-        # update (module docstring); the summed gradients are clipped right after.
-        summed = list(super()._all_reduce_sum_gradients(grads_and_vars))  # type: ignore[misc]
+        # update (module docstring); tpurun sums without all_reduce's gradient. The summed
+        # gradients get the L2 term and are clipped right after, as if the L2 term were in
+        # the loss (as TF1 programs put it).
+        pairs = list(grads_and_vars)
+        present = [g for g, _ in pairs if g is not None]
+        if tf.distribute.get_replica_context() is None or not present:
+            summed = list(super()._all_reduce_sum_gradients(pairs))  # type: ignore[misc]
+        else:
+            sums = iter(sum_over_replicas(present))
+            summed = [(None if g is None else next(sums), v) for g, v in pairs]
+        if self.l2_weight_decay:
+            summed = [(self._with_l2(g, v), v) for g, v in summed]
         if not self.clip_norm:
             return summed
         grads = clip_by_global_norm([g for g, _ in summed], self.clip_norm)
         return [(g, v) for g, (_, v) in zip(grads, summed, strict=True)]
+
+    def _with_l2(self, grad: Any, variable: Any) -> Any:
+        """grad + l2_weight_decay x variable: the gradient of l2_weight_decay x sum(w^2) / 2."""
+        if grad is None or id(variable) not in self._l2_decayed:
+            return grad
+        decay = tf.cast(self.l2_weight_decay, variable.dtype) * tf.convert_to_tensor(variable)
+        if isinstance(grad, tf.IndexedSlices):  # an embedding's: every row decays
+            grad = tf.convert_to_tensor(grad)
+        return grad + tf.cast(decay, grad.dtype)
 
 
 def clip_by_global_norm(grads: Sequence[Any], clip_norm: float) -> list[Any]:
@@ -296,6 +355,7 @@ def build_optimizer(
         ) from None
     optimizer.clip_norm = float(opt.clip_norm)
     optimizer.weight_decay_exclude = opt.weight_decay_exclude
+    optimizer.l2_weight_decay = float(opt.get("l2_weight_decay", 0.0))
     return optimizer
 
 

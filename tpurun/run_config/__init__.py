@@ -93,8 +93,14 @@ class RunConfig:
     @property
     def needs_examples(self) -> bool:
         """Whether the run needs its training examples counted: it counts in epochs
-        (--train_epochs), or evaluates every epoch (--eval_every=epoch)."""
-        return bool(self.config.train.epochs) or self.config.train.eval_every == EPOCH
+        (--train_epochs), evaluates every epoch (--eval_every=epoch), or its optimizer
+        says a warmup or boundaries in epochs."""
+        config = self.config
+        return (
+            bool(config.train.epochs)
+            or config.train.eval_every == EPOCH
+            or recipe_keys.counts_epochs(config)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

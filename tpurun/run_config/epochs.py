@@ -12,6 +12,8 @@ import dataclasses
 import fractions
 import math
 
+import ml_collections
+
 from tpurun.run_config import RunConfig
 
 
@@ -62,3 +64,25 @@ def epoch_count(run: RunConfig) -> EpochCount | None:
         return None
     train = run.config.train
     return EpochCount(run.train_examples, train.batch_size * train.accumulate_steps, train.epochs)
+
+
+def resolve_epochs(config: ml_collections.ConfigDict, examples: int, per_step: int) -> None:
+    """Turns the optimizer recipes' epochs into steps, in place, for `examples` per epoch and
+    `per_step` examples per optimizer step, as --train_epochs becomes train.steps.
+
+    warmup_epochs E -> warmup_steps = the first step by which E epochs are done. A piecewise
+    boundary is the last step at the rate before it, so boundary_epochs E -> boundaries =
+    that first step minus one: the new rate starts once E epochs are done (resnet_main.py's
+    `current_epoch < start_epoch`). The epoch keys are cleared: the run's record holds the
+    steps they made, and a resumed run, which makes the same, compares equal.
+    """
+    for recipe in [config.optimizer, *(config.get("optimizers") or {}).values()]:
+        if recipe.get("warmup_epochs"):
+            recipe.warmup_steps = steps_for_epochs(recipe.warmup_epochs, examples, per_step)
+            recipe.warmup_epochs = 0.0
+        if recipe.get("boundary_epochs"):
+            recipe.boundaries = tuple(
+                steps_for_epochs(epochs, examples, per_step) - 1
+                for epochs in recipe.boundary_epochs
+            )
+            recipe.boundary_epochs = ()

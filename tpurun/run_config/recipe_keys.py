@@ -28,19 +28,25 @@ RECIPE_KEYS = (
     "base_batch_size",
     "schedule",
     "warmup_steps",
+    "warmup_epochs",
     "decay_steps",
     "decay_rate",
     "staircase",
     "boundaries",
+    "boundary_epochs",
     "multipliers",
     "alpha",
     "end_learning_rate",
     "momentum",
     "nesterov",
     "weight_decay",
+    "l2_weight_decay",
     "weight_decay_exclude",
     "clip_norm",
 )
+# Recipe keys in epochs and the keys in steps they become when the run's training
+# examples are counted (`resolve_epochs`): a recipe says each length in one of the two.
+EPOCH_KEYS = {"warmup_epochs": "warmup_steps", "boundary_epochs": "boundaries"}
 # Recipe keys that belong to one schedule: set (not at their default) with another
 # schedule they would be ignored, so that is an error.
 SCHEDULE_KEYS = {
@@ -48,6 +54,7 @@ SCHEDULE_KEYS = {
     "decay_rate": "exponential",
     "staircase": "exponential",
     "boundaries": "piecewise",
+    "boundary_epochs": "piecewise",
     "multipliers": "piecewise",
     "alpha": "cosine",
     "end_learning_rate": "linear",
@@ -157,6 +164,19 @@ def _validate_recipe(
     warmup = optimizer["warmup_steps"]
     if not _is_int(warmup) or warmup < 0:
         raise _fail(f"{prefix}.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
+    warmup_epochs = optimizer.get("warmup_epochs", 0.0)
+    if not is_number(warmup_epochs) or warmup_epochs < 0:
+        raise _fail(
+            f"{prefix}.warmup_epochs", warmup_epochs, "must be a number >= 0 (0 = no warmup)"
+        )
+    for epochs_key, steps_key in EPOCH_KEYS.items():
+        if optimizer.get(epochs_key) and optimizer[steps_key]:
+            raise _fail(
+                f"{prefix}.{epochs_key}",
+                optimizer[epochs_key],
+                f"and {prefix}.{steps_key}={optimizer[steps_key]!r} both say where it is: "
+                "give one (in epochs, the steps are counted when the run starts)",
+            )
     if warmup and train_steps is not None and warmup >= train_steps:
         raise _fail(
             f"{prefix}.warmup_steps",
@@ -189,6 +209,9 @@ def _validate_recipe(
     weight_decay = optimizer["weight_decay"]
     if not is_number(weight_decay) or weight_decay < 0:
         raise _fail(f"{prefix}.weight_decay", weight_decay, "must be a number >= 0 (0 = none)")
+    l2 = optimizer.get("l2_weight_decay", 0.0)
+    if not is_number(l2) or l2 < 0:
+        raise _fail(f"{prefix}.l2_weight_decay", l2, "must be a number >= 0 (0 = none)")
     if name in NEEDS_WEIGHT_DECAY and not weight_decay:
         raise _fail(
             f"{prefix}.weight_decay",
@@ -232,14 +255,27 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str, prefix: str)
             raise _fail(f"{prefix}.staircase", optimizer["staircase"], "must be true or false")
     elif schedule == "piecewise":
         boundaries, multipliers = tuple(optimizer["boundaries"]), tuple(optimizer["multipliers"])
-        if not all(_is_int(b) and b > 0 for b in boundaries) or any(
+        in_epochs = tuple(optimizer.get("boundary_epochs", ()))
+        if in_epochs:
+            if not all(is_number(b) and b > 0 for b in in_epochs) or any(
+                a >= b for a, b in zip(in_epochs, in_epochs[1:], strict=False)
+            ):
+                raise _fail(
+                    f"{prefix}.boundary_epochs",
+                    in_epochs,
+                    "must be increasing epochs > 0, e.g. (30, 60, 80)",
+                )
+            boundaries, what = in_epochs, "boundary_epochs"
+        elif not all(_is_int(b) and b > 0 for b in boundaries) or any(
             a >= b for a, b in zip(boundaries, boundaries[1:], strict=False)
         ):
             raise _fail(
                 f"{prefix}.boundaries",
                 boundaries,
-                "must be increasing step numbers > 0, e.g. (30000, 60000)",
+                "must be increasing step numbers > 0, e.g. (30000, 60000) (or boundary_epochs)",
             )
+        else:
+            what = "boundaries"
         if len(multipliers) != len(boundaries) + 1 or not all(
             is_number(m) and m >= 0 for m in multipliers
         ):
@@ -247,7 +283,7 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str, prefix: str)
                 f"{prefix}.multipliers",
                 multipliers,
                 f"must be {len(boundaries) + 1} numbers >= 0, one more than the "
-                f"{len(boundaries)} boundaries (factors of learning_rate, e.g. (1.0, 0.1, 0.01))",
+                f"{len(boundaries)} {what} (factors of learning_rate, e.g. (1.0, 0.1, 0.01))",
             )
     elif schedule == "cosine":
         alpha = optimizer["alpha"]
@@ -261,3 +297,10 @@ def _validate_schedule(optimizer: Mapping[str, Any], schedule: str, prefix: str)
         end = optimizer["end_learning_rate"]
         if not is_number(end) or end < 0:
             raise _fail(f"{prefix}.end_learning_rate", end, "must be a number >= 0")
+
+
+def counts_epochs(config: Mapping[str, Any]) -> bool:
+    """Whether a recipe of `config` says a length in epochs (warmup_epochs, boundary_epochs):
+    the run then needs its training examples counted, as for --train_epochs."""
+    recipes = [config["optimizer"], *(config.get("optimizers") or {}).values()]
+    return any(recipe.get(key) for recipe in recipes for key in EPOCH_KEYS)

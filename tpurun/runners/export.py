@@ -7,6 +7,7 @@ into place, so a failed or killed export never leaves a half-written SavedModel.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -20,8 +21,9 @@ from tpurun.runners import restore
 from tpurun.storage import checkpoints
 
 
-def serving_input_spec(model: Model):
-    """The model's serving inputs; named after the features so clients can pass them by name."""
+def serving_signatures(model: Model) -> dict[str, Any]:
+    """The model's signatures and their inputs, each input named after its feature so that
+    clients can pass them by name."""
     params = InputParams(
         batch_size=1,
         global_batch_size=1,
@@ -31,10 +33,17 @@ def serving_input_spec(model: Model):
         seed=0,
     )
     predict_spec = model.input_fn(Mode.PREDICT, params).element_spec
-    spec = model.serving_input_spec(predict_spec)
-    if isinstance(spec, dict):
-        spec = {k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in spec.items()}
-    return spec
+    signatures = {}
+    for name, spec in model.serving_signatures(predict_spec).items():
+        if isinstance(spec, dict):
+            spec = {k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in spec.items()}
+        signatures[name] = spec
+    return signatures
+
+
+def serving_input_spec(model: Model) -> Any:
+    """The inputs of the model's serving_default signature."""
+    return serving_signatures(model)["serving_default"]
 
 
 def target_dir(run: RunConfig) -> str:
@@ -75,15 +84,16 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     # variables so that TF1-style loaders (saved_model_cli, TF Serving) find them.
     archive = keras.export.ExportArchive()
     archive.track(keras_model)
-    archive.add_endpoint(
-        "serving_default",
-        # Predictions in float32 whatever the compute dtype: a bfloat16-trained model
-        # serves the same signature as a float32 one.
-        lambda inputs: model.predictions(
-            precision.float32(keras_model(model.serving_features(inputs), training=False))
-        ),
-        input_signature=[serving_input_spec(model)],
-    )
+    for name, spec in serving_signatures(model).items():
+        archive.add_endpoint(
+            name,
+            # Predictions in float32 whatever the compute dtype: a bfloat16-trained model
+            # serves the same signature as a float32 one.
+            lambda inputs: model.predictions(
+                precision.float32(keras_model(model.serving_features(inputs), training=False))
+            ),
+            input_signature=[spec],
+        )
     final = target_dir(run)
     tmp = storage.temporary_path(final)
     try:

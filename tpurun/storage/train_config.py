@@ -23,8 +23,8 @@ from absl import logging
 from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, bounds, recipe_keys
-from tpurun.run_config.epochs import steps_for_epochs
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, EPOCH, RunConfig, bounds, recipe_keys
+from tpurun.run_config.epochs import resolve_epochs, steps_for_epochs
 from tpurun.storage import records
 
 FILE = "train_config.json"
@@ -275,7 +275,13 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
             recorded,
         )
     examples = recorded or examples
-    why = f"--train_epochs={config.train.epochs:g}" if config.train.epochs else "--eval_every=epoch"
+    why = (
+        f"--train_epochs={config.train.epochs:g}"
+        if config.train.epochs
+        else "--eval_every=epoch"
+        if config.train.eval_every == EPOCH
+        else "the optimizer's warmup_epochs or boundary_epochs"
+    )
     if not examples:
         raise UsageError(
             f"{why} needs the number of training examples, and {run.config_name}'s model has "
@@ -283,10 +289,14 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
             "config (or pass --config.data.train_examples=N if it has the key), or count in "
             "--train_steps"
         )
-    if not config.train.epochs:
-        return dataclasses.replace(run, train_examples=examples)
     train = config.train
     per_step = train.batch_size * train.accumulate_steps
+    with_steps = ml_collections.ConfigDict(config.to_dict())
+    resolve_epochs(with_steps, examples, per_step)
+    if not config.train.epochs:
+        return dataclasses.replace(
+            run, config=ml_collections.FrozenConfigDict(with_steps), train_examples=examples
+        )
     steps = steps_for_epochs(train.epochs, examples, per_step)
     if steps > bounds.MAX_STEPS:
         raise UsageError(
@@ -301,7 +311,6 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
         examples,
         per_step,
     )
-    with_steps = ml_collections.ConfigDict(config.to_dict())
     with_steps.train.steps = steps
     try:  # validated again, now with its steps (a warmup must end before them)
         return dataclasses.replace(

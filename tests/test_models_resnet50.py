@@ -1,0 +1,317 @@
+"""resnet50 (configs/resnet50.py's cpu variant) on synthetic JPEGs in imagenet_to_gcs's format.
+
+One training of the module (in-process, 35 steps of 32 at 32x32: 5 host loops of 7,
+one trace), evaluated, predicted and exported once; a SIGKILLed run of the same flags
+resumed to the same weights, bit for bit. The input's keyed crops are checked
+without training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import OFFLINE_ENV, assert_ok, tpurun_in_process
+from synthetic_jpegs import TRAIN, VALIDATION, prepare_imagenet2012, write_imagenet, write_split
+from test_resume import assert_bit_identical, group_survivors
+from tpurun.models import imagenet_records, resnet_preprocessing
+
+from tpurun import datasets
+from tpurun import model as model_lib
+from tpurun.model import InputParams, Mode
+from tpurun.run_config import config_files
+
+pytestmark = pytest.mark.slow
+
+STEPS = 35
+# A save every 7 steps: the resumed run starts inside an epoch (10 steps of 32 examples).
+CONFIG = "--config=resnet50:cpu"
+TRAINED = (CONFIG, f"--train_steps={STEPS}", "--iterations=7", "--save_checkpoints_steps=7")
+LOCAL = ("--use_tpu=false",)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_imagenet(tmp_path_factory.mktemp("imagenet"))
+
+
+@pytest.fixture(scope="module")
+def validation(data) -> tuple[list[bytes], np.ndarray]:
+    """The validation JPEGs and classes 0..9, in file order (written again: the same)."""
+    return write_split(data.parent / "again", "validation", VALIDATION, 2, seed=2)
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> dict:
+    """The module's training, then eval, predict and export."""
+    root = tmp_path_factory.mktemp("resnet50")
+    model_dir = root / "model"
+    where = (f"--data_dir={data}", f"--model_dir={model_dir}")
+    runs = {"model_dir": model_dir}
+    runs["train"] = assert_ok(tpurun_in_process("train", *TRAINED, *where, *LOCAL))
+    common = (CONFIG, *where)
+    runs["eval"] = assert_ok(tpurun_in_process("eval", *common, *LOCAL))
+    results = model_dir / "eval" / "validation" / f"results-{STEPS}.json"
+    runs["results"] = json.loads(results.read_text())
+    predictions = root / "predictions.jsonl"
+    assert_ok(tpurun_in_process("predict", *common, *LOCAL, f"--output={predictions}"))
+    runs["rows"] = [json.loads(line) for line in predictions.read_text().splitlines()]
+    runs["export"] = root / "export"
+    assert_ok(tpurun_in_process("export", *common, f"--export_dir={runs['export']}"))
+    return runs
+
+
+def test_it_trains_in_bfloat16_and_learns_the_classes(trained):
+    log = trained["train"].stderr
+    assert f"step {STEPS}/{STEPS}" in log
+    assert trained["results"]["top_1_accuracy"] >= 0.5, trained["results"]  # chance: 0.1
+
+
+def test_eval_counts_every_validation_image_once(trained, validation):
+    """90 images in batches of 32: the last one padded with 6 rows, none of them counted:
+    the accuracy is that of predict's 90 rows."""
+    assert f"({VALIDATION} examples)" in trained["eval"].stdout
+    _, labels = validation
+    predicted = np.array([row["class_ids"] for row in trained["rows"]])
+    exact = float(np.mean(predicted == labels))
+    assert trained["results"]["top_1_accuracy"] == pytest.approx(exact, abs=1e-6)
+    assert trained["results"]["top_5_accuracy"] >= exact
+
+
+def test_predict_writes_one_row_per_validation_image_in_order(trained, validation):
+    rows = trained["rows"]
+    assert len(rows) == VALIDATION
+    assert all(abs(sum(row["probabilities"]) - 1) < 1e-4 for row in rows)
+    assert all(len(row["probabilities"]) == 10 for row in rows)
+
+
+def test_the_export_classifies_jpeg_bytes_as_predict_does(trained, validation):
+    jpegs, _ = validation
+    loaded = tf.saved_model.load(str(trained["export"]))
+    assert set(loaded.signatures) == {"serving_default", "serving_images"}
+    served = loaded.signatures["serving_default"](image_bytes=tf.constant(jpegs))
+    rows = trained["rows"]
+    assert served["class_ids"].numpy().tolist() == [row["class_ids"] for row in rows]
+    np.testing.assert_allclose(
+        served["probabilities"].numpy(), [row["probabilities"] for row in rows], atol=1e-5
+    )
+    # The decoded-image signature, given the eval crops, serves the same.
+    crops = tf.stack([resnet_preprocessing.eval_image(jpeg, 32) for jpeg in jpegs[:8]])
+    images = loaded.signatures["serving_images"](image=crops)
+    assert images["class_ids"].numpy().tolist() == served["class_ids"].numpy().tolist()[:8]
+
+
+# --- the same from TFDS's imagenet2012 -----------------------------------------------------
+
+TFDS_STEPS = 14
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("tfds")
+    prepare_imagenet2012(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def from_tfds(tfds_dir, tmp_path_factory) -> dict:
+    """Trained, evaluated, predicted and exported from TFDS's imagenet2012 by name."""
+    root = tmp_path_factory.mktemp("resnet50-tfds")
+    where = (
+        "--config.data.tfds_name=imagenet2012",
+        f"--config.data.tfds_data_dir={tfds_dir}",
+        f"--model_dir={root / 'model'}",
+    )
+    length = (f"--train_steps={TFDS_STEPS}", "--iterations=7")
+    runs = {"train": assert_ok(tpurun_in_process("train", CONFIG, *length, *where, *LOCAL))}
+    runs["eval"] = assert_ok(tpurun_in_process("eval", CONFIG, *where, *LOCAL))
+    output = root / "predictions.jsonl"
+    assert_ok(tpurun_in_process("predict", CONFIG, *where, *LOCAL, f"--output={output}"))
+    runs["rows"] = [json.loads(line) for line in output.read_text().splitlines()]
+    runs["export"] = root / "export"
+    assert_ok(tpurun_in_process("export", CONFIG, *where, f"--export_dir={runs['export']}"))
+    return runs
+
+
+def test_tfds_trains_evaluates_every_image_once_predicts_and_exports(from_tfds):
+    assert f"step {TFDS_STEPS}/{TFDS_STEPS}" in from_tfds["train"].stderr
+    assert f"({VALIDATION} examples)" in from_tfds["eval"].stdout
+    rows = from_tfds["rows"]
+    assert len(rows) == VALIDATION and all(len(row["probabilities"]) == 10 for row in rows)
+
+
+def test_the_tfds_export_classifies_the_splits_jpegs_as_predict_does(from_tfds, tfds_dir):
+    """The validation split's JPEGs, read by name in predict's order (tpurun.datasets)."""
+    import tensorflow_datasets as tfds
+
+    data = config_files.load(config_files.resolve("resnet50:cpu")).data
+    data.tfds_name, data.tfds_data_dir = "imagenet2012", str(tfds_dir)
+    params = InputParams(1, 1, 1, 0, 1, seed=0)
+    examples = datasets.tfds_examples(
+        data,
+        "validation",
+        params,
+        shuffle_files=False,
+        decoders={"image": tfds.decode.SkipDecoding()},
+    )
+    jpegs = [example["image"] for example in examples.as_numpy_iterator()]
+    serving = tf.saved_model.load(str(from_tfds["export"])).signatures["serving_default"]
+    served = serving(image_bytes=tf.constant(jpegs))["class_ids"].numpy().tolist()
+    assert served == [row["class_ids"] for row in from_tfds["rows"]]
+
+
+# --- keyed crops and a stream that seeks -------------------------------------------------
+
+
+def stream(
+    data: Path,
+    start_batch: int,
+    batches: int,
+    pipelines: int = 1,
+    pipeline: int = 0,
+    tfds: bool = False,
+):
+    """`batches` training batches of 32 (float32) from `start_batch`, as input_fn makes them
+    (from the TFRecords in `data`, or `tfds`: from TFDS's imagenet2012 prepared in `data`)."""
+    config = config_files.load(config_files.resolve("resnet50:cpu"))
+    if tfds:
+        config.data.tfds_name = "imagenet2012"
+        config.data.tfds_data_dir = str(data)
+    else:
+        config.data.data_dir = str(data)
+    config.precision = "float32"
+    model = model_lib.create(config)
+    params = InputParams(
+        batch_size=32,
+        global_batch_size=32 * pipelines,
+        num_replicas=pipelines,
+        input_pipeline_id=pipeline,
+        num_input_pipelines=pipelines,
+        seed=config.seed,
+        start_batch=start_batch,
+    )
+    dataset = model.input_fn(Mode.TRAIN, params).take(batches)
+    return [(f["image"].numpy(), labels.numpy()) for f, labels in dataset]
+
+
+@pytest.mark.parametrize(
+    "source, pipelines, pipeline", [("tfrecords", 1, 0), ("tfrecords", 2, 1), ("tfds", 1, 0)]
+)
+def test_a_stream_started_at_batch_n_is_the_stream_from_0_from_batch_n(
+    data, tfds_dir, source, pipelines, pipeline
+):
+    """Across an epoch's end (10 batches an epoch on one pipeline, 5 on each of two), to
+    the bit: the files, the records and the crops of a resumed run are an uninterrupted one's."""
+    where, tfds = (tfds_dir, True) if source == "tfds" else (data, False)
+    whole = stream(where, 0, 14, pipelines, pipeline, tfds)
+    for start in (3, 12):
+        resumed = stream(where, start, 2, pipelines, pipeline, tfds)
+        for (image, label), (expected_image, expected_label) in zip(
+            resumed, whole[start : start + 2], strict=True
+        ):
+            np.testing.assert_array_equal(image, expected_image)
+            np.testing.assert_array_equal(label, expected_label)
+
+
+def test_every_epoch_has_every_image_once_in_a_new_order_with_new_crops(data):
+    one_epoch = TRAIN // 32
+    batches = stream(data, 0, 2 * one_epoch)
+    first, second = batches[:one_epoch], batches[one_epoch:]
+    labels = [np.concatenate([b[1] for b in epoch]) for epoch in (first, second)]
+    assert sorted(labels[0]) == sorted(labels[1]) == sorted(np.arange(TRAIN) % 10)
+    assert not np.array_equal(labels[0], labels[1])
+    # Random crops and flips: no two images of an epoch alike (each image is drawn anew).
+    images = np.concatenate([b[0] for b in first])
+    assert len({image.tobytes() for image in images}) == TRAIN
+    assert images.min() >= -30 and images.max() <= 285  # [0, 255], bicubic overshoots a little
+
+
+def test_the_eval_crop_is_the_centre_224_256_of_the_shorter_side():
+    image = np.zeros((256, 320, 3), np.uint8)
+    image[16:240, 48:272] = 255  # the centre 224 x 224 square of the shorter side
+    crop = resnet_preprocessing.eval_image(tf.io.encode_jpeg(image, quality=100), 224).numpy()
+    assert crop.shape == (224, 224, 3)
+    assert crop[2:-2, 2:-2].min() > 240  # inside the square (JPEG and bicubic blur the edge)
+
+
+def test_a_bad_record_is_named_with_its_file_and_fix(tmp_path):
+    path = tmp_path / "train-00000-of-00001"
+    good = write_split(tmp_path / "ok", "train", 2, 1, seed=3)[0][0]
+    example = tf.train.Example()
+    example.features.feature["image/encoded"].bytes_list.value.append(good)
+    example.features.feature["image/class/label"].int64_list.value.append(0)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(example.SerializeToString())
+    said = imagenet_records.find_bad_record([str(path)], Mode.TRAIN, 10)
+    assert said.startswith(f"data file {path}, record 1: label 0 is not a class 1..10"), said
+
+
+# --- SIGKILL, then resume ---------------------------------------------------------------
+
+
+def test_sigkill_then_resume_with_the_jpeg_pipeline_is_bit_identical(trained, data, tmp_path):
+    """A trainer of its own process, killed (SIGKILL) once a checkpoint inside the second
+    epoch is saved, resumed in this process: the weights of the uninterrupted run."""
+    common = (*TRAINED, *LOCAL, f"--data_dir={data}", f"--model_dir={tmp_path}")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "train", *common],
+        env={**os.environ, **OFFLINE_ENV},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: what it started is found by it
+    )
+    assert process.stderr is not None
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        saved = re.search(r"Saved checkpoint \S+ckpt-(\d+)\.", line)
+        if saved and int(saved.group(1)) >= 14:
+            process.send_signal(signal.SIGKILL)
+            break
+    assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
+    assert not group_survivors(process), "the killed trainer left a process behind"
+    resumed = assert_ok(tpurun_in_process("train", *common)).stderr
+    start = int(re.search(r"Resuming from \S+ \(step (\d+)\)", resumed).group(1))
+    assert start % 10, f"resumed at {start}, an epoch's end: the test wants one inside an epoch"
+    assert_bit_identical(tmp_path / f"ckpt-{STEPS}", trained["model_dir"] / f"ckpt-{STEPS}")
+
+
+# --- tpurun check of the full-size model on a v5e-8, by the TPU's own compiler -----------
+
+
+@pytest.mark.full_size
+@pytest.mark.timeout(3600)
+def test_check_sizes_the_full_model_on_a_v5e_8_with_the_tpu_compiler(data, tmp_path):
+    """224x224, global batch 1024 (128 per replica), the recipe's 90 epochs: every step
+    compiled by the TPU compiler for a v5e, fits a replica, and is bounded in time."""
+    report = tmp_path / "report.json"
+    result = tpurun_in_process(
+        "check",
+        "--config=resnet50",
+        "--target=v5e-8",
+        f"--data_dir={data}",
+        f"--report={report}",
+    )
+    text = result.stdout
+    assert text.startswith(
+        "Memory per replica on a v5litepod-8: 8 replicas with 16 GB of HBM each (compiled "
+        "by the TPU compiler"
+    ), text + result.stderr[-3000:]
+    assert "XLA's CPU estimate" not in text, text  # no step fell back
+    steps = json.loads(report.read_text())["steps"]
+    assert set(steps) == {"train", "eval", "predict"}
+    for step in steps.values():
+        assert step["batch_per_replica"] == 128 and step["fits"], step
+    (training,) = [line for line in text.splitlines() if line.startswith("Training, at least")]
+    assert training.startswith("Training, at least: 112603 steps (--train_epochs=90) take "), (
+        training
+    )
