@@ -147,7 +147,7 @@ def test_the_recipe_in_epochs_is_resnet_mains_schedule_step_by_step(tmp_path):
     optimizer = built(resolved.config, [keras.Variable([1.0])], global_batch_size=1024)
     changes = [s + d for s in (0, 6256, 37534, 75068, 100091) for d in (-1, 0, 1, 2)]
     for step in [s for s in changes if s >= 0] + [3000, 112_589]:
-        ours = optimization.learning_rate_at(optimizer, step)
+        ours = float(optimization.learning_rate_at(optimizer, step))
         # The warmup ends at step 6256, resnet_main's at 6255.70: 5e-5 apart in its slope.
         assert ours == pytest.approx(resnet_main_rate(step), rel=1e-4 if step < 6256 else 1e-6), (
             step
