@@ -23,7 +23,7 @@ from absl import logging
 from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, bounds, recipe_keys
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, bounds, recipe_keys, trained_keys
 from tpurun.run_config.epochs import steps_for_epochs
 from tpurun.storage import records
 
@@ -160,27 +160,33 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
 
 
 def check_same_model(run: RunConfig) -> None:
-    """Fails, before any restore, when model_dir was trained with a config of another model;
-    warns when it kept moving averages this config does not read."""
+    """Fails, before any restore, when model_dir was trained with a config of another model."""
+    _check_model(run, read(run))
+
+
+def for_serving(run: RunConfig) -> tuple[RunConfig, tuple[trained_keys.Difference, ...]]:
+    """eval, predict and export: `run` with the model its checkpoints were trained as (the
+    trained config's model keys, `tpurun.run_config.trained_keys`), and the model keys
+    the command line changed. Fails first, as `check_same_model`, for another model's
+    model_dir; `run` as it is when model_dir keeps no record (a tpurun before 0.2)."""
     recorded = read(run)
     _check_model(run, recorded)
-    if recorded is not None:
-        _warn_of_unread_averages(run, recorded[1])
-
-
-def _warn_of_unread_averages(run: RunConfig, trained: dict[str, Any]) -> None:
-    """eval, predict and export read the moving averages only when their config has
-    train.ema_decay: said, or a run trained with an override silently serves raw weights."""
-    decay = _flatten(trained).get("train.ema_decay")
-    if run.config.train.ema_decay or not isinstance(decay, (int, float)) or not decay:
-        return
-    logging.warning(
-        "%s was trained with config.train.ema_decay=%g, but this config has none: using "
-        "the raw weights; pass --config.train.ema_decay=%g to use their moving averages.",
-        run.model_dir,
-        decay,
-        decay,
-    )
+    if recorded is None:
+        return run, ()
+    served = trained_keys.serve(run.config, _with_new_defaults(recorded[1]), run.given_keys)
+    if served.taken:
+        logging.info(
+            "The model as trained (%s/%s): %s; --config.<key>=<value> overrides one.",
+            run.model_dir,
+            FILE,
+            ", ".join(d.shown("the config file:") for d in served.taken),
+        )
+    if served.overridden:
+        logging.info(
+            "Overriding the config the checkpoints were trained with: %s.",
+            ", ".join(d.shown("given:") for d in served.overridden),
+        )
+    return dataclasses.replace(run, config=served.config), served.overridden
 
 
 def _check_model(run: RunConfig, recorded: tuple[str | None, dict[str, Any]] | None) -> None:
