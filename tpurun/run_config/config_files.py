@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from tpurun.errors import UsageError
+from tpurun.errors import UsageError, user_code
 
 BUILTIN_PACKAGE = "tpurun.configs"
 
@@ -161,9 +161,7 @@ def load(source: ConfigSource) -> ml_collections.ConfigDict:
     except UsageError:
         raise
     except Exception as e:  # A user's file: any error is theirs to fix, shown in one line.
-        raise UsageError(
-            f"config file {source.path} failed to load: {type(e).__name__}: {e}"
-        ) from None
+        raise UsageError(user_code.config_failure(source.path, e)) from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise UsageError(
             f"get_config() in {source.path} returned {type(config).__name__}; "
