@@ -376,9 +376,11 @@ def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:
             f"{cluster.num_workers} workers) and run it once"
         )
     output = run.config.predict.output
-    if output:
-        storage.require_bucket(output, "--output")  # before predicting, not after
-    rows = list(Predictor(run, cluster, model).predict(chosen_checkpoint(run)))
+    predictor = Predictor(run, cluster, model)
+    if output:  # before predicting, not after
+        storage.require_bucket(output, "--output")
+        predictor.check_output(output)
+    rows = list(predictor.predict(chosen_checkpoint(run), output))
     if output:
         print(write_rows(output, rows))  # JSON lines, .npz or a .png grid, by its extension
         return

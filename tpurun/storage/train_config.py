@@ -33,6 +33,9 @@ NAME_KEY = "__config_name__"
 # The training examples an epoch counted (a run counted in epochs, or evaluating every
 # epoch): a resumed run counts in them, whatever its data now hold.
 EXAMPLES_KEY = "__train_examples__"
+# How the device-data host loops timed (config.train.xla="auto" chose the faster by
+# them): a resumed run runs the loop its checkpoints were trained with.
+LOOP_TIMES_KEY = "__loop_times__"
 
 # Config keys a resumed run may change: how long, how often and from where, not the
 # model, its optimizer, the seed or the batch size. The learning rate and train.steps
@@ -122,11 +125,14 @@ def _with_new_defaults(recorded: dict) -> dict:
     return nested
 
 
-def write(run: RunConfig) -> None:
-    """Records the config the checkpoints in model_dir are trained with (atomically)."""
+def write(run: RunConfig, loop_times: dict[str, Any] | None = None) -> None:
+    """Records the config the checkpoints in model_dir are trained with (atomically), and
+    the loop times its host loop was chosen by, if it was (`recorded_loop_times`)."""
     record = {**run.config.to_dict(), NAME_KEY: run.config_name}
     if run.train_examples:
         record[EXAMPLES_KEY] = run.train_examples
+    if loop_times:
+        record[LOOP_TIMES_KEY] = loop_times
     storage.write_atomically(
         storage.join(run.model_dir, FILE),
         json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
@@ -156,6 +162,7 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
         ) from None
     name = record.pop(NAME_KEY, None)  # tpurun 0.2 recorded the config alone
     record.pop(EXAMPLES_KEY, None)  # not a config key: `recorded_examples`
+    record.pop(LOOP_TIMES_KEY, None)  # nor this: `recorded_loop_times`
     return (name if isinstance(name, str) else None), record
 
 
@@ -317,10 +324,20 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
 
 def recorded_examples(run: RunConfig) -> int | None:
     """The training examples model_dir's epochs counted, if its record kept them."""
+    examples = _recorded(run, EXAMPLES_KEY)
+    return examples if isinstance(examples, int) and examples > 0 else None
+
+
+def recorded_loop_times(run: RunConfig) -> dict[str, Any] | None:
+    """The device-data loop times model_dir's record kept (`write`), if it kept them."""
+    times = _recorded(run, LOOP_TIMES_KEY)
+    return times if isinstance(times, dict) else None
+
+
+def _recorded(run: RunConfig, key: str) -> Any:
     path = storage.join(run.model_dir, FILE)
     try:
         record = records.read_json(path)
     except records.DamagedRecord:
         return None  # said where the record is read for the resume (check_resume)
-    examples = record.get(EXAMPLES_KEY) if isinstance(record, dict) else None
-    return examples if isinstance(examples, int) and examples > 0 else None
+    return record.get(key) if isinstance(record, dict) else None
