@@ -125,7 +125,7 @@ def test_load_passes_the_arg_and_finds_modules_beside_the_file(tmp_path, monkeyp
             "def get_config():\n"
             "    config = config_defaults.base_config(model='iris')\n"
             "    config.seeds = config.sed\n",
-            "AttributeError: 'sed' Did you mean \"seed\" instead of \"sed\"?",
+            'AttributeError: \'sed\' Did you mean "seed" instead of "sed"?',
         ),
     ],
     ids=[
