@@ -71,21 +71,35 @@ class LoopParts:
 # runs of one model could choose differently (the two loops round sums differently, so
 # their weights would differ in the last bits); XLA was the loop before the timing.
 PLAIN_MARGIN = 1.3
+# An XLA-compiled step faster than this keeps XLA without the plain loop being compiled or
+# timed: what it saves, dispatching the step's ops one by one, outweighs any kernel of
+# such a step (Iris: 0.06 ms a step with XLA against 0.32 ms without; the slowest XLA step
+# the plain loop beat, a WGAN-GP of 512-unit layers, took 30 ms: docs/benchmarks.md).
+# Below it the choice does not depend on the machine's load either, so two fresh runs of
+# a small model train the same weights.
+TINY_STEP_S = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopTimes:
-    """The device-data loops timed on the same state: seconds per step of each."""
+    """The device-data loops timed on the same state (seconds per step of each), and the
+    loop chosen by them (`measured`): kept as chosen, so that a resumed run runs it even
+    where the rule would now choose otherwise."""
 
-    plain: float
+    plain: float | None  # None: not timed, XLA's step is tiny (TINY_STEP_S)
     xla: float | None  # None: XLA could not compile the step (`xla_error` says why)
     steps: int  # per timed call
+    use_xla: bool
     xla_error: str = ""
 
-    @property
-    def use_xla(self) -> bool:
-        """XLA, unless it failed or takes PLAIN_MARGIN times the plain loop's time or more."""
-        return self.xla is not None and self.xla < PLAIN_MARGIN * self.plain
+    @classmethod
+    def measured(
+        cls, plain: float | None, xla: float | None, steps: int, xla_error: str = ""
+    ) -> LoopTimes:
+        """The times, and the loop they choose: XLA, unless it failed or takes PLAIN_MARGIN
+        times the plain loop's time or more."""
+        use_xla = xla is not None and (plain is None or xla < PLAIN_MARGIN * plain)
+        return cls(plain, xla, steps, use_xla, xla_error)
 
     def as_record(self) -> dict[str, Any]:
         """What model_dir/train_config.json keeps of it: a resumed run runs the same loop."""
@@ -94,19 +108,34 @@ class LoopTimes:
     @classmethod
     def from_record(cls, record: Any) -> LoopTimes | None:
         """The times a record kept; None if it kept none, or not in this form."""
+        if not isinstance(record, dict):
+            return None
         try:
             times = cls(**record)
         except TypeError:
             return None
-        plain, xla = times.plain, times.xla
-        valid = isinstance(plain, float) and (xla is None or isinstance(xla, float))
-        return times if valid and isinstance(times.steps, int) else None
+        timed = [t for t in (times.plain, times.xla) if t is not None]
+        valid = (
+            all(isinstance(t, float) and t > 0 for t in timed)
+            and isinstance(times.steps, int)
+            and isinstance(times.use_xla, bool)
+            and isinstance(times.xla_error, str)
+            and (times.xla is not None or not times.use_xla)  # XLA's only if it compiled
+            and (bool(timed) or bool(times.xla_error))  # neither timed: XLA failed
+        )
+        return times if valid else None
 
     def shown(self) -> str:
         """Why this loop: `1.2 ms a step with XLA against 3.4 ms without (2.8x faster), timed
         on 100 steps each`."""
         if self.xla is None:
             return f"XLA could not compile the step ({self.xla_error})"
+        if self.plain is None:
+            return (
+                f"{_duration(self.xla)} a step with XLA, timed on {self.steps} step"
+                f"{'s' * (self.steps > 1)}: under {_duration(TINY_STEP_S)}, faster than "
+                "its ops dispatched one by one"
+            )
         ratio = self.plain / self.xla
         how = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
         if not self.use_xla:
@@ -201,26 +230,28 @@ class DeviceLoop:
         self.position += num_steps
         return result
 
-    def time_both(self, max_steps: int) -> LoopTimes:
-        """Times the plain and the XLA-compiled loop on this model's step and runs XLA's from
-        then on unless the plain one is clearly faster (`LoopTimes.use_xla`; both are
-        compiled already); the state is put back as it was, bit for bit.
+    def time_both(self) -> LoopTimes:
+        """Times the XLA-compiled and the plain loop on this model's step and runs XLA's from
+        then on unless the plain one is clearly faster (`LoopTimes.measured`; the loop
+        chosen is compiled already, never twice); the state is put back as it was, bit
+        for bit.
 
         Both loops run the same steps from the same state: every variable a loop call may
         write (it captures them: weights, optimizer slots and counts, the global step,
         Keras' seed generators, a user's own) is copied first and assigned back after,
         and the data position does not move, so the run's first real loop starts where it
-        would have. A run that times both trains the weights a run forcing the faster one
-        does. Calls of as many steps as take the plain loop 0.1 s (at most `max_steps`,
-        the run's host loop), taking turns until both ran 0.5 s or one is clearly 2x the
-        other: beyond the two compiles, a second, or a few steps of a slow model.
+        would have: a run that times both trains the weights a run forcing the faster one
+        does. XLA's loop is compiled and timed first: a step under TINY_STEP_S keeps it,
+        the plain loop never compiled. Else calls of as many steps as take 0.05 s, taking
+        turns until both ran 0.5 s or one is clearly 2x the other: beyond the compiles,
+        a second, or a few steps of a slow model.
         """
         first = tf.constant(self.position, tf.int64)
         plain, xla = self._function(False), self._function(True)
-        state = self._state(plain.get_concrete_function(first, tf.constant(0)))
+        state = self._state(xla.get_concrete_function(first, tf.constant(0)))
         saved = [tf.raw_ops.DeepCopy(x=variable.read_value()) for variable in state]
         try:
-            times = self._time(plain, xla, first, max_steps)
+            times = self._time(plain, xla, first)
         finally:
             for variable, value in zip(state, saved, strict=True):
                 variable.assign(value, read_value=False)
@@ -233,23 +264,14 @@ class DeviceLoop:
         data = {id(v) for v in tf.nest.flatten(self.data.values)}
         return [v for v in traced.variables if id(v) not in data]
 
-    def _time(self, plain: Any, xla: Any, first: tf.Tensor, max_steps: int) -> LoopTimes:
+    def _time(self, plain: Any, xla: Any, first: tf.Tensor) -> LoopTimes:
         def timed(loop: Any, steps: int) -> float:
             start = time.perf_counter()
             loop(first, tf.constant(steps)).step.numpy()  # reading one waits for the loop
             return time.perf_counter() - start
 
         name = f"the host loop of {self.parts.model_name}'s train_step"
-        purpose = " (to time it against the other, then train with the faster)"
-        with announced(f"Compiling {name} without XLA{purpose}", f"Compiled {name} without XLA"):
-            timed(plain, 0)
-        # As many steps as make a call 0.1 s, up to a host loop's: fewer, and the call's own
-        # overhead (milliseconds, XLA's larger) would be timed instead of the steps.
-        steps = 1
-        while (seconds := min(timed(plain, steps), timed(plain, steps))) < 0.1:
-            if steps >= max_steps:
-                break
-            steps = min(max_steps, 4 * steps)
+        purpose = " (to time it, then train with the faster loop)"
         try:
             with announced(f"Compiling {name} with XLA{purpose}", f"Compiled {name} with XLA"):
                 timed(xla, 0)
@@ -260,8 +282,19 @@ class DeviceLoop:
                 self.parts.model_name,
                 failed,
             )
-            return LoopTimes(seconds / steps, None, steps, failed)
-        plains, xlas = [seconds], [timed(xla, steps)]
+            with announced(f"Compiling {name}", f"Compiled {name}"):
+                timed(plain, 0)
+            return LoopTimes.measured(None, None, 0, failed)
+        # As many steps as make a call 0.05 s (the steps wrap around the data's order):
+        # fewer, and the call's own overhead (milliseconds) would be timed, not the steps.
+        steps = 1
+        while (seconds := min(timed(xla, steps), timed(xla, steps))) < 0.05 and steps < 2**14:
+            steps *= 8
+        if seconds / steps < TINY_STEP_S:
+            return LoopTimes.measured(None, seconds / steps, steps)
+        with announced(f"Compiling {name} without XLA{purpose}", f"Compiled {name} without XLA"):
+            timed(plain, 0)
+        xlas, plains = [seconds], [timed(plain, steps)]
         while len(xlas) < 5:
             # Taking turns, the machine's load falls on both alike; the fastest of each
             # counts. A ratio 2x away from the margin is clear after two rounds, or after
@@ -272,7 +305,7 @@ class DeviceLoop:
                 break
             plains.append(timed(plain, steps))
             xlas.append(timed(xla, steps))
-        return LoopTimes(min(plains) / steps, min(xlas) / steps, steps)
+        return LoopTimes.measured(min(plains) / steps, min(xlas) / steps, steps)
 
     def _host_loop(self, first_step: tf.Tensor, num_steps: tf.Tensor) -> LoopResult:
         """num_steps replicated steps from step `first_step` of the data's stream; the step

@@ -273,8 +273,8 @@ class Trainer:
             why = f"{_loop_name(kept)}, {first}"
             return DeviceLoop(parts, data, step, kept.use_xla, why)
         loop = DeviceLoop(parts, data, step, False, "")
-        times = self.loop_times = loop.time_both(self.run.iterations)
-        self._compiled = True  # both loops were, to time them
+        times = self.loop_times = loop.time_both()
+        self._compiled = True  # the loop chosen was, to time it
         loop.why = f"{_loop_name(times)}: {times.shown()} ({auto})"
         return loop
 
