@@ -248,13 +248,13 @@ class Trainer:
 
         What cannot be compiled as one computation is not (a TPU's step is anyway, several
         replicas span several devices); the user's config.train.xla=true or false is kept.
-        With "auto" (the default) both loops are timed on the model's own step
+        With "auto" (the default) the loops are timed on the model's own step
         (`DeviceLoop.time_both`) and XLA's runs unless the plain one is clearly faster
-        (`LoopTimes.use_xla`): XLA speeds up a step of many small ops (Iris: 2.6x, its
+        (`LoopTimes.measured`): XLA speeds up a step of many small ops (Iris: ~5x, its
         dispatch gone) and slows down one of large matmuls or convolutions on a CPU, where
-        TensorFlow's oneDNN kernels beat XLA's (keras-io's DCGAN: 7x, a WGAN-GP of 512-unit
-        layers: 2x; docs/benchmarks.md). The op mix alone does not tell the two apart, the
-        step's time does. The times are recorded in model_dir (`loop_times`): a resumed
+        TensorFlow's oneDNN kernels beat XLA's (keras-io's DCGAN, a WGAN-GP of 512-unit
+        layers: docs/benchmarks.md). The op mix alone does not tell the two apart, the
+        step's time does. The choice is recorded in model_dir (`loop_times`): a resumed
         run runs the loop its checkpoints were trained with, for the two loops round
         floating-point sums differently and a resume must be bit-identical.
         """
