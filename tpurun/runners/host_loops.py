@@ -78,6 +78,9 @@ PLAIN_MARGIN = 1.3
 # Below it the choice does not depend on the machine's load either, so two fresh runs of
 # a small model train the same weights.
 TINY_STEP_S = 1e-3
+# A timed call's least length: shorter, and the call's own overhead (milliseconds) would be
+# timed, not the steps.
+CALL_SECONDS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,13 +288,22 @@ class DeviceLoop:
             with announced(f"Compiling {name}", f"Compiled {name}"):
                 timed(plain, 0)
             return LoopTimes.measured(None, None, 0, failed)
-        # As many steps as make a call 0.05 s (the steps wrap around the data's order):
-        # fewer, and the call's own overhead (milliseconds) would be timed, not the steps.
+        # Calls of 1, 8, 64... steps (the steps wrap around the data's order), the faster of
+        # two each, until a call takes CALL_SECONDS. The call's overhead only inflates a
+        # step's time, so a step under TINY_STEP_S even with it is decided at once (Iris:
+        # after calls of 8 steps, ~20 ms).
+        # And at least 10 times a call of no step: XLA's costs ~5 ms here, 50 ms under a
+        # load of 19 on 2 cores, where one step of Iris timed alone was "26x slower" than
+        # the plain loop's.
+        least = max(CALL_SECONDS, 10 * min(timed(xla, 0), timed(xla, 0)))
         steps = 1
-        while (seconds := min(timed(xla, steps), timed(xla, steps))) < 0.05 and steps < 2**14:
+        while True:
+            seconds = min(timed(xla, steps), timed(xla, steps))
+            if seconds / steps < TINY_STEP_S:
+                return LoopTimes.measured(None, seconds / steps, steps)
+            if seconds >= least or steps >= 2**12:
+                break
             steps *= 8
-        if seconds / steps < TINY_STEP_S:
-            return LoopTimes.measured(None, seconds / steps, steps)
         with announced(f"Compiling {name} without XLA{purpose}", f"Compiled {name} without XLA"):
             timed(plain, 0)
         xlas, plains = [seconds], [timed(plain, steps)]
