@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import subprocess
 from pathlib import Path
 
@@ -102,6 +103,11 @@ def test_shipped_iris_config_is_clean(tpurun_cli, tmp_path):
     assert all("] warning: " in line for line in findings(result)), result.stdout
     assert error_lines(result) == []
     assert "--model_dir not set" not in result.stderr
+    # Step by step, when and how long (not on a terminal: the captured stderr is a file).
+    for mode in ("train", "eval", "predict"):
+        doing = f"the {mode} step on 8 replicas"
+        assert f"Tracing and compiling {doing} ..." in result.stderr, result.stderr
+        assert re.search(rf"Checked {doing} in \d+\.\ds\.", result.stderr), result.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -103,12 +103,40 @@ def test_load_passes_the_arg_and_finds_modules_beside_the_file(tmp_path, monkeyp
     "text, message",
     [
         ("x = 1\n", "has no get_config() function; add one"),
-        ("def get_config():\n    return 1 / 0\n", "failed to load: ZeroDivisionError"),
+        (
+            "def get_config():\n    return 1 / 0\n",
+            "failed to load at line 2 (`return 1 / 0`): ZeroDivisionError: division by zero",
+        ),
         ("def get_config(:\n", "failed to load: SyntaxError"),
-        ("import no_such_module_xyz\n", "failed to load: ModuleNotFoundError"),
+        ("import no_such_module_xyz\n", "failed to load at line 1"),
         ("def get_config():\n    return {'a': 1}\n", "returned dict; return an ml_collections"),
+        (  # the manual's `config.data.<key>`, in a config that has no data section
+            "from tpurun import config_defaults\n\n"
+            "def get_config():\n"
+            "    config = config_defaults.base_config(model='iris')\n"
+            "    config.data.train_examples = 120\n"
+            "    return config\n",
+            "failed to load at line 5 (`config.data.train_examples = 120`): config has no "
+            "section 'data'; add it before setting its keys: "
+            "`config.data = ml_collections.ConfigDict()`",
+        ),
+        (  # an escaped message (a KeyError's repr) is shown as its text
+            "from tpurun import config_defaults\n\n"
+            "def get_config():\n"
+            "    config = config_defaults.base_config(model='iris')\n"
+            "    config.seeds = config.sed\n",
+            'AttributeError: \'sed\' Did you mean "seed" instead of "sed"?',
+        ),
     ],
-    ids=["no_get_config", "raises", "syntax_error", "import_error", "returns_dict"],
+    ids=[
+        "no_get_config",
+        "raises",
+        "syntax_error",
+        "import_error",
+        "returns_dict",
+        "no_data_section",
+        "misspelt_key",
+    ],
 )
 def test_load_turns_a_broken_file_into_a_usage_error(tmp_path, monkeypatch, text, message):
     monkeypatch.setattr(sys, "path", list(sys.path))

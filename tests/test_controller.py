@@ -54,7 +54,9 @@ class FakeTrainer:
     def step(self) -> int:
         return int(self.steps.numpy())
 
-    def start_input(self) -> None:
+    loop_times = None  # not a device-data loop chosen by timing
+
+    def start_input(self, recorded=None) -> None:
         self.log.append(("start_input", self.step))
 
     def restored(self) -> None:

@@ -186,12 +186,18 @@ def test_eval_with_ema_reports_the_averages_not_the_raw_weights(tpurun_cli, tmp_
     loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     assert averaged["loss"] == pytest.approx(float(tf.reduce_mean(loss)), rel=1e-4)
 
-    # Without the override, eval reads the raw weights, and says how to read the averages.
-    raw = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={tmp_path}"))
+    # Without the override, eval still reads the averages: the model_dir's trained config
+    # keeps ema_decay (docs/predict-export.md); --config.train.ema_decay=0 reads the raw
+    # weights, and says it overrides the trained config.
+    again = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={tmp_path}"))
+    assert "Using the moving averages of the weights (config.train.ema_decay=0.9)" in again.stderr
+    assert "train.ema_decay=0.9 (the config file: 0.0)" in again.stderr
+    raw = assert_ok(
+        tpurun_cli("eval", *IRIS, f"--model_dir={tmp_path}", "--config.train.ema_decay=0")
+    )
     assert "Using the moving averages" not in raw.stderr
     assert (
-        f"{tmp_path} was trained with config.train.ema_decay=0.9, but this config has none: "
-        "using the raw weights; pass --config.train.ema_decay=0.9 to use their moving averages."
+        "Overriding the config the checkpoints were trained with: train.ema_decay=0.9 (given: 0.0)."
     ) in raw.stderr
 
 

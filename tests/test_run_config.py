@@ -238,10 +238,17 @@ def test_run_config_rejects_a_bad_best_mode_and_profile_range():
         make_run(hang_timeout=-1)
 
 
-@pytest.mark.parametrize("key", ["device_data", "xla", "async_checkpoint"])
-def test_run_config_takes_only_a_bool_for_the_switches(key):
+@pytest.mark.parametrize(
+    "key, allowed",
+    [
+        ("device_data", "true or false"),
+        ("xla", "true, false or 'auto'"),  # "auto": the faster loop, timed
+        ("async_checkpoint", "true or false"),
+    ],
+)
+def test_run_config_takes_only_a_bool_for_the_switches(key, allowed):
     config = config_files.load(config_files.resolve("iris"))
     del config.train[key]  # a config file that sets its own value, of the wrong type
     config.train[key] = "yes"
-    with pytest.raises(UsageError, match=rf"^config.train.{key}='yes' must be true or false$"):
+    with pytest.raises(UsageError, match=rf"^config.train.{key}='yes' must be {allowed}$"):
         make_run(config)

@@ -87,3 +87,13 @@ def test_the_hlo_proto_is_found_and_falls_back_to_its_proto_name(monkeypatch):
     assert introspection.missing() == ["XLA's hlo_pb2.HloProto (the memory estimate of --target)"]
     # Registered under its proto name once imported: the fallback finds the same message.
     assert introspection.hlo_proto_class().DESCRIPTOR.full_name == "xla.HloProto"
+
+
+def test_autograph_maps_an_error_back_to_the_users_source():
+    """tpurun.errors.user_code reads AutoGraph's `ag_error_metadata.translated_stack` to name
+    the user's file:line of an error in a traced step (else the traceback's temporary files)."""
+    from test_user_code import traced_error
+
+    stack = traced_error().ag_error_metadata.translated_stack
+    assert any(frame.filename.endswith("test_user_code.py") for frame in stack)
+    assert all(isinstance(frame.lineno, int) for frame in stack)

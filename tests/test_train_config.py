@@ -9,8 +9,9 @@ import ml_collections
 import pytest
 from iris_runs import iris_run as run_with_flags
 
+from tpurun import config_defaults
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig, config_files
+from tpurun.run_config import RunConfig, config_files, trained_keys
 from tpurun.storage import train_config
 
 
@@ -186,3 +187,103 @@ def test_a_damaged_record_is_one_error_unless_force_resume(tmp_path, caplog, tex
         train_config.read(run_with_flags(tmp_path))
     assert train_config.read(run_with_flags(tmp_path, fields={"force_resume": True})) is None
     assert "going on without comparing configs" in caplog.messages[-1]
+
+
+# --- eval, predict and export build the trained model (run_config/trained_keys.py) ----------
+
+
+def serving_run(model_dir, command="predict", given=(), **keys) -> RunConfig:
+    """An iris run of `command`, its config file's keys changed by `keys` (section__leaf, or a
+    top-level key), `given`: the keys the command line set."""
+    config = config_files.load(config_files.resolve("iris"))
+    for key, value in keys.items():
+        section, _, leaf = key.rpartition("__")
+        (config[section] if section else config)[leaf] = value
+    return RunConfig(
+        command=command,
+        config_name="iris",
+        config=ml_collections.FrozenConfigDict(config),
+        model_dir=str(model_dir),
+        given_keys=tuple(given),
+    )
+
+
+def trained_with(model_dir, **keys) -> None:
+    train_config.write(dataclasses.replace(serving_run(model_dir, **keys), command="train"))
+
+
+def test_the_trained_model_keys_replace_the_config_files(tmp_path, caplog):
+    caplog.set_level("INFO")
+    trained_with(
+        tmp_path,
+        hidden_units=(20, 20),
+        precision="mixed_bfloat16",
+        optimizer__name="sgd",
+        train__ema_decay=0.5,
+        train__batch_size=64,
+        data__train_path="/trained/train.csv",
+        eval__batch_size=8,
+        seed=3,
+    )
+    run, overridden = train_config.for_serving(serving_run(tmp_path))
+    config = run.config
+    # The model the checkpoint holds: its keys, precision, recipe and averages.
+    assert config.hidden_units == (20, 20) and config.precision == "mixed_bfloat16"
+    assert config.optimizer.name == "sgd" and config.train.ema_decay == 0.5
+    # How this command runs: the config file's (its batch, seed, data, eval keys).
+    assert config.train.batch_size == 32 and config.seed == 0
+    assert config.data.train_path == "" and config.eval.batch_size == 32
+    assert overridden == ()
+    assert caplog.messages == [
+        f"The model as trained ({tmp_path}/train_config.json): hidden_units=(20, 20) (the config "
+        "file: (10, 10)), optimizer.name='sgd' (the config file: 'adagrad'), "
+        "precision='mixed_bfloat16' (the config file: 'float32'), train.ema_decay=0.5 (the "
+        "config file: 0.0); --config.<key>=<value> overrides one."
+    ]
+
+
+def test_what_the_command_line_gives_wins_and_is_said(tmp_path, caplog):
+    caplog.set_level("INFO")
+    trained_with(tmp_path, hidden_units=(20, 20), n_classes=3)
+    given = ("hidden_units", "precision")
+    run, overridden = train_config.for_serving(
+        serving_run(tmp_path, given=given, hidden_units=(8,), precision="mixed_bfloat16")
+    )
+    assert run.config.hidden_units == (8,) and run.config.precision == "mixed_bfloat16"
+    assert [(d.key, d.trained, d.now) for d in overridden] == [
+        ("hidden_units", [20, 20], [8]),
+        ("precision", "float32", "mixed_bfloat16"),
+    ]
+    assert caplog.messages == [
+        "Overriding the config the checkpoints were trained with: hidden_units=(20, 20) "
+        "(given: (8,)), precision='float32' (given: 'mixed_bfloat16')."
+    ]
+    line = trained_keys.conflict(str(tmp_path), overridden[:1], "Received incompatible tensor")
+    assert line == (
+        f"the checkpoint in {tmp_path} does not fit the model this command line builds "
+        "(--config.hidden_units=(8,), trained with (20, 20)): Received incompatible tensor. Drop "
+        f"the override (eval, predict and export build the model {tmp_path}/train_config.json "
+        "records), or train a model_dir with it"
+    )
+    assert trained_keys.conflict(str(tmp_path), (), "why") is None
+
+
+def test_named_recipes_are_taken_whole(tmp_path):
+    """The averages are read through the optimizer that kept them: a recipe of another name
+    in the config file would not find them."""
+    config = config_files.load(config_files.resolve("iris"))
+    config.optimizer = config_defaults.optimizer_recipe()  # at its defaults, with named ones
+    config.optimizers.critic = config_defaults.optimizer_recipe(learning_rate=1e-4)
+    config.optimizers.generator = config_defaults.optimizer_recipe(name="sgd")
+    gan = config.optimizers.to_dict()
+    train_config.write(
+        RunConfig("train", "iris", ml_collections.FrozenConfigDict(config), str(tmp_path))
+    )
+    other = serving_run(tmp_path)  # the config file names none
+    run, _ = train_config.for_serving(other)
+    assert run.config.optimizers.to_dict() == gan
+
+
+def test_without_a_record_the_config_is_as_given(tmp_path):
+    run = serving_run(tmp_path, hidden_units=(5,))
+    assert train_config.for_serving(run) == (run, ())

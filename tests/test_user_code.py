@@ -63,3 +63,55 @@ def test_raised_at_falls_back_to_the_trace_in_the_message():
     error = ValueError('in user code:\n\n    File "/home/me/m.py", line 7, in call  *\n')
     assert user_code.raised_at(error) == "/home/me/m.py:7"
     assert user_code.raised_at(ValueError("no trace")) is None
+
+
+def _step_with_a_typo(config):
+    """A user's step, as a tf.function traces it, reading a key its config does not have."""
+    return config.noise_dims  # the line `raised_at` must name
+
+
+def traced_error():
+    """The error of a tf.function tracing `_step_with_a_typo`: AutoGraph re-raises it,
+    its traceback naming AutoGraph's temporary copy of the function."""
+    import ml_collections
+    import tensorflow as tf
+
+    config = ml_collections.ConfigDict({"noise_dim": 2})
+    with pytest.raises(AttributeError) as raised:
+        tf.function(lambda: _step_with_a_typo(config))()
+    return raised.value
+
+
+def test_raised_at_maps_autograph_back_to_the_users_file_and_line():
+    error = traced_error()
+    line = _step_with_a_typo.__code__.co_firstlineno + 2
+    assert user_code.raised_at(error) == f"{user_code.relative(__file__)}:{line}"
+    assert not user_code.is_user_file("/tmp/__autograph_generated_filea1b2c3.py")
+
+
+def test_the_message_is_shown_unescaped_on_one_line():
+    from tpurun.errors import tf_errors
+
+    message, code = tf_errors.describe(traced_error())
+    line = _step_with_a_typo.__code__.co_firstlineno + 2
+    assert message == (
+        f"AttributeError in your code at {user_code.relative(__file__)}:{line}: 'noise_dims' "
+        'Did you mean "noise_dim" instead of "noise_dims"?'
+    )
+    assert code == 1
+
+
+@pytest.mark.parametrize(
+    "line, shown",
+    [
+        (
+            "AttributeError: '\\'x\\'\\nDid you mean \"y\"?'",
+            "AttributeError: 'x' Did you mean \"y\"?",
+        ),
+        ("'plain key'", "'plain key'"),  # a KeyError's repr without escapes reads well
+        ("ValueError: shapes differ", "ValueError: shapes differ"),
+    ],
+    ids=["escaped", "quoted_key", "plain"],
+)
+def test_unescaped(line, shown):
+    assert user_code.unescaped(line) == shown

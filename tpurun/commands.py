@@ -27,6 +27,7 @@ from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.report.run_records import record_name
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
+from tpurun.run_config.trained_keys import Difference, conflicts
 from tpurun.runners import sidecar
 from tpurun.runners.controller import Controller
 from tpurun.runners.evaluate import Evaluator, eval_metrics
@@ -60,21 +61,25 @@ def _run(run: RunConfig) -> None:
     refuse_local_paths_on_a_tpu_node(run)
     created_dir = False
     held: lease.Lease | None = None
+    # eval, predict, export: the model keys the command line changed from the trained ones.
+    overridden: tuple[Difference, ...] = ()
     if run.command == "train":
         created_dir = prepare_model_dir(run)
         if is_chief_process():  # the cluster's lease: its chief's
             held = lease.acquire(run.model_dir, run.hang_timeout, run.force_takeover)
-    elif run.command == "eval" and run.continuous:
-        # A sidecar may start before the trainer: it waits for the first checkpoint
-        # instead, writing nothing (not even model_dir) until there is one.
-        sidecar.wait_for_checkpoint(run)
-        train_config.check_same_model(run)
     else:
-        # Before anything is written: eval/predict/export of nothing is an error, as is
-        # an --output tpurun may not write (checked again when it writes).
-        require_checkpoint(run)
-        if run.command == "predict" and run.config.predict.output:
-            output_target(run.config.predict.output, run.model_dir)
+        if run.command == "eval" and run.continuous:
+            # A sidecar may start before the trainer: it waits for the first checkpoint
+            # instead, writing nothing (not even model_dir) until there is one.
+            sidecar.wait_for_checkpoint(run)
+        else:
+            # Before anything is written: eval/predict/export of nothing is an error, as
+            # is an --output tpurun may not write (checked again when it writes).
+            require_checkpoint(run)
+            if run.command == "predict" and run.config.predict.output:
+                output_target(run.config.predict.output, run.model_dir)
+        # The model its checkpoints hold, whatever the config file says now.
+        run, overridden = train_config.for_serving(run)
     outputs_before = _outputs(run)
     record = None
     account: GoodputRecord | None = None
@@ -104,7 +109,8 @@ def _run(run: RunConfig) -> None:
                     "replicas": cluster.num_replicas,
                 }
         tf.keras.utils.set_random_seed(run.seed)
-        with precision.policy(run.config.precision):
+        # A checkpoint that does not fit the model the command line's overrides built: exit 2.
+        with precision.policy(run.config.precision), conflicts(run.model_dir, overridden):
             run_command(run, cluster, model, held, arrays, account)
             if account is not None and cluster is not None:
                 run_account.finish(run, cluster, model, account)
@@ -130,9 +136,8 @@ def _run(run: RunConfig) -> None:
 
 def require_checkpoint(run: RunConfig) -> None:
     """Fails unless there is a checkpoint to read (the latest, or the one --best or
-    --checkpoint chose) trained with a config of this model."""
+    --checkpoint chose)."""
     checkpoints.require_latest(run)
-    train_config.check_same_model(run)
     if run.best:
         best.require(run)
     elif run.checkpoint is not None:
@@ -380,7 +385,10 @@ def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:
         )
     output = run.config.predict.output
     target = output_target(output, run.model_dir) if output else None
-    rows = list(Predictor(run, cluster, model).predict(chosen_checkpoint(run)))
+    predictor = Predictor(run, cluster, model)
+    if target is not None:  # before predicting, not after
+        predictor.check_output(output)
+    rows = list(predictor.predict(chosen_checkpoint(run), output))
     if target is not None:
         line = write_rows(target, rows)  # JSON lines, .npz or a .png grid, by its extension
         # Beside the predictions when they went to stdout: on stderr, out of their way.

@@ -84,10 +84,13 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # The most memory per device (MB) the arrays may take, else they stay in tf.data;
     # 0 = automatic: 256 on CPU replicas, 2048 on a TPU core or GPU.
     config.train.device_data_mb = 0.0
-    # With device data and one replica, compile the whole host loop with XLA (false: a
-    # plain tf.function). Never on a CPU under mixed_bfloat16: XLA's CPU backend has no
-    # fast bfloat16 matmuls (docs/benchmarks.md).
-    config.train.xla = True
+    # With device data and one replica, compile the whole host loop with XLA: true, false
+    # (a plain tf.function) or "auto": XLA's loop timed at the start (and the plain one
+    # unless XLA's step is under 1 ms), the plain one run if 1.3x faster or more; a
+    # resumed run keeps its first run's choice. "auto" never compiles on a CPU under
+    # mixed_bfloat16, whose XLA backend has no fast bfloat16 matmuls (docs/device-data.md).
+    # Of type object, so that --config.train.xla takes all three.
+    config.train.xla = ml_collections.FieldReference("auto", field_type=object)
 
     config.eval = ml_collections.ConfigDict()
     config.eval.batch_size = 128  # global

@@ -1,12 +1,15 @@
 """What a training run shows while it runs: a live line on a terminal or log lines (with the
-checkpoint save in flight or how long the last took), the input-bound warning, and what a
-resume cost."""
+checkpoint save in flight or how long the last took), the input-bound warning, what a
+resume cost, and a line when a long phase (a compile, `tpurun check`'s steps) starts and
+ends."""
 
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 import tqdm
@@ -23,6 +26,17 @@ INPUT_BOUND_SHARE = 0.5
 # over a batch (about 0.1 ms for in-memory Iris on a 2-core CPU, already prefetched),
 # which no input_fn change removes and only a toy model's step is short enough to feel.
 INPUT_BOUND_MIN_WAIT = 1e-3  # seconds per step
+
+
+@contextlib.contextmanager
+def announced(doing: str, done: str) -> Iterator[None]:
+    """Logs "<doing> ..." now and "<done> in 12.3s." when the block ends (not when it fails):
+    a first host loop can compile for minutes, and without a terminal nothing else is
+    printed meanwhile."""
+    logging.info("%s ...", doing)
+    start = time.perf_counter()
+    yield
+    logging.info("%s in %.1fs.", done, time.perf_counter() - start)
 
 
 class LogLines(Action):

@@ -57,6 +57,7 @@ from absl import logging
 
 from tpurun import datasets, inputs, precision
 from tpurun import model as model_lib
+from tpurun.actions.progress import announced
 from tpurun.check import fit_findings, fit_report, host_input, preflight, step_bounds, targets, xla
 from tpurun.check.device_memory import out_of_memory, record_memory
 from tpurun.check.findings import ERROR, Finding, merge, report
@@ -124,15 +125,20 @@ def run_checks(
             cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
         checker = StepChecker(run, cluster, model, replicas=replicas, arrays=arrays)
         problems = checker.batch_split()
+        # Step by step, a line each: a large model's steps take minutes to trace and compile.
         for mode in Mode:
-            problems += checker.check_mode(mode)
+            doing = f"the {mode.value} step on {replicas} replica{'s' * (replicas > 1)}"
+            with announced(f"Tracing and compiling {doing}", f"Checked {doing}"):
+                problems += checker.check_mode(mode)
         if target is not None:
             # Only the steps without errors: one that a TPU would reject has no memory to size.
             failing = {p.step for p in problems if p.severity == ERROR}
             for mode in failing:
                 checker.single_device_steps.pop(mode, None)
             sizer, note = tpu_sizer(target)
-            found = preflight.estimate_steps(checker, target, sizer, note)
+            sizing = f"each step's memory per replica on a {target.name}"
+            with announced(f"Sizing {sizing}", f"Sized {sizing}"):
+                found = preflight.estimate_steps(checker, target, sizer, note)
             problems += fit_findings.problems(run, found)
             host = host_input.check(checker, found) if run.input_check else None
             host = host or host_input.skipped(target)

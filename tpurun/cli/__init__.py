@@ -297,12 +297,14 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     fields = {
         flag.name: flag.value_of(handles.value(flag.name)) for flag in FLAGS_TABLE if flag.field
     }
+    given = {*overridden, *(FLAG_TO_CONFIG_KEY[n] for n, v in flag_values.items() if v is not None)}
     return RunConfig(
         command=command,
         config_name=source.name,
         config=config,
         model_dir=model_dir,
         tpu=tpu,
+        given_keys=tuple(sorted(given)),
         **fields,
     )
 

@@ -32,6 +32,17 @@ class RunError(TpurunError):
     exit_code = 1
 
 
+class CheckpointMismatch(RunError):
+    """A checkpoint does not fit the model built to read it (exit code 1; 2 when the command
+    line's overrides built that model: `tpurun.run_config.trained_keys.conflict`).
+
+    `reason`: what did not fit, on one line (TensorFlow's words, shortened)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class Unavailable(TpurunError):
     """A failure that passes by itself: a lost TPU worker or cluster peer, storage that stayed
     unreachable past its retries (exit code 69). Rerun (or `--max_restarts`) to resume."""

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tpurun.errors import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE, user_code
+from tpurun.errors.user_code import unescaped
 
 if TYPE_CHECKING:  # tpurun's errors are described without importing TensorFlow
     import tensorflow as tf
@@ -83,8 +84,8 @@ def user_code_line(error: BaseException) -> str:
         # While building a functional model it adds its own sentence first.
         if message.endswith("Error encountered:") and len(lines) > 2:
             message = lines[2]
-        return f"{lines[0]} {message}"
-    return lines[0]
+        return f"{lines[0]} {unescaped(message)}"
+    return unescaped(lines[0])
 
 
 def op_error_line(message: str) -> str:

@@ -62,7 +62,7 @@ import ml_collections
 import tensorflow as tf
 
 from tpurun.config_defaults import base_config
-from tpurun.errors import RunError, UsageError
+from tpurun.errors import CheckpointMismatch, RunError, UsageError
 from tpurun.errors.tf_errors import one_line
 from tpurun.optimization.schedules import learning_rate
 from tpurun.run_config.recipe_keys import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
@@ -423,10 +423,12 @@ class MovingAverages:
             status = tf.train.Checkpoint(**parts).read(checkpoint_path)
             status.expect_partial().assert_existing_objects_matched()
         except (AssertionError, ValueError) as e:
-            raise RunError(
+            reason = one_line(e, 200)
+            raise CheckpointMismatch(
                 f"{checkpoint_path} has no moving averages for this config's optimizer "
-                f"({one_line(e, 200)}): it was not trained with this config.train.ema_decay "
-                "and optimizer; use the config it was trained with"
+                f"({reason}): it was not trained with this config.train.ema_decay "
+                "and optimizer; use the config it was trained with",
+                f"no moving averages for this optimizer ({reason})",
             ) from None
         for variable, average in ema_pairs(self._optimizer):
             variable.assign(average)

@@ -123,6 +123,17 @@ class Boolean:
 
 
 @dataclasses.dataclass(frozen=True)
+class BooleanOrWord:
+    """true, false, or one word meaning "not chosen": train.xla's "auto", tpurun decides."""
+
+    word: str
+
+    def check(self, shown: str, value: object) -> None:
+        if not isinstance(value, bool) and value != self.word:
+            raise UsageError(f"{shown}={value!r} must be true, false or {self.word!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class StepsOrEpoch:
     """A step cadence (an Integer bound), or the word "epoch" (at the end of every epoch)."""
 
@@ -137,4 +148,4 @@ class StepsOrEpoch:
             raise UsageError(f"{e}, or 'epoch' (at the end of every epoch)") from None
 
 
-Bound = Integer | Batch | Number | Boolean | StepsOrEpoch
+Bound = Integer | Batch | Number | Boolean | BooleanOrWord | StepsOrEpoch

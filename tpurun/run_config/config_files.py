@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from tpurun.errors import UsageError, excerpt
+from tpurun.errors import UsageError, excerpt, user_code
 
 BUILTIN_PACKAGE = "tpurun.configs"
 
@@ -167,9 +167,7 @@ def load(source: ConfigSource) -> ml_collections.ConfigDict:
             "file defines get_config() and returns a ConfigDict: remove the exit"
         ) from None
     except Exception as e:  # A user's file: any error is theirs to fix, shown in one line.
-        raise UsageError(
-            f"config file {source.path} failed to load: {type(e).__name__}: {e}"
-        ) from None
+        raise UsageError(user_code.config_failure(source.path, e)) from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise UsageError(
             f"get_config() in {source.path} returned {type(config).__name__}; "

@@ -30,6 +30,7 @@ from tpurun.run_config.bounds import (
     MAX_STEPS,
     Batch,
     Boolean,
+    BooleanOrWord,
     Bound,
     Integer,
     Number,
@@ -259,7 +260,7 @@ FLAG = {flag.name: flag for flag in FLAGS}
 KEY_BOUNDS: Mapping[str, Bound] = {
     "train.accumulate_steps": Integer(1, MAX_ACCUMULATE_STEPS),
     "train.device_data": Boolean(),
-    "train.xla": Boolean(),
+    "train.xla": BooleanOrWord("auto"),
     "train.async_checkpoint": Boolean(),
     "train.summary_upload_secs": Number(0, MAX_SECONDS, note=" (0 = after every host loop)"),
     "train.device_data_mb": Number(0, MAX_DEVICE_DATA_MB, "MB", " (0 = automatic)"),

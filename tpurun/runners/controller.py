@@ -27,6 +27,7 @@ from tpurun.errors import Preempted, RunError
 from tpurun.run_config import RunConfig
 from tpurun.run_config.epochs import epoch_count
 from tpurun.runners.cadence import Cadence
+from tpurun.runners.host_loops import LoopTimes
 from tpurun.runners.train import Trainer
 from tpurun.runners.warm_start import warm_start
 from tpurun.storage import checkpoints, train_config
@@ -97,10 +98,12 @@ class Controller:
             )
             logging.info("Already at step %d of %s: nothing to train.", step, length)
             return
+        # A resumed run runs the device-data loop its checkpoints were trained with.
+        trainer.start_input(lambda: _recorded_loop_times(run) if step else None)
         if self.cluster.is_chief:
-            train_config.write(run)
+            times = trainer.loop_times
+            train_config.write(run, times.as_record() if times else None)
         save = SaveCheckpoint(run, trainer.checkpoint, self.cluster, self.writer)
-        trainer.start_input()
         epochs = epoch_count(run)
         logging.info(
             "Training from step %d to %d%s, %d steps per loop.",
@@ -227,3 +230,8 @@ class Controller:
         # Summed over replicas: nonzero when any worker wants it (ReduceOp has no MAX).
         agreed = self._sum_over_replicas(tf.constant([int(save_now), int(stop_now)]))
         return bool(agreed[0] > 0), bool(agreed[1] > 0)
+
+
+def _recorded_loop_times(run: RunConfig) -> LoopTimes | None:
+    recorded = train_config.recorded_loop_times(run)
+    return LoopTimes.from_record(recorded) if recorded is not None else None

@@ -7,21 +7,25 @@ replicas, the finiteness of the weights, the global step and the learning rates.
 `InputLoop` takes each step's batch from a distributed tf.data iterator;
 `DeviceLoop` gives each replica step the step number and the arrays in every
 replica's memory (`tpurun.inputs.device_data`), from which it gathers its own batch.
-With one replica (a CPU, a GPU) the device loop is compiled by XLA as a whole;
-under MirroredStrategy it is not (XLA compiles for one device, and the all-reduce
-and the mirrored variables' updates span all of them), and on a TPU XLA compiles
-the replicated step anyway.
+With one replica (a CPU, a GPU) the device loop may be compiled by XLA as a whole,
+which is many times faster for a step of many small ops and several times slower for
+one of large convolutions on a CPU: `DeviceLoop.time_both` times both on the model's
+own step (the Trainer decides, `tpurun.runners.train`). Under MirroredStrategy it is
+not (XLA compiles for one device, and the all-reduce and the mirrored variables'
+updates span all of them), and on a TPU XLA compiles the replicated step anyway.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import tensorflow as tf
 from absl import logging
 
+from tpurun.actions.progress import announced
 from tpurun.errors.tf_errors import one_line
 from tpurun.inputs.device_data import DeviceData
 
@@ -63,6 +67,94 @@ class LoopParts:
         return LoopResult(mean, waited, self.finite(), self.global_step.read_value(), self.rates())
 
 
+# XLA stays unless the plain loop is this much faster: within the timings' noise two fresh
+# runs of one model could choose differently (the two loops round sums differently, so
+# their weights would differ in the last bits); XLA was the loop before the timing.
+PLAIN_MARGIN = 1.3
+# An XLA-compiled step faster than this keeps XLA without the plain loop being compiled or
+# timed: what it saves, dispatching the step's ops one by one, outweighs any kernel of
+# such a step (Iris: 0.06 ms a step with XLA against 0.32 ms without; the slowest XLA step
+# the plain loop beat, a WGAN-GP of 512-unit layers, took 30 ms: docs/benchmarks.md).
+# Below it the choice does not depend on the machine's load either, so two fresh runs of
+# a small model train the same weights.
+TINY_STEP_S = 1e-3
+# A timed call's least length: shorter, and the call's own overhead (milliseconds) would be
+# timed, not the steps.
+CALL_SECONDS = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTimes:
+    """The device-data loops timed on the same state (seconds per step of each), and the
+    loop chosen by them (`measured`): kept as chosen, so that a resumed run runs it even
+    where the rule would now choose otherwise."""
+
+    plain: float | None  # None: not timed, XLA's step is tiny (TINY_STEP_S)
+    xla: float | None  # None: XLA could not compile the step (`xla_error` says why)
+    steps: int  # per timed call
+    use_xla: bool
+    xla_error: str = ""
+
+    @classmethod
+    def measured(
+        cls, plain: float | None, xla: float | None, steps: int, xla_error: str = ""
+    ) -> LoopTimes:
+        """The times, and the loop they choose: XLA, unless it failed or takes PLAIN_MARGIN
+        times the plain loop's time or more."""
+        use_xla = xla is not None and (plain is None or xla < PLAIN_MARGIN * plain)
+        return cls(plain, xla, steps, use_xla, xla_error)
+
+    def as_record(self) -> dict[str, Any]:
+        """What model_dir/train_config.json keeps of it: a resumed run runs the same loop."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Any) -> LoopTimes | None:
+        """The times a record kept; None if it kept none, or not in this form."""
+        if not isinstance(record, dict):
+            return None
+        try:
+            times = cls(**record)
+        except TypeError:
+            return None
+        timed = [t for t in (times.plain, times.xla) if t is not None]
+        valid = (
+            all(isinstance(t, float) and t > 0 for t in timed)
+            and isinstance(times.steps, int)
+            and isinstance(times.use_xla, bool)
+            and isinstance(times.xla_error, str)
+            and (times.xla is not None or not times.use_xla)  # XLA's only if it compiled
+            and (bool(timed) or bool(times.xla_error))  # neither timed: XLA failed
+        )
+        return times if valid else None
+
+    def shown(self) -> str:
+        """Why this loop: `1.2 ms a step with XLA against 3.4 ms without (2.8x faster), timed
+        on 100 steps each`."""
+        if self.xla is None:
+            return f"XLA could not compile the step ({self.xla_error})"
+        if self.plain is None:
+            return (
+                f"{_duration(self.xla)} a step with XLA, timed on {self.steps} step"
+                f"{'s' * (self.steps > 1)}: under {_duration(TINY_STEP_S)}, faster than "
+                "its ops dispatched one by one"
+            )
+        ratio = self.plain / self.xla
+        how = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+        if not self.use_xla:
+            how += f", {PLAIN_MARGIN:g}x or more"
+        elif ratio < 1:
+            how += f", less than {PLAIN_MARGIN:g}x"
+        return (
+            f"{_duration(self.xla)} a step with XLA against {_duration(self.plain)} without "
+            f"({how}), timed on {self.steps} step{'s' * (self.steps > 1)} each"
+        )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
 class InputLoop:
     """The host loop over a distributed tf.data iterator: each step takes the next batch."""
 
@@ -98,19 +190,22 @@ class DeviceLoop:
     """The host loop over device data: each replica step gathers its batch of the step.
 
     `position`: the steps its stream has given (the global step it starts at).
-    `xla_note`: why the loop is not compiled by XLA as a whole ("" when it is).
+    `compiled`: whether XLA compiles the whole loop; `why`: what the log says of it.
     """
 
-    def __init__(self, parts: LoopParts, data: DeviceData, position: int, xla_note: str):
+    def __init__(self, parts: LoopParts, data: DeviceData, position: int, compiled: bool, why: str):
         self.parts = parts
         self.data = data
         self.position = position
-        self.compiled = not xla_note
-        self.xla_note = xla_note
-        self._loop = tf.function(self._host_loop, jit_compile=self.compiled or None)
+        self.compiled = compiled
+        self.why = why
+        self._loop = self._function(compiled)
+
+    def _function(self, compiled: bool) -> Any:
+        return tf.function(self._host_loop, jit_compile=compiled or None)
 
     def describe(self) -> str:
-        return self.xla_note or "the host loop is compiled by XLA"
+        return self.why
 
     def replica_step(self, step: tf.Tensor, values: Any) -> dict[str, tf.Tensor]:
         """One replica's training step on device data: gathers its batch of `step` from
@@ -119,7 +214,7 @@ class DeviceLoop:
         return self.parts.replica_step(features, labels)
 
     def run(self, num_steps: int) -> LoopResult:
-        """The loop, XLA-compiled when it can be (else, once, a line why)."""
+        """The loop, XLA-compiled when it can be (else, once, a line why); 0 steps compile it."""
         first = tf.constant(self.position, tf.int64)
         try:
             result = self._loop(first, tf.constant(num_steps))
@@ -129,16 +224,100 @@ class DeviceLoop:
             # XLA compiles the whole loop before it runs a step, and writes the
             # variables only after the last: a failed call changed nothing. An error
             # that is not XLA's comes back from the plain loop, as it always did.
-            logging.info(
-                "The host loop runs without XLA, which failed on %s's step: %s",
-                self.parts.model_name,
-                one_line(e, 200),
-            )
+            failed = f"which failed on {self.parts.model_name}'s step: {one_line(e, 200)}"
+            self.why = f"the host loop is not compiled by XLA, {failed}"
+            logging.info("The host loop runs without XLA, %s", failed)
             self.compiled = False
-            self._loop = tf.function(self._host_loop)
+            self._loop = self._function(False)
             result = self._loop(first, tf.constant(num_steps))
         self.position += num_steps
         return result
+
+    def time_both(self) -> LoopTimes:
+        """Times the XLA-compiled and the plain loop on this model's step and runs XLA's from
+        then on unless the plain one is clearly faster (`LoopTimes.measured`; the loop
+        chosen is compiled already, never twice); the state is put back as it was, bit
+        for bit.
+
+        Both loops run the same steps from the same state: every variable a loop call may
+        write (it captures them: weights, optimizer slots and counts, the global step,
+        Keras' seed generators, a user's own) is copied first and assigned back after,
+        and the data position does not move, so the run's first real loop starts where it
+        would have: a run that times both trains the weights a run forcing the faster one
+        does. XLA's loop is compiled and timed first: a step under TINY_STEP_S keeps it,
+        the plain loop never compiled. Else calls of as many steps as take 0.05 s, taking
+        turns until both ran 0.5 s or one is clearly 2x the other: beyond the compiles,
+        a second, or a few steps of a slow model.
+        """
+        first = tf.constant(self.position, tf.int64)
+        plain, xla = self._function(False), self._function(True)
+        state = self._state(xla.get_concrete_function(first, tf.constant(0)))
+        saved = [tf.raw_ops.DeepCopy(x=variable.read_value()) for variable in state]
+        try:
+            times = self._time(plain, xla, first)
+        finally:
+            for variable, value in zip(state, saved, strict=True):
+                variable.assign(value, read_value=False)
+        self.compiled = times.use_xla
+        self._loop = xla if self.compiled else plain
+        return times
+
+    def _state(self, traced: Any) -> list[Any]:
+        """What a call of the loop may write: the variables it captures, but the data's."""
+        data = {id(v) for v in tf.nest.flatten(self.data.values)}
+        return [v for v in traced.variables if id(v) not in data]
+
+    def _time(self, plain: Any, xla: Any, first: tf.Tensor) -> LoopTimes:
+        def timed(loop: Any, steps: int) -> float:
+            start = time.perf_counter()
+            loop(first, tf.constant(steps)).step.numpy()  # reading one waits for the loop
+            return time.perf_counter() - start
+
+        name = f"the host loop of {self.parts.model_name}'s train_step"
+        purpose = " (to time it, then train with the faster loop)"
+        try:
+            with announced(f"Compiling {name} with XLA{purpose}", f"Compiled {name} with XLA"):
+                timed(xla, 0)
+        except Exception as e:  # noqa: BLE001 - what XLA cannot compile runs without it
+            failed = one_line(e, 200)
+            logging.info(
+                "The host loop runs without XLA, which failed on %s's step: %s",
+                self.parts.model_name,
+                failed,
+            )
+            with announced(f"Compiling {name}", f"Compiled {name}"):
+                timed(plain, 0)
+            return LoopTimes.measured(None, None, 0, failed)
+        # Calls of 1, 8, 64... steps (the steps wrap around the data's order), the faster of
+        # two each, until a call takes CALL_SECONDS. The call's overhead only inflates a
+        # step's time, so a step under TINY_STEP_S even with it is decided at once (Iris:
+        # after calls of 8 steps, ~20 ms).
+        # And at least 10 times a call of no step: XLA's costs ~5 ms here, 50 ms under a
+        # load of 19 on 2 cores, where one step of Iris timed alone was "26x slower" than
+        # the plain loop's.
+        least = max(CALL_SECONDS, 10 * min(timed(xla, 0), timed(xla, 0)))
+        steps = 1
+        while True:
+            seconds = min(timed(xla, steps), timed(xla, steps))
+            if seconds / steps < TINY_STEP_S:
+                return LoopTimes.measured(None, seconds / steps, steps)
+            if seconds >= least or steps >= 2**12:
+                break
+            steps *= 8
+        with announced(f"Compiling {name} without XLA{purpose}", f"Compiled {name} without XLA"):
+            timed(plain, 0)
+        xlas, plains = [seconds], [timed(plain, steps)]
+        while len(xlas) < 5:
+            # Taking turns, the machine's load falls on both alike; the fastest of each
+            # counts. A ratio 2x away from the margin is clear after two rounds, or after
+            # one of long calls; else until both ran 0.5 s.
+            away = min(xlas) / min(plains) / PLAIN_MARGIN
+            clear = not 0.5 < away < 2 and (len(xlas) >= 2 or min(plains + xlas) >= 1.0)
+            if clear or (len(xlas) >= 2 and min(sum(plains), sum(xlas)) >= 0.5):
+                break
+            plains.append(timed(plain, steps))
+            xlas.append(timed(xla, steps))
+        return LoopTimes.measured(min(plains) / steps, min(xlas) / steps, steps)
 
     def _host_loop(self, first_step: tf.Tensor, num_steps: tf.Tensor) -> LoopResult:
         """num_steps replicated steps from step `first_step` of the data's stream; the step

@@ -55,14 +55,37 @@ class Predictor:
         per_replica = self.strategy.run(self.replica_step, args=batch)
         return inputs.gather_replicas(self.strategy, per_replica)
 
-    def predict(self, checkpoint_path: str) -> Iterator[dict[str, Any]]:
+    def check_output(self, path: str) -> None:
+        """Refuses, before anything is restored or predicted, an --output the predictions
+        cannot be written to: a .png of predictions that are not one image per row (their
+        names, dtypes and shapes, from the predict step traced on the input's spec). A
+        model's own `generate` is checked on its first row (`predict`)."""
+        if _extension(path) != "png" or has_generate(self.model):
+            return
+        params = inputs.input_params(
+            tf.distribute.InputContext(), self.run.predict_batch_size, self.run.seed
+        )
+        spec = self.model.input_fn(Mode.PREDICT, params).element_spec
+        traced = tf.function(lambda features: self.replica_step(features, None)[0])
+        outputs = traced.get_concrete_function(spec).structured_outputs
+        png_image({name: (t.dtype.as_numpy_dtype, t.shape[1:]) for name, t in outputs.items()})
+
+    def predict(self, checkpoint_path: str, output: str = "") -> Iterator[dict[str, Any]]:
         """Yields one dict of numpy values per input row; padding rows are dropped.
 
-        For a model with its own `generate`: the rows it returns.
+        For a model with its own `generate`: the rows it returns (for a .png `output`,
+        the first checked before any other is made).
         """
         restore.restore_weights(self.models, checkpoint_path, self._averages)
         if has_generate(self.model):
-            yield from self.model.generate(self.keras_model, self.strategy)
+            rows = iter(self.model.generate(self.keras_model, self.strategy))
+            first = next(rows, None)
+            if first is None:
+                return
+            if _extension(output) == "png":
+                png_image({k: (np.asarray(v).dtype, np.shape(v)) for k, v in first.items()})
+            yield first
+            yield from rows
             return
         dataset = inputs.distribute(
             self.strategy, self.model, Mode.PREDICT, self.run.predict_batch_size, self.run.seed
@@ -85,7 +108,7 @@ def write_rows(target: OutputTarget, rows: list[dict[str, Any]]) -> str:
     them); `.png`: the rows' images in one grid (tf.io.encode_png); else JSON lines.
     """
     path = target.path
-    extension = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
+    extension = _extension(path)
     if extension == "npz":
         arrays = stacked(rows)
         buffer = io.BytesIO()
@@ -254,23 +277,43 @@ def stacked(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return {key: np.stack([np.asarray(row[key]) for row in rows]) for key in rows[0]}
 
 
+def _extension(path: str) -> str:
+    """--output's extension, which chooses the format ("" when it has none)."""
+    name = path.rsplit("/", 1)[-1]
+    return name.rpartition(".")[2].lower() if "." in name else ""
+
+
+def png_image(rows: dict[str, tuple[Any, Any]]) -> str:
+    """The one prediction --output=*.png draws, from each prediction's (dtype, shape of a row):
+    a uint8 [height, width] or [height, width, 1|3|4]; else a UsageError saying what
+    there is."""
+
+    def is_image(dtype: Any, shape: Any) -> bool:
+        dims = tuple(shape)
+        return np.dtype(dtype) == np.uint8 and (
+            len(dims) == 2 or (len(dims) == 3 and dims[-1] in (1, 3, 4))
+        )
+
+    images = [name for name, (dtype, shape) in rows.items() if is_image(dtype, shape)]
+    if len(images) != 1:
+        found = ", ".join(
+            f"{name} {np.dtype(dtype).name} {list(tuple(shape))}"
+            for name, (dtype, shape) in rows.items()
+        )
+        raise UsageError(
+            "--output=*.png writes the predictions' images in a grid: it needs exactly one uint8 "
+            "prediction of shape [height, width] or [height, width, channels] per row (found: "
+            f"{found or 'no predictions'}); write .npz or .jsonl instead"
+        )
+    return images[0]
+
+
 def image_grid(rows: list[dict[str, Any]], gap: int = 2) -> tuple[str, np.ndarray]:
     """(name, uint8 [H, W, C]): the rows' images (a uint8 prediction of shape [h, w] or
     [h, w, 1|3|4]) side by side in a near-square grid, `gap` grey pixels apart."""
     arrays = stacked(rows)
-
-    def is_image(a: np.ndarray) -> bool:
-        return a.dtype == np.uint8 and (a.ndim == 3 or (a.ndim == 4 and a.shape[-1] in (1, 3, 4)))
-
-    images = {k: a for k, a in arrays.items() if is_image(a)}
-    if len(images) != 1:
-        found = ", ".join(images) or "none"
-        raise UsageError(
-            "--output=*.png writes the predictions' images in a grid: it needs exactly one uint8 "
-            f"prediction of shape [height, width] or [height, width, channels] (found: {found}); "
-            "write .npz or .jsonl instead"
-        )
-    (name, batch), *_ = images.items()
+    name = png_image({k: (a.dtype, a.shape[1:]) for k, a in arrays.items()})
+    batch = arrays[name]
     if batch.ndim == 3:
         batch = batch[..., None]
     count, height, width, channels = batch.shape

@@ -8,6 +8,7 @@ model built from this config is refused in one line. Resuming a training run is
 
 from __future__ import annotations
 
+import logging as std_logging
 from typing import Any
 
 import keras
@@ -15,7 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import optimization
-from tpurun.errors import RunError
+from tpurun.errors import CheckpointMismatch
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import OPTIMIZER, Model
 from tpurun.storage.checkpoints import CheckpointGone
@@ -66,12 +67,44 @@ def restore_model(keras_model: keras.Model, path: str) -> None:
 def _restore(checkpoint: tf.train.Checkpoint, path: str) -> None:
     try:
         status = checkpoint.read(path)
+        status.expect_partial().assert_existing_objects_matched()
     except tf.errors.NotFoundError as e:
         raise CheckpointGone(f"checkpoint {path} is gone ({one_line(e, 200)})") from None
-    try:
-        status.expect_partial().assert_existing_objects_matched()
-    except AssertionError as e:
-        raise RunError(
-            f"checkpoint {path} does not match the model built from this config "
-            f"({one_line(e, 300)}); use the config it was trained with"
-        ) from None
+    except (AssertionError, ValueError) as e:
+        # A variable of another shape (ValueError: "Received incompatible tensor with
+        # shape ..."), or one the checkpoint does not have (AssertionError).
+        _quiet_echoes()
+        raise mismatch(path, e) from None
+
+
+def mismatch(path: str, error: BaseException) -> CheckpointMismatch:
+    """The one line for checkpoint `path` not fitting the model built to read it."""
+    reason = one_line(error, 300)
+    return CheckpointMismatch(
+        f"checkpoint {path} does not fit the model built to read it ({reason}); build it as "
+        "it was trained (model_dir/train_config.json holds that config: was the model's code "
+        "changed since?)",
+        reason,
+    )
+
+
+# What TensorFlow logs when a checkpoint object whose restore failed is deleted: a line per
+# value of the file it did not read (40 for a small model), after the one line that said
+# the checkpoint does not fit.
+_ECHOES = (
+    "Detecting that an object or model or tf.train.Checkpoint is being deleted with "
+    "unrestored values",
+    "Value in checkpoint could not be found in the restored object",
+)
+
+
+class _FailedRestoreEchoes(std_logging.Filter):
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_ECHOES)
+
+
+def _quiet_echoes() -> None:
+    """Drops those lines from now on (the command is ending on the mismatch): once."""
+    logger = tf.get_logger()
+    if not any(isinstance(f, _FailedRestoreEchoes) for f in logger.filters):
+        logger.addFilter(_FailedRestoreEchoes())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import tensorflow as tf
@@ -28,13 +28,20 @@ from absl import logging
 
 from tpurun import inputs
 from tpurun.actions.base import LoopStats
+from tpurun.actions.progress import announced
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
 from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays, build_models
 from tpurun.run_config import RunConfig
-from tpurun.runners.host_loops import MAX_SCALARS, DeviceLoop, InputLoop, LoopParts
+from tpurun.runners.host_loops import (
+    MAX_SCALARS,
+    DeviceLoop,
+    InputLoop,
+    LoopParts,
+    LoopTimes,
+)
 from tpurun.training_step import keyed_random
 from tpurun.training_step.state import TrainState
 
@@ -73,6 +80,10 @@ class Trainer:
         self.checkpoint = self.fresh_checkpoint()
         self._scalar_names: list[str] = []  # what the step returns, known once it is traced
         self._loop: InputLoop | DeviceLoop | None = None  # built by start_input()
+        self._compiled = False  # the loop: by the first train(), or to time it
+        # The device-data loops' times, by which the run chose one (`_device_loop`): what
+        # model_dir's record keeps for a resumed run. None: not chosen by timing.
+        self.loop_times: LoopTimes | None = None
         # The in-memory arrays each replica step gathers its batch from (None: tf.data):
         # decided by plan_device_data().
         self.device_data: device_data.DeviceData | None = None
@@ -173,12 +184,14 @@ class Trainer:
             model_name=type(self.model).__name__,
         )
 
-    def start_input(self) -> None:
+    def start_input(self, recorded: Callable[[], LoopTimes | None] | None = None) -> None:
         """Builds the training input and its host loop at the global step (once; `train`
         needs it).
 
         A restored run continues the stream where the checkpoint's step left it. Built
         before anything is written, so bad data fails a run that has written nothing.
+        `recorded`: the loop times model_dir's record kept (`loop_times`), read only when
+        the run decides between the device-data loops by them.
         """
         if self._loop is not None:
             return
@@ -186,7 +199,7 @@ class Trainer:
         if arrays is not None and self.plan_device_data(arrays) is not None:
             assert self.device_data is not None
             self.device_data.place(self.strategy)
-            loop = DeviceLoop(self._loop_parts(), self.device_data, self.step, self._xla_note())
+            loop = self._device_loop(recorded or (lambda: None))
             logging.info(
                 "Training data on the device (%s): each replica step gathers its own batch; %s.",
                 device_data.describe(arrays, self.device_data.order),
@@ -230,8 +243,43 @@ class Trainer:
         )
         return self.device_data
 
-    def _xla_note(self) -> str:
-        """Why the device-data host loop is not compiled by XLA as a whole ("" when it is)."""
+    def _device_loop(self, recorded: Callable[[], LoopTimes | None]) -> DeviceLoop:
+        """The device-data host loop: XLA-compiled as a whole or not, and why (logged).
+
+        What cannot be compiled as one computation is not (a TPU's step is anyway, several
+        replicas span several devices); the user's config.train.xla=true or false is kept.
+        With "auto" (the default) the loops are timed on the model's own step
+        (`DeviceLoop.time_both`) and XLA's runs unless the plain one is clearly faster
+        (`LoopTimes.measured`): XLA speeds up a step of many small ops (Iris: ~5x, its
+        dispatch gone) and slows down one of large matmuls or convolutions on a CPU, where
+        TensorFlow's oneDNN kernels beat XLA's (keras-io's DCGAN, a WGAN-GP of 512-unit
+        layers: docs/benchmarks.md). The op mix alone does not tell the two apart, the
+        step's time does. The choice is recorded in model_dir (`loop_times`): a resumed
+        run runs the loop its checkpoints were trained with, for the two loops round
+        floating-point sums differently and a resume must be bit-identical.
+        """
+        parts, data, step = self._loop_parts(), self.device_data, self.step
+        assert data is not None
+        choice = self.run.config.train.xla
+        off = self._without_xla(choice)
+        if off or choice is True:
+            why = off or "the host loop is compiled by XLA (config.train.xla=true)"
+            return DeviceLoop(parts, data, step, not off, why)
+        auto = "config.train.xla='auto'; true or false forces one"
+        kept = recorded()
+        if kept is not None:
+            self.loop_times = kept
+            first = f"as this model_dir's first run timed it ({kept.shown()}; {auto})"
+            why = f"{_loop_name(kept)}, {first}"
+            return DeviceLoop(parts, data, step, kept.use_xla, why)
+        loop = DeviceLoop(parts, data, step, False, "")
+        times = self.loop_times = loop.time_both()
+        self._compiled = True  # the loop chosen was, to time it
+        loop.why = f"{_loop_name(times)}: {times.shown()} ({auto})"
+        return loop
+
+    def _without_xla(self, choice: object) -> str:
+        """Why the device-data host loop cannot or will not be compiled by XLA ("": it may)."""
         if self.cluster.is_tpu:
             return "XLA compiles the replicated step for the TPU"
         if self.strategy.num_replicas_in_sync > 1:
@@ -241,22 +289,32 @@ class Trainer:
                 "the host loop is not compiled by XLA: it spans every replica's device, and "
                 "XLA compiles for one"
             )
-        if not self.run.config.train.xla:
+        if choice is False:
             return "the host loop is not compiled by XLA (config.train.xla=false)"
-        if self.run.config.precision == "mixed_bfloat16" and (
-            device_data.device_kind(self.strategy) == "CPU"
+        if (
+            choice is not True  # "auto"
+            and self.run.config.precision == "mixed_bfloat16"
+            and device_data.device_kind(self.strategy) == "CPU"
         ):
             # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (docs/device-data.md).
             return (
-                "the host loop is not compiled by XLA: its CPU backend has no fast bfloat16 matmuls"
+                "the host loop is not compiled by XLA: its CPU backend has no fast bfloat16 "
+                "matmuls (config.train.xla=true forces it)"
             )
         return ""
 
     def train(self, num_steps: int) -> LoopStats:
-        """Runs one host loop of `num_steps` steps, from the global step."""
+        """Runs one host loop of `num_steps` steps, from the global step. The first compiles
+        the loop first (in its time: the time account calls the excess compile), said in
+        two lines."""
         self.start_input()
         assert self._loop is not None
         start = time.perf_counter()
+        if not self._compiled:
+            loop = f"the host loop of {type(self.model).__name__}'s train_step"
+            with announced(f"Compiling {loop}", f"Compiled {loop}"):
+                self._loop.run(0)  # runs no step, moves no data: traces, optimizes, compiles
+            self._compiled = True
         result = self._loop.run(num_steps)
         scalars = self._named(result.means)  # waits for the loop to finish
         rates = [float(r) for r in result.rates.numpy()]
@@ -281,3 +339,11 @@ class Trainer:
         """The loop's mean of each scalar, by the names the step returned them under."""
         values = totals.numpy()
         return {name: float(values[i]) for i, name in enumerate(self._scalar_names)}
+
+
+def _loop_name(times: LoopTimes) -> str:
+    return (
+        "the host loop is compiled by XLA"
+        if times.use_xla
+        else "the host loop is not compiled by XLA"
+    )

@@ -359,7 +359,15 @@ def _read_whole(make_checkpoint: Callable[..., tf.train.Checkpoint], path: str) 
     # path is a directory, which ram:// answers yes for any prefix of a file name.
     keys = set(tf.compat.v1.train.NewCheckpointReader(path).get_variable_to_shape_map())
     present = {key.split("/", 1)[0] for key in keys}
-    make_checkpoint(present).read(path).assert_existing_objects_matched()
+    checkpoint = make_checkpoint(present)
+    if "save_counter" in present:
+        # Made now, so that it is read back: a checkpoint object makes its save counter at
+        # its first save, and one without it leaves the file's value unread, which
+        # TensorFlow warns of on every resume as if part of the model were not restored
+        # ("could not be found in the restored object: (root).save_counter"). A value the
+        # object really lacks is still warned of.
+        checkpoint.save_counter  # noqa: B018 - the property makes the variable
+    checkpoint.read(path).assert_existing_objects_matched()
 
 
 def _move_aside(path: str, model_dir: str) -> None:

@@ -23,7 +23,7 @@ from absl import logging
 from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, EPOCH, RunConfig, bounds, recipe_keys
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, EPOCH, RunConfig, bounds, recipe_keys, trained_keys
 from tpurun.run_config.epochs import resolve_epochs, steps_for_epochs
 from tpurun.storage import records
 
@@ -33,6 +33,9 @@ NAME_KEY = "__config_name__"
 # The training examples an epoch counted (a run counted in epochs, or evaluating every
 # epoch): a resumed run counts in them, whatever its data now hold.
 EXAMPLES_KEY = "__train_examples__"
+# How the device-data host loops timed (config.train.xla="auto" chose the faster by
+# them): a resumed run runs the loop its checkpoints were trained with.
+LOOP_TIMES_KEY = "__loop_times__"
 
 # Config keys a resumed run may change: how long, how often and from where, not the
 # model, its optimizer, the seed or the batch size. The learning rate and train.steps
@@ -122,11 +125,14 @@ def _with_new_defaults(recorded: dict) -> dict:
     return nested
 
 
-def write(run: RunConfig) -> None:
-    """Records the config the checkpoints in model_dir are trained with (atomically)."""
+def write(run: RunConfig, loop_times: dict[str, Any] | None = None) -> None:
+    """Records the config the checkpoints in model_dir are trained with (atomically), and
+    the loop times its host loop was chosen by, if it was (`recorded_loop_times`)."""
     record = {**run.config.to_dict(), NAME_KEY: run.config_name}
     if run.train_examples:
         record[EXAMPLES_KEY] = run.train_examples
+    if loop_times:
+        record[LOOP_TIMES_KEY] = loop_times
     storage.write_atomically(
         storage.join(run.model_dir, FILE),
         json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
@@ -156,31 +162,38 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
         ) from None
     name = record.pop(NAME_KEY, None)  # tpurun 0.2 recorded the config alone
     record.pop(EXAMPLES_KEY, None)  # not a config key: `recorded_examples`
+    record.pop(LOOP_TIMES_KEY, None)  # nor this: `recorded_loop_times`
     return (name if isinstance(name, str) else None), record
 
 
 def check_same_model(run: RunConfig) -> None:
-    """Fails, before any restore, when model_dir was trained with a config of another model;
-    warns when it kept moving averages this config does not read."""
+    """Fails, before any restore, when model_dir was trained with a config of another model."""
+    _check_model(run, read(run))
+
+
+def for_serving(run: RunConfig) -> tuple[RunConfig, tuple[trained_keys.Difference, ...]]:
+    """eval, predict and export: `run` with the model its checkpoints were trained as (the
+    trained config's model keys, `tpurun.run_config.trained_keys`), and the model keys
+    the command line changed. Fails first, as `check_same_model`, for another model's
+    model_dir; `run` as it is when model_dir keeps no record (a tpurun before 0.2)."""
     recorded = read(run)
     _check_model(run, recorded)
-    if recorded is not None:
-        _warn_of_unread_averages(run, recorded[1])
-
-
-def _warn_of_unread_averages(run: RunConfig, trained: dict[str, Any]) -> None:
-    """eval, predict and export read the moving averages only when their config has
-    train.ema_decay: said, or a run trained with an override silently serves raw weights."""
-    decay = _flatten(trained).get("train.ema_decay")
-    if run.config.train.ema_decay or not isinstance(decay, (int, float)) or not decay:
-        return
-    logging.warning(
-        "%s was trained with config.train.ema_decay=%g, but this config has none: using "
-        "the raw weights; pass --config.train.ema_decay=%g to use their moving averages.",
-        run.model_dir,
-        decay,
-        decay,
-    )
+    if recorded is None:
+        return run, ()
+    served = trained_keys.serve(run.config, _with_new_defaults(recorded[1]), run.given_keys)
+    if served.taken:
+        logging.info(
+            "The model as trained (%s/%s): %s; --config.<key>=<value> overrides one.",
+            run.model_dir,
+            FILE,
+            ", ".join(d.shown("the config file:") for d in served.taken),
+        )
+    if served.overridden:
+        logging.info(
+            "Overriding the config the checkpoints were trained with: %s.",
+            ", ".join(d.shown("given:") for d in served.overridden),
+        )
+    return dataclasses.replace(run, config=served.config), served.overridden
 
 
 def _check_model(run: RunConfig, recorded: tuple[str | None, dict[str, Any]] | None) -> None:
@@ -322,10 +335,20 @@ def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
 
 def recorded_examples(run: RunConfig) -> int | None:
     """The training examples model_dir's epochs counted, if its record kept them."""
+    examples = _recorded(run, EXAMPLES_KEY)
+    return examples if isinstance(examples, int) and examples > 0 else None
+
+
+def recorded_loop_times(run: RunConfig) -> dict[str, Any] | None:
+    """The device-data loop times model_dir's record kept (`write`), if it kept them."""
+    times = _recorded(run, LOOP_TIMES_KEY)
+    return times if isinstance(times, dict) else None
+
+
+def _recorded(run: RunConfig, key: str) -> Any:
     path = storage.join(run.model_dir, FILE)
     try:
         record = records.read_json(path)
     except records.DamagedRecord:
         return None  # said where the record is read for the resume (check_resume)
-    examples = record.get(EXAMPLES_KEY) if isinstance(record, dict) else None
-    return examples if isinstance(examples, int) and examples > 0 else None
+    return record.get(key) if isinstance(record, dict) else None

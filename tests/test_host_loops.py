@@ -1,0 +1,167 @@
+"""The device-data host loop's choice: config.train.xla="auto" times XLA's loop and the plain
+one on the model's step and trains with the faster; model_dir keeps the times, and a
+resumed run runs the loop its checkpoints were trained with.
+
+The decision rule is tested on given times (which loop is faster on this machine is
+never asserted); the run below fixes the rule's thresholds, so that it decides the same
+whatever the machine's load, and times both loops for real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import assert_ok
+
+from tpurun import model as model_lib
+from tpurun.cluster import strategy
+from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.runners import host_loops
+from tpurun.runners.host_loops import PLAIN_MARGIN, TINY_STEP_S, DeviceLoop, LoopTimes
+from tpurun.runners.train import Trainer
+
+IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
+MS = 1e-3
+measured = LoopTimes.measured  # the times, and the loop they choose
+
+
+@pytest.mark.parametrize(
+    "times, xla",
+    [
+        (measured(plain=3 * MS, xla=1 * MS, steps=8), True),  # XLA faster
+        (measured(plain=1 * MS, xla=1.2 * MS, steps=8), True),  # slower, within the margin
+        (measured(plain=1 * MS, xla=PLAIN_MARGIN * MS, steps=8), False),  # at the margin
+        (measured(plain=100 * MS, xla=700 * MS, steps=1), False),  # keras-io's DCGAN
+        (measured(plain=None, xla=TINY_STEP_S / 2, steps=512), True),  # tiny: plain untimed
+        (measured(plain=None, xla=None, steps=0, xla_error="no kernel"), False),  # XLA failed
+    ],
+    ids=["faster", "within-margin", "at-margin", "much-slower", "tiny", "xla-failed"],
+)
+def test_xla_runs_unless_it_failed_or_the_plain_loop_is_clearly_faster(times, xla):
+    assert times.use_xla is xla
+    # What model_dir keeps gives the same loop back.
+    assert LoopTimes.from_record(json.loads(json.dumps(times.as_record()))) == times
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        None,
+        [1, 2],
+        {"plain": 0.001},  # no xla, no steps
+        {"plain": "fast", "xla": 0.001, "steps": 8, "use_xla": True},
+        {"plain": 0.001, "xla": 0.001, "steps": "8", "use_xla": True},
+        {"plain": 0.001, "xla": 0.001, "steps": 8},  # no choice
+        {"plain": None, "xla": None, "steps": 0, "use_xla": False},  # neither, no error
+        {"plain": None, "xla": None, "steps": 0, "use_xla": True, "xla_error": "failed"},
+        {"plain": -1.0, "xla": 0.001, "steps": 8, "use_xla": True},
+        {"plain": 0.001, "xla": 0.001, "steps": 8, "use_xla": True, "winner": "xla"},
+    ],
+)
+def test_a_record_not_in_this_form_gives_no_times(record):
+    assert LoopTimes.from_record(record) is None
+
+
+def test_the_log_says_what_was_timed_and_why():
+    assert LoopTimes.measured(0.0034, 0.0012, 100).shown() == (
+        "1.2 ms a step with XLA against 3.4 ms without (2.8x faster), timed on 100 steps each"
+    )
+    assert LoopTimes.measured(0.1, 0.7, 1).shown() == (
+        "700 ms a step with XLA against 100 ms without (7.0x slower, 1.3x or more), "
+        "timed on 1 step each"
+    )
+    assert (
+        LoopTimes.measured(0.001, 0.0012, 8)
+        .shown()
+        .endswith("(1.2x slower, less than 1.3x), timed on 8 steps each")
+    )
+    assert LoopTimes.measured(None, 6e-5, 4096).shown() == (
+        "0.06 ms a step with XLA, timed on 4096 steps: under 1 ms, faster than its ops "
+        "dispatched one by one"
+    )
+    assert LoopTimes.measured(None, None, 0, "no XLA kernel for PyFunc").shown() == (
+        "XLA could not compile the step (no XLA kernel for PyFunc)"
+    )
+
+
+def weights(model_dir, step: int) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(str(model_dir / f"ckpt-{step}"))
+    names = reader.get_variable_to_shape_map()
+    return {n: reader.get_tensor(n) for n in names if n.endswith("VARIABLE_VALUE")}
+
+
+def loop_line(stderr: str) -> str:
+    (line,) = [line for line in stderr.splitlines() if "Training data on the device" in line]
+    return line
+
+
+def test_auto_records_its_choice_and_a_resume_keeps_it_bit_identically(
+    tpurun_cli, tmp_path, monkeypatch
+):
+    """With the rule fixed to choose the plain loop, "auto" compiles and times both loops
+    (in log lines that say when and how long, without a terminal), puts the state back
+    and trains exactly what a run forcing the plain loop trains; the resumed run keeps
+    the recorded choice although the rule now says XLA."""
+    monkeypatch.setattr(host_loops, "TINY_STEP_S", 0.0)  # time the plain loop too
+    monkeypatch.setattr(host_loops, "PLAIN_MARGIN", 1e-9)  # and choose it, whatever the times
+    monkeypatch.setattr(host_loops, "CALL_SECONDS", 0.0)  # on calls of one step: cheaper
+    auto = (*IRIS, f"--model_dir={tmp_path / 'auto'}")
+    first = assert_ok(tpurun_cli("train", *auto, "--train_steps=20"))
+    for how in ("with", "without"):
+        compiled = f"Compiled the host loop of Iris's train_step {how} XLA"
+        assert re.search(rf"{re.escape(compiled)} in \d+\.\ds\.", first.stderr), first.stderr
+    assert "Compiling the host loop of Iris's train_step with XLA (to time it" in first.stderr
+    line = loop_line(first.stderr)
+    assert re.search(
+        r"the host loop is not compiled by XLA: [\d.]+ ms a step with XLA against [\d.]+ ms "
+        r"without \(.*\), timed on \d+ steps? each \(config.train.xla='auto'",
+        line,
+    ), line
+    record = json.loads((tmp_path / "auto" / "train_config.json").read_text())
+    times = LoopTimes.from_record(record["__loop_times__"])
+    assert times is not None and times.plain and times.xla and not times.use_xla
+
+    monkeypatch.setattr(host_loops, "PLAIN_MARGIN", float("inf"))  # now the rule says XLA
+    resumed = assert_ok(tpurun_cli("train", *auto, "--train_steps=40"))
+    assert "Resuming from" in resumed.stderr
+    assert "to time it" not in resumed.stderr
+    assert loop_line(resumed.stderr).endswith(
+        f"the host loop is not compiled by XLA, as this model_dir's first run timed it "
+        f"({times.shown()}; config.train.xla='auto'; true or false forces one)."
+    )
+    # The first loop of a run that does not time compiles in two lines too.
+    assert re.search(r"Compiled the host loop of Iris's train_step in \d+\.\ds\.", resumed.stderr)
+    kept = json.loads((tmp_path / "auto" / "train_config.json").read_text())["__loop_times__"]
+    assert kept == record["__loop_times__"]
+
+    plain = (*IRIS, f"--model_dir={tmp_path / 'plain'}", "--config.train.xla=false")
+    forced = assert_ok(tpurun_cli("train", *plain, "--train_steps=40"))
+    assert "to time it" not in forced.stderr
+    a, b = weights(tmp_path / "auto", 40), weights(tmp_path / "plain", 40)
+    assert a.keys() == b.keys()
+    assert [name for name in a if not np.array_equal(a[name], b[name])] == []
+
+
+@pytest.mark.parametrize("xla", [True, False])
+def test_the_users_choice_is_kept_untimed(xla, monkeypatch, tmp_path):
+    def not_timed(self):
+        raise AssertionError("timed although config.train.xla was given")
+
+    monkeypatch.setattr(DeviceLoop, "time_both", not_timed)
+    source = config_files.resolve("iris")
+    config = config_files.load(source)
+    config.train.xla = xla
+    run = RunConfig("train", source.name, merge_flags(config, {}), str(tmp_path), use_tpu=False)
+    trainer = Trainer(run, strategy.build(run), model_lib.create(run.config))
+    trainer.start_input(lambda: LoopTimes.measured(1.0, 1.0, 1))  # a record, not read
+    loop = trainer._loop
+    assert isinstance(loop, DeviceLoop) and loop.compiled is xla
+    assert loop.describe() == (
+        f"the host loop is {'' if xla else 'not '}compiled by XLA "
+        f"(config.train.xla={str(xla).lower()})"
+    )
+    assert trainer.loop_times is None
