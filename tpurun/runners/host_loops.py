@@ -73,8 +73,8 @@ class LoopParts:
 PLAIN_MARGIN = 1.3
 # An XLA-compiled step faster than this keeps XLA without the plain loop being compiled or
 # timed: what it saves, dispatching the step's ops one by one, outweighs any kernel of
-# such a step (Iris: 0.06 ms a step with XLA against 0.32 ms without; the slowest XLA step
-# the plain loop beat, a WGAN-GP of 512-unit layers, took 30 ms: docs/benchmarks.md).
+# such a step (Iris: 0.06 ms a step with XLA against 0.32 ms without; the steps the plain
+# loop beat, issue 41's GANs, took a tenth of a second and more with XLA on a CPU).
 # Below it the choice does not depend on the machine's load either, so two fresh runs of
 # a small model train the same weights.
 TINY_STEP_S = 1e-3

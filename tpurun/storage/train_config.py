@@ -23,7 +23,14 @@ from absl import logging
 from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, EPOCH, RunConfig, bounds, recipe_keys, trained_keys
+from tpurun.run_config import (
+    DATA_LOCATION_SUFFIXES,
+    EPOCH,
+    RunConfig,
+    bounds,
+    recipe_keys,
+    trained_keys,
+)
 from tpurun.run_config.epochs import resolve_epochs, steps_for_epochs
 from tpurun.storage import records
 
