@@ -71,7 +71,10 @@ USAGE_ERRORS = {
     ),
     "unknown_model": (
         ["train", "--config.model=nope"],
-        ["config.model='nope' is not a registered model (known: ", "iris, mnist, shakespeare"],
+        [
+            "config.model='nope' is not a registered model (known: ",
+            "iris, mnist, resnet50, shakespeare",
+        ],
     ),
     "predict_flag_on_train": (
         ["train", "--input=rows.csv"],

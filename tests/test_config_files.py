@@ -177,9 +177,10 @@ def test_check_override_keys_accepts_known_keys(iris_config, argv):
         (
             "--config.optimizer.lr=0.05",
             "--config.optimizer.lr: the config has no key 'lr' at optimizer; "
-            "known keys there: alpha, base_batch_size, boundaries, clip_norm, decay_rate, "
-            "decay_steps, end_learning_rate, learning_rate, momentum, multipliers, name, "
-            "nesterov, schedule, staircase, warmup_steps, weight_decay, weight_decay_exclude",
+            "known keys there: alpha, base_batch_size, boundaries, boundary_epochs, "
+            "clip_norm, decay_rate, decay_steps, end_learning_rate, l2_weight_decay, "
+            "learning_rate, momentum, multipliers, name, nesterov, schedule, staircase, "
+            "warmup_epochs, warmup_steps, weight_decay, weight_decay_exclude",
         ),
         (
             "--config.train.steps.max=3",
