@@ -76,7 +76,7 @@ def test_rule_is_caught_with_its_fix(tpurun_cli, rule, tmp_path):
     config, found, fix = RULE_CASES[rule]
     # The graph's and the input's rules are found in any replica's step: one replica traces
     # one (a check traces the step once per replica). Only batch-split needs the 8 replicas
-    # of a v3-8, check's default (as the iris tests below, which trace on 8 and on 4).
+    # of a v3-8, check's default (as the iris tests below, which trace on 8 and on 2).
     replicas = () if rule == "batch-split" else ("--num_shards=1",)
     result = tpurun_cli("check", f"--config={FIXTURES / config}.py", *replicas, cwd=tmp_path)
     assert result.returncode == 1, report(result)
@@ -118,21 +118,22 @@ def test_shipped_iris_config_is_clean(tpurun_cli, tmp_path):
 
 @pytest.mark.slow
 def test_num_shards_sets_the_replicas_and_tpu_flags_are_ignored(tpurun_cli, tmp_path):
-    """--num_shards=4 checks 4 replicas; --use_tpu and --model_dir neither connect nor write."""
+    """--num_shards=2 checks 2 replicas (not the default 8: a check traces the step once per
+    replica); --use_tpu and --model_dir neither connect nor write."""
     model_dir = tmp_path / "model"
     result = tpurun_cli(
         "check",
         "--config=iris",
-        "--num_shards=4",
+        "--num_shards=2",
         "--use_tpu=true",
         f"--model_dir={model_dir}",
-        "--batch_size=32",
-        "--eval_batch_size=32",
-        "--predict_batch_size=32",
+        "--batch_size=16",
+        "--eval_batch_size=16",
+        "--predict_batch_size=16",
         cwd=tmp_path,
     )
     assert result.returncode == 0, report(result)
-    assert "with 4 replicas, with no errors" in result.stdout
+    assert "with 2 replicas, with no errors" in result.stdout
     assert findings(result) == [], result.stdout  # 8 per replica everywhere: nothing to say
     assert not model_dir.exists()
 
