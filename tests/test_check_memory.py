@@ -61,12 +61,20 @@ def mlp_estimate(model, optimizer, batch: int) -> me.MemoryEstimate:
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def adam_mlp():
+    """An MLP and its Adam, shared: an estimate builds neither anew (`optimizer.build` of a
+    built optimizer keeps its slots), and each test compiles its own steps."""
     model = mlp()
     return model, keras.optimizers.Adam(
         name="adam"
     )  # named: Keras numbers unnamed ones per process
+
+
+@pytest.fixture(scope="module")
+def adam_mlp_32(adam_mlp) -> me.MemoryEstimate:
+    """The estimate at a batch of 32, compiled once for the tests that read it."""
+    return mlp_estimate(*adam_mlp, batch=32)
 
 
 def test_sgd_on_one_n_by_n_kernel_is_the_kernel_and_no_optimizer_state():
@@ -85,9 +93,9 @@ def test_sgd_on_one_n_by_n_kernel_is_the_kernel_and_no_optimizer_state():
     assert estimate.bytes(me.INPUT) == 2 * 32 * n * F32
 
 
-def test_adam_keeps_two_slots_per_weight(adam_mlp):
-    model, optimizer = adam_mlp
-    estimate = mlp_estimate(model, optimizer, batch=32)
+def test_adam_keeps_two_slots_per_weight(adam_mlp, adam_mlp_32):
+    model, _ = adam_mlp
+    estimate = adam_mlp_32
     parameter_bytes = F32 * model.count_params()
     assert estimate.bytes(me.WEIGHTS) == parameter_bytes
     # Momentum and velocity per weight, plus the iteration counter (int64) and the
@@ -97,9 +105,9 @@ def test_adam_keeps_two_slots_per_weight(adam_mlp):
     assert {"adam/iteration", "adam/learning_rate"} <= names
 
 
-def test_temporaries_grow_with_the_batch_and_the_rest_does_not(adam_mlp):
+def test_temporaries_grow_with_the_batch_and_the_rest_does_not(adam_mlp, adam_mlp_32):
     model, optimizer = adam_mlp
-    small = mlp_estimate(model, optimizer, batch=32)
+    small = adam_mlp_32
     large = mlp_estimate(model, optimizer, batch=2048)
     for category in (me.WEIGHTS, me.OPTIMIZER):
         assert large.bytes(category) == small.bytes(category)
@@ -172,12 +180,12 @@ def test_nothing_is_allocated_a_batch_beyond_this_machine_can_be_sized():
     assert grown_kib < 1 << 20  # less than 1 GiB
 
 
-def test_mixed_bfloat16_keeps_float32_weights_and_slots(adam_mlp):
-    float32 = mlp_estimate(*adam_mlp, batch=256)
+def test_mixed_bfloat16_keeps_float32_weights_and_slots(adam_mlp_32):
+    float32 = adam_mlp_32  # weights and slots do not depend on the batch
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         model = mlp()
-        mixed = mlp_estimate(model, keras.optimizers.Adam(), batch=256)
+        mixed = mlp_estimate(model, keras.optimizers.Adam(), batch=32)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     # Keras keeps float32 variables and computes in bfloat16: the variables'
@@ -240,8 +248,8 @@ def test_parameters_out_of_order_fail_loudly(monkeypatch, adam_mlp):
         mlp_estimate(*adam_mlp, batch=32)
 
 
-def test_summary_names_every_category_and_says_it_is_an_estimate(adam_mlp):
-    summary = mlp_estimate(*adam_mlp, batch=32).summary()
+def test_summary_names_every_category_and_says_it_is_an_estimate(adam_mlp_32):
+    summary = adam_mlp_32.summary()
     for category in me.CATEGORIES:
         assert f"{category} " in summary
     assert "per replica in TPU tiles" in summary

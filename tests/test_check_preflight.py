@@ -31,9 +31,11 @@ SEED_CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "flops")
 BFLOAT16_CHECKED = {
     name: ("--precision=mixed_bfloat16",) for name in ("fashion_mnist", "shakespeare")
 }
-# Their chips: 8 (a v5e-8), but the CNN's and the LSTM's costly checks on a v5e-4 (a check
-# traces the step once per replica: 4 replicas take 24 s where 8 took 36).
-CHIPS = {name: 4 for name in BFLOAT16_CHECKED}
+# Their chips: a check traces the step once per replica, and what is each config's alone (the
+# model, its data, bfloat16) is sized the same on one chip: a v5e-1, but flops (a cheap model)
+# on a v5e-8 and mnist on a v5e-4, whose runs the tests of the weights, the table and the input
+# check share (the batch split over a slice's replicas, its host's vCPUs).
+CHIPS = {"iris": 1, "fashion_mnist": 1, "shakespeare": 1, "mnist": 4, "flops": 8}
 # Only mnist's training input is measured (tpurun.check.host_input): a few seconds each.
 INPUT_CHECK = {"mnist": ()}
 _RUNS: dict[tuple[str, ...], tuple[subprocess.CompletedProcess, dict | None, float, list[str]]] = {}
@@ -89,7 +91,7 @@ def describe(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
-# --- Every seed config on a v5e-8 --------------------------------------------------------
+# --- Every seed config on a v5e slice --------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -101,7 +103,7 @@ def test_every_seed_config_is_sized_on_a_v5e_slice(checked, config, record_prope
     The CNN and the LSTM in bfloat16 activations, the precision a TPU run wants (mnist's
     config is in it already): one check of each covers both their sizing and that
     bfloat16 keeps their steps TPU-clean (test_recipes checks iris and flops in it)."""
-    chips = CHIPS.get(config, 8)
+    chips = CHIPS[config]
     flags = (f"--target=v5e-{chips}", *BFLOAT16_CHECKED.get(config, ()))
     result, data, seconds = checked(config, *flags)
     record_property("seconds", round(seconds, 1))
@@ -121,7 +123,7 @@ def test_every_seed_config_is_sized_on_a_v5e_slice(checked, config, record_prope
 
 @pytest.mark.slow
 def test_mnists_table_names_every_row_and_the_cpus_bias(checked):
-    result, data, _ = checked("mnist", "--target=v5e-8")
+    result, data, _ = checked("mnist", "--target=v5e-4")
     lines = result.stdout.splitlines()
     assert lines[1].split() == ["train", "eval", "predict"]
     rows = [line.split("  ")[1].strip() for line in lines[2:11]]
@@ -136,7 +138,7 @@ def test_mnists_table_names_every_row_and_the_cpus_bias(checked):
         "HBM per replica",
         "headroom",
     ]
-    assert lines[2].split()[-3:] == ["128", "128", "32"]  # 1024, 1024 and 256 over 8
+    assert lines[2].split()[-3:] == ["256", "256", "64"]  # 1024, 1024 and 256 over 4
     assert "max-pool gradients" in result.stdout  # XLA:CPU's scatter: 'other' errs high
     assert data["steps"]["train"]["optimizer_bytes"] <= 16  # SGD without momentum: no slots
 
@@ -145,19 +147,19 @@ def test_mnists_table_names_every_row_and_the_cpus_bias(checked):
 def test_mnists_training_input_is_measured_and_a_v5e_host_figured(checked):
     """Its TFRecords (tests/synthetic_images.py) read here for a few seconds; without the TPU
     compiler (these runs), no step time to set the host's examples/s against."""
-    result, data, _ = checked("mnist", "--target=v5e-8")
+    result, data, _ = checked("mnist", "--target=v5e-4")
     text = result.stdout
     assert "Will the input keep up? The training input, measured here (" in text
     here = re.search(r"\n  here: ([\d.]+)(k|M)? examples/s on this machine's (\d+) cores", text)
     assert here and float(here.group(1)) > 0, text
     assert (
-        "a v5litepod-8 host (224 vCPUs, https://cloud.google.com/tpu/docs/v5e) makes at most ~"
+        "a v5litepod-4 host (112 vCPUs, https://cloud.google.com/tpu/docs/v5e) makes at most ~"
     ) in text
     assert "no train step time to compare with: its XLA:CPU estimate counts no FLOPs" in text
     figures = data["input"]
     assert figures["measured"] and figures["examples_per_cpu_second"] > 0
     assert figures["host_examples_per_second"] == pytest.approx(
-        figures["examples_per_cpu_second"] * 224
+        figures["examples_per_cpu_second"] * 112
     )
     assert (figures["hosts"], figures["examples_per_host_step"]) == (1, 1024)
     assert figures["input_bound"] is None and figures["step_examples_per_second_per_host"] is None
@@ -180,8 +182,9 @@ def test_flops_one_kernel_with_sgd_is_its_kernel_and_no_optimizer_state(checked)
 @pytest.mark.slow
 def test_adam_keeps_two_slots_per_weight(checked):
     n = 256
+    # One replica: its state is the same on each (mnist's v5e-4 and flops' v5e-8 runs have many).
     result, data, _ = checked(
-        "flops", "--target=v5e-8", f"--config.flops.n={n}", "--config.optimizer.name=adam"
+        "flops", "--target=v5e-1", f"--config.flops.n={n}", "--config.optimizer.name=adam"
     )
     assert result.returncode == 0, describe(result)
     train = data["steps"]["train"]
@@ -198,7 +201,8 @@ def test_the_estimate_follows_the_training_recipe(checked):
     n = 256
     result, data, _ = checked(
         "flops",
-        "--target=v5e-8",
+        "--target=v5e-1",  # one replica, as test_adam_keeps_two_slots_per_weight
+        "--batch_size=128",  # 128 per replica, as 1024 on a v5e-8
         f"--config.flops.n={n}",
         "--config.optimizer.momentum=0.9",
         "--config.train.ema_decay=0.99",
@@ -217,19 +221,24 @@ def test_the_estimate_follows_the_training_recipe(checked):
 
 # --- A batch that does not fit ------------------------------------------------------------
 
-TOO_BIG = 8 * 32768  # mnist's train step at 32768 per replica: some 36 GB
+TOO_BIG = 32768  # mnist's train step at 32768 per replica: some 36 GB
 
 
 @pytest.mark.slow
-def test_a_batch_too_large_for_a_v5e_8_fails_with_the_largest_that_fits(checked):
-    result, data, _ = checked("mnist", "--target=v5e-8", f"--batch_size={TOO_BIG}")
+def test_a_batch_too_large_for_a_v5e_1_fails_with_the_largest_that_fits(checked):
+    """On one chip: the search compiles one replica's step whatever the slice, and a check
+    traces the step once per replica (the runs above size 4 and 8). Its input is not
+    measured (test_mnists_training_input_is_measured_and_a_v5e_host_figured measures it)."""
+    result, data, _ = checked(
+        "mnist", "--target=v5e-1", f"--batch_size={TOO_BIG}", "--input_check=false"
+    )
     assert result.returncode == RUN_FAILURE, describe(result)
     assert "Traceback" not in result.stderr
     (error,) = error_lines(result)
-    assert "1 error(s) and 0 warning(s) above: mnist would fail on a TPU with 8 replicas" in error
+    assert "1 error(s) and 0 warning(s) above: mnist would fail on a TPU with 1 replica" in error
     (finding,) = [line for line in result.stdout.splitlines() if line.startswith("[memory]")]
     assert finding.startswith("[memory] error: the train step needs 36."), finding
-    assert "at a per-replica batch of 32768, and a v5litepod-8 replica has 16 GB" in finding
+    assert "at a per-replica batch of 32768, and a v5litepod-1 replica has 16 GB" in finding
     train = data["steps"]["train"]
     largest = train["max_batch_per_replica"]
     assert not train["fits"] and largest % 8 == 0 and 0 < largest < 32768
@@ -237,12 +246,12 @@ def test_a_batch_too_large_for_a_v5e_8_fails_with_the_largest_that_fits(checked)
     assert (
         f"the largest per-replica batch found to fit is {largest} (the search's answer, not a "
         f"proof: {above} does not fit, a larger batch might) by that estimate: "
-        f"--batch_size={8 * largest}"
+        f"--batch_size={largest}"
     ) in finding
     assert "(XLA:CPU's estimate, not the TPU compiler's; pip install '.[tpu-compile]'" in finding
     search = train["batch_search"]
     assert search["compiles"] <= search["compile_bound"] == 14  # ceil(log2(32768 / 8)) + 2
-    assert "or more replicas: a v5litepod-" in finding
+    assert f"or more replicas: a v5litepod-4 splits --batch_size={TOO_BIG} into 8192" in finding
     assert data["steps"]["eval"]["fits"]  # only the step that does not fit is an error
 
 
@@ -276,7 +285,10 @@ def test_report_needs_a_target(tpurun_cli, tmp_path):
 @pytest.mark.slow
 def test_an_unwritable_report_is_one_line(tpurun_cli, tmp_path):
     report = tmp_path / "no" / "such" / "dir" / "r.json"
-    result = tpurun_cli("check", "--config=iris", "--target=v4-8", f"--report={report}")
+    # One replica, and no input measured: only the report's writing is this test's.
+    result = tpurun_cli(
+        "check", "--config=iris", "--target=v5e-1", "--input_check=false", f"--report={report}"
+    )
     assert result.returncode == RUN_FAILURE, describe(result)
     assert "Traceback" not in result.stderr
     (error,) = error_lines(result)
