@@ -12,12 +12,19 @@ tests/test_resume.py, whose Iris runs train on device data.)
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_ok, capture_info_logs, needs_xla_cpu, short_input_check
+from conftest import (
+    assert_ok,
+    capture_info_logs,
+    needs_xla_cpu,
+    short_input_check,
+    tpurun_in_process,
+)
 
 from tpurun import inputs
 from tpurun import model as model_lib
@@ -102,8 +109,10 @@ def device_batches(strategy_, model, start: int, steps: int, micro: int, jit: bo
 @pytest.mark.parametrize(
     "replicas, jit",
     [
+        # The default strategy's batch, in an XLA-compiled function (a 1-replica loop's).
         pytest.param(1, True, marks=needs_xla_cpu, id="1-xla"),
-        pytest.param(1, False, id="1"),
+        # MirroredStrategy's per-replica batches, in a plain tf.function (a several-replica
+        # loop's, which XLA does not compile).
         pytest.param(8, False, id="8"),
     ],
 )
@@ -131,27 +140,35 @@ def weights(model_dir: Path, step: int) -> dict[str, np.ndarray]:
     }
 
 
-def test_device_data_false_trains_through_tf_data_on_the_same_batches(tpurun_cli, tmp_path):
+@pytest.fixture(scope="module")
+def on_and_off(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Iris trained 100 steps (10 host loops) with config.train.device_data true and false:
+    each run's model_dir and log, for the tests below to read (and copy to resume)."""
     runs = {}
     for device in ("true", "false"):
-        runs[device] = assert_ok(
-            tpurun_cli(
-                "train",
-                *IRIS,
-                "--train_steps=100",
-                f"--config.train.device_data={device}",
-                f"--model_dir={tmp_path / device}",
-            )
-        ).stderr
-    assert "Training data on the device (120 examples" in runs["true"]
-    assert "the host loop is compiled by XLA" in runs["true"]
-    assert "input on device (no wait)" in runs["true"] and "input wait" not in runs["true"]
+        model_dir = tmp_path_factory.mktemp(f"device-data-{device}")
+        result = tpurun_in_process(
+            "train",
+            *IRIS,
+            "--train_steps=100",
+            f"--config.train.device_data={device}",
+            f"--model_dir={model_dir}",
+        )
+        runs[device] = (model_dir, assert_ok(result).stderr)
+    return runs
+
+
+def test_device_data_false_trains_through_tf_data_on_the_same_batches(on_and_off):
+    (on_dir, on_log), (off_dir, off_log) = on_and_off["true"], on_and_off["false"]
+    assert "Training data on the device (120 examples" in on_log
+    assert "the host loop is compiled by XLA" in on_log
+    assert "input on device (no wait)" in on_log and "input wait" not in on_log
     assert (
         "Training data stays in tf.data, not on the device: config.train.device_data=false."
-        in runs["false"]
+        in off_log
     )
-    assert "input wait" in runs["false"] and "input on device" not in runs["false"]
-    on, off = weights(tmp_path / "true", 100), weights(tmp_path / "false", 100)
+    assert "input wait" in off_log and "input on device" not in off_log
+    on, off = weights(on_dir, 100), weights(off_dir, 100)
     assert on.keys() == off.keys()
     # The same batches; XLA only rounds differently.
     for name in on:
@@ -219,15 +236,15 @@ def test_with_device_data_the_input_wait_is_zero_and_never_input_bound(caplog):
     assert stats.input_wait_share == 0.0
 
 
-def test_tensorboard_has_zero_input_wait(tpurun_cli, tmp_path):
+def test_tensorboard_has_zero_input_wait(on_and_off):
     from tensorboard.backend.event_processing import event_accumulator
 
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=30", f"--model_dir={tmp_path}"))
+    model_dir, _ = on_and_off["true"]
     events = event_accumulator.EventAccumulator(
-        str(tmp_path), size_guidance={event_accumulator.TENSORS: 0}
+        str(model_dir), size_guidance={event_accumulator.TENSORS: 0}
     ).Reload()
     shares = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("input_wait_share")]
-    assert shares == [0.0, 0.0, 0.0]
+    assert shares == [0.0] * 10  # one per host loop
 
 
 UNCOMPILABLE_MODEL = '''
@@ -342,33 +359,22 @@ def test_check_traces_and_compiles_the_device_data_step(tpurun_cli, uncompilable
     assert list(work.iterdir()) == []
 
 
-def test_a_resumed_run_on_2_replicas_with_accumulation_is_exact(tpurun_cli, tmp_path):
-    common = (*IRIS, "--num_shards=2", "--config.train.accumulate_steps=2", "--batch_size=16")
-    assert_ok(tpurun_cli("train", *common, "--train_steps=60", f"--model_dir={tmp_path / 'a'}"))
-    assert_ok(tpurun_cli("train", *common, "--train_steps=25", f"--model_dir={tmp_path / 'b'}"))
-    resumed = assert_ok(
-        tpurun_cli("train", *common, "--train_steps=60", f"--model_dir={tmp_path / 'b'}")
-    )
-    assert "Resuming from" in resumed.stderr and "Training data on the device" in resumed.stderr
-    whole, pieces = weights(tmp_path / "a", 60), weights(tmp_path / "b", 60)
-    assert whole.keys() == pieces.keys()
-    differ = [name for name in whole if not np.array_equal(whole[name], pieces[name])]
-    assert not differ, differ
-
-
-@pytest.mark.parametrize(
-    "recipe",
-    [
-        ("--precision=mixed_float16",),  # LossScaleOptimizer: a cond around the update
-        ("--config.optimizer.clip_norm=0.5", "--config.optimizer.weight_decay=0.01"),
-        ("--config.optimizer.schedule=cosine", "--config.train.ema_decay=0.9"),
-    ],
-    ids=["float16_loss_scaling", "clipping_and_weight_decay", "schedule_and_ema"],
+# Every recipe that changes the compiled update, on in one run: LossScaleOptimizer (a cond
+# around the update), clipping, weight decay, a schedule and EMA; a part XLA could not
+# compile would make the whole loop fall back, and say so.
+RECIPES = (
+    "--precision=mixed_float16",
+    "--config.optimizer.clip_norm=0.5",
+    "--config.optimizer.weight_decay=0.01",
+    "--config.optimizer.schedule=cosine",
+    "--config.train.ema_decay=0.9",
 )
+
+
 @needs_xla_cpu
-def test_xla_compiles_the_recipes(tpurun_cli, tmp_path, recipe):
+def test_xla_compiles_the_recipes(tpurun_cli, tmp_path):
     result = assert_ok(
-        tpurun_cli("train", *IRIS, *recipe, "--train_steps=20", f"--model_dir={tmp_path}")
+        tpurun_cli("train", *IRIS, *RECIPES, "--train_steps=20", f"--model_dir={tmp_path}")
     )
     assert "the host loop is compiled by XLA" in result.stderr
     assert "runs without XLA" not in result.stderr
@@ -412,28 +418,51 @@ def get_config():
 """
 
 
-def test_dropout_under_xla_resumes_bit_identically(tpurun_cli, tmp_path):
-    """Dropout's random state (a variable) is drawn in the compiled loop and checkpointed."""
+def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, tmp_path):
+    """Dropout's random state (a variable) is drawn in the compiled loop, accumulating 2
+    micro-batches, and checkpointed: resumed off a loop boundary (at 25 of loops of 10),
+    the run ends bit-identical to an uninterrupted one. (On 2 replicas the loop is not
+    compiled; their exact resume: test_resume.py's 2-replica cases, and their accumulated
+    batches at a resumed step: test_device_data_gives_each_replica_tf_datas_batches.)"""
     (tmp_path / "dropout_arrays.py").write_text(DROPOUT_MODEL)
     (tmp_path / "dropout_config.py").write_text(DROPOUT_CONFIG)
-    common = (f"--config={tmp_path / 'dropout_config.py'}", "--use_tpu=false")
+    common = (
+        f"--config={tmp_path / 'dropout_config.py'}",
+        "--use_tpu=false",
+        "--config.train.accumulate_steps=2",
+        "--batch_size=16",
+    )
     whole = assert_ok(
-        tpurun_cli("train", *common, "--train_steps=40", f"--model_dir={tmp_path / 'a'}")
+        tpurun_cli("train", *common, "--train_steps=60", f"--model_dir={tmp_path / 'a'}")
     )
     assert "the host loop is compiled by XLA" in whole.stderr
-    assert_ok(tpurun_cli("train", *common, "--train_steps=20", f"--model_dir={tmp_path / 'b'}"))
-    assert_ok(tpurun_cli("train", *common, "--train_steps=40", f"--model_dir={tmp_path / 'b'}"))
-    first, second = weights(tmp_path / "a", 40), weights(tmp_path / "b", 40)
+    assert_ok(tpurun_cli("train", *common, "--train_steps=25", f"--model_dir={tmp_path / 'b'}"))
+    resumed = assert_ok(
+        tpurun_cli("train", *common, "--train_steps=60", f"--model_dir={tmp_path / 'b'}")
+    )
+    assert "Resuming from" in resumed.stderr and "Training data on the device" in resumed.stderr
+    first, second = weights(tmp_path / "a", 60), weights(tmp_path / "b", 60)
+    assert first.keys() == second.keys()
     assert [n for n in first if not np.array_equal(first[n], second[n])] == []
 
 
-def test_xla_false_runs_the_plain_loop_and_resumes_from_a_compiled_one(tpurun_cli, tmp_path):
+def test_xla_false_runs_the_plain_loop_and_resumes_from_a_compiled_one(
+    tpurun_cli, tmp_path, on_and_off
+):
     """config.train.xla is resumable: the same batches, a plain tf.function, one line."""
-    common = (*IRIS, f"--model_dir={tmp_path}")
-    compiled = assert_ok(tpurun_cli("train", *common, "--train_steps=20"))
-    assert "the host loop is compiled by XLA" in compiled.stderr
-    plain = assert_ok(tpurun_cli("train", *common, "--train_steps=40", "--config.train.xla=false"))
-    assert "Resuming from" in plain.stderr and "step 40/40" in plain.stderr
+    compiled, log = on_and_off["true"]
+    assert "the host loop is compiled by XLA" in log
+    model_dir = shutil.copytree(compiled, tmp_path / "model")
+    plain = assert_ok(
+        tpurun_cli(
+            "train",
+            *IRIS,
+            "--train_steps=120",
+            "--config.train.xla=false",
+            f"--model_dir={model_dir}",
+        )
+    )
+    assert "Resuming from" in plain.stderr and "step 120/120" in plain.stderr
     lines = [line for line in plain.stderr.splitlines() if "Training data on the device" in line]
     assert len(lines) == 1, plain.stderr
     assert lines[0].endswith(
@@ -456,7 +485,9 @@ def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
 @needs_xla_cpu
 def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path):
     """--target estimates the device-data train step: its input is the arrays and the
-    order's table each replica holds (no prefetched batch); device_data=false: 2 batches."""
+    order's table each replica holds (no prefetched batch); device_data=false: 2 batches.
+    In mixed_bfloat16 (the arrays keep their dtype): this is also iris's bfloat16 check,
+    which must be clean (test_recipes.py checks the other shipped configs in it)."""
     iris = model_lib.create(config_files.load(config_files.resolve("iris")))
     arrays = iris.train_arrays()
     held = device_data.nbytes(arrays, ExampleOrder(arrays.num_examples, 0))
@@ -468,6 +499,7 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
             "--config=iris",
             "--target=v5e-8",
             f"--config.train.device_data={device}",
+            "--precision=mixed_bfloat16",
             f"--report={report}",
             "--input_check=false",  # the multi-host test below measures a tf.data input
             cwd=tmp_path,
@@ -475,6 +507,9 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
         assert result.returncode == 0, result.stdout + result.stderr
         found[device] = (result.stdout, json.loads(report.read_text())["steps"])
     text, steps = found["true"]
+    # bfloat16 activations keep iris's steps TPU-clean (warnings allowed).
+    assert "tpurun check: clean: the train, eval and predict steps of iris" in text
+    assert "error" not in "\n".join(line for line in text.splitlines() if line.startswith("["))
     assert steps["train"]["device_data"] is True and "device_data" not in steps["eval"]
     # Tile padding only adds; the step's int64 index is the rest.
     assert held <= steps["train"]["input_bytes"] < 2 * held

@@ -28,81 +28,46 @@ from tpurun.errors import EXIT_PREEMPTED
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """Iris trained to step 200 in host loops of 50 (ckpt-200), in this process: the tests
+    below read its summaries, or copy it to resume."""
+    model_dir = tmp_path_factory.mktemp("trained") / "model"
+    assert_ok(tpurun_in_process("train", "--config=iris", "--use_tpu=false", "--train_steps=200",
+                                "--iterations=50", f"--model_dir={model_dir}"))  # fmt: skip
+    return model_dir
+
+
 def test_exploding_learning_rate_stops_with_the_step_range_and_keeps_the_good_checkpoint(
-    tpurun_cli,
-    tmp_path,
+    tpurun_cli, tmp_path, trained
 ):
-    common = ("--config=iris", "--use_tpu=false", "--iterations=50", f"--model_dir={tmp_path}")
-    assert_ok(tpurun_cli("train", *common, "--train_steps=100"))
+    model_dir = Path(shutil.copytree(trained, tmp_path / "model"))
     result = tpurun_cli(
         # 2 replicas: the resumed learning rate is a MirroredVariable there.
         "train",
-        *common,
-        "--train_steps=300",
+        "--config=iris",
+        "--use_tpu=false",
+        "--iterations=50",
+        f"--model_dir={model_dir}",
+        "--train_steps=400",
         "--config.optimizer.learning_rate=1e30",
         "--num_shards=2",
     )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     (line,) = error_lines(result)
-    assert "between steps 101 and 150" in line
-    assert f"{tmp_path / 'ckpt-100'}" in line and "lower config.optimizer.learning_rate" in line
+    assert "between steps 201 and 250" in line
+    assert f"{model_dir / 'ckpt-200'}" in line and "lower config.optimizer.learning_rate" in line
 
-    import tensorflow as tf
-
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-100")
-    assert not list(tmp_path.glob("ckpt-150*")) and not list(tmp_path.glob("ckpt-300*"))
-    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-100"))
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-200")
+    assert not list(model_dir.glob("ckpt-250*")) and not list(model_dir.glob("ckpt-400*"))
+    reader = tf.train.load_checkpoint(str(model_dir / "ckpt-200"))
     for name in reader.get_variable_to_shape_map():
         if name.endswith("VARIABLE_VALUE"):
             assert np.all(np.isfinite(reader.get_tensor(name))), name
 
 
-def test_sigterm_saves_at_the_current_step_exits_75_and_loses_no_step(tpurun_cli, tmp_path):
-    args = [
-        sys.executable,
-        "-m",
-        "tpurun",
-        "train",
-        "--config=iris",
-        "--use_tpu=false",
-        "--iterations=100",
-        "--train_steps=10000000",
-        f"--model_dir={tmp_path}",
-    ]
-    process = subprocess.Popen(
-        args, env={**__import__("os").environ, **OFFLINE_ENV}, stderr=subprocess.PIPE, text=True
-    )
-    seen = []
-    for line in process.stderr:
-        seen.append(line)
-        if re.search(r"step \d+/10000000", line):
-            process.send_signal(signal.SIGTERM)
-            break
-    rest = process.stderr.read()
-    process.wait(timeout=120)
-    stderr = "".join(seen) + rest
-    assert process.returncode == EXIT_PREEMPTED, stderr
-    saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stderr).group(1))
-    logged = [int(s) for s in re.findall(r"step (\d+)/10000000", stderr)]
-    assert saved == max(logged) and saved % 100 == 0
-    assert (tmp_path / f"ckpt-{saved}.index").exists()
-
-    resumed = assert_ok(
-        tpurun_cli(
-            "train",
-            "--config=iris",
-            "--use_tpu=false",
-            "--iterations=100",
-            f"--train_steps={saved + 200}",
-            f"--model_dir={tmp_path}",
-        )
-    )
-    assert f"(step {saved})" in resumed.stderr
-    assert f"Training from step {saved} to {saved + 200}" in resumed.stderr
-
-
-# --- SIGTERM during start-up: exit 75 from the first line of tpurun's own code ------------
+# --- SIGTERM at any moment: exit 75 from the first line of tpurun's own code -------------
 
 
 def _catches_sigterm(pid: int) -> bool:
@@ -127,25 +92,19 @@ STARTUP_MOMENTS = {
     "before the model is built": (None, "tpurun train: model_dir "),
     # The trainer is being built: the model, then the restore and the input's start.
     "the build, the restore, the input": (None, "Global batch 32 split over"),
+    # A host loop has ended: the run saves a checkpoint at the current step.
+    "the training loop": (None, "/100000000 "),
 }
 
 
-@pytest.fixture(scope="module")
-def resumable(tmp_path_factory) -> Path:
-    """An Iris model_dir trained to ckpt-100, which each start-up below resumes."""
-    model_dir = tmp_path_factory.mktemp("resumable") / "model"
-    assert_ok(tpurun_in_process("train", "--config=iris", "--use_tpu=false", "--train_steps=100",
-                                f"--model_dir={model_dir}"))  # fmt: skip
-    return model_dir
-
-
-def test_sigterm_at_every_moment_of_start_up_exits_75_and_loses_nothing(resumable, tmp_path):
-    """Four `tpurun train` processes resume at once; each gets SIGTERM as soon as the test
+def test_sigterm_at_every_moment_of_a_run_exits_75_and_loses_nothing(tpurun_cli, trained, tmp_path):
+    """Five `tpurun train` processes resume at once; each gets SIGTERM as soon as the test
     sees its moment (polled: its /proc entries, its log lines), then must exit 75 with one
-    line, leave nothing running, and keep its checkpoint intact."""
+    line, leave nothing running, and keep its checkpoint intact; the one in the training
+    loop saves at its current step, and the run that resumes loses no step."""
     runs = {}
     for moment in STARTUP_MOMENTS:
-        model_dir = Path(shutil.copytree(resumable, tmp_path / moment.replace(" ", "-")))
+        model_dir = Path(shutil.copytree(trained, tmp_path / moment.replace(" ", "-")))
         process = subprocess.Popen(
             [sys.executable, "-m", "tpurun", "train", "--config=iris", "--use_tpu=false",
              "--train_steps=100000000", "--save_checkpoints_steps=100000000",
@@ -180,21 +139,34 @@ def test_sigterm_at_every_moment_of_start_up_exits_75_and_loses_nothing(resumabl
         assert "Traceback" not in log, log[-3000:]
         with pytest.raises(ProcessLookupError):  # nothing of its process group is left
             os.killpg(process.pid, 0)
-        # Nothing lost: ckpt-100 as it was (or a newer one, saved at the SIGTERM), whole.
+        # Nothing lost: ckpt-200 as it was (or a newer one, saved at the SIGTERM), whole.
         newest = tf.train.latest_checkpoint(str(model_dir))
-        assert filecmp.cmp(
-            resumable / "ckpt-100.index", model_dir / "ckpt-100.index", shallow=False
-        )
+        assert filecmp.cmp(trained / "ckpt-200.index", model_dir / "ckpt-200.index", shallow=False)
         tf.train.load_checkpoint(newest).get_variable_to_shape_map()
         assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tpurun-tmp", p.name)]
 
+    # In the training loop: saved at the step it had reached, which the next run resumes from.
+    _, lines, _, model_dir = runs["the training loop"]
+    log = "".join(lines)
+    saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", log).group(1))
+    logged = [int(s) for s in re.findall(r"step (\d+)/100000000", log)]
+    assert saved == max(logged) > 200 and (saved - 200) % 100 == 0, log[-3000:]
+    assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / f"ckpt-{saved}")
+    resumed = assert_ok(
+        tpurun_cli(
+            "train", "--config=iris", "--use_tpu=false", "--iterations=100",
+            f"--train_steps={saved + 200}", f"--model_dir={model_dir}",
+        )
+    )  # fmt: skip
+    assert f"(step {saved})" in resumed.stderr
+    assert f"Training from step {saved} to {saved + 200}" in resumed.stderr
 
-def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):
-    common = ("--config=iris", "--use_tpu=false", f"--model_dir={tmp_path}")
-    assert_ok(tpurun_cli("train", *common, "--train_steps=200", "--iterations=50"))
-    assert_ok(tpurun_cli("eval", *common))
 
-    train = scalars(tmp_path)
+def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path, trained):
+    model_dir = Path(shutil.copytree(trained, tmp_path / "model"))
+    assert_ok(tpurun_cli("eval", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}"))
+
+    train = scalars(model_dir)
     # At the end, the run's time account (tpurun report's; no FLOPs: the suite does not
     # count them, so no mfu).
     account = {"goodput/goodput_share", "goodput/goodput_s"}
@@ -213,7 +185,7 @@ def test_train_and_eval_summaries_read_back_by_tag(tpurun_cli, tmp_path):
     assert all(value == pytest.approx(0.1) for _, value in train["learning_rate"])
     assert train["loss"][-1][1] < train["loss"][0][1]
 
-    evaluation = scalars(tmp_path / "eval_test")
+    evaluation = scalars(model_dir / "eval_test")
     assert {"accuracy", "loss", "num_examples"} <= set(evaluation)
     assert evaluation["num_examples"] == [(200, 30.0)]
     assert not any(tag.startswith("while") for tag in (*train, *evaluation))

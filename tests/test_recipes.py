@@ -117,42 +117,51 @@ def test_a_resumed_run_continues_on_the_curve(tpurun_cli, tmp_path):
         "--config.optimizer.warmup_steps=50",
     )
     common = (*IRIS, "--iterations=50", *schedule)
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert_ok(tpurun_cli("train", *common, "--train_steps=400", f"--model_dir={straight}"))
     for steps in ("150", "400"):
-        assert_ok(tpurun_cli("train", *common, f"--train_steps={steps}", f"--model_dir={resumed}"))
-    assert rates(resumed) == pytest.approx(rates(straight), abs=1e-7)
+        assert_ok(tpurun_cli("train", *common, f"--train_steps={steps}", f"--model_dir={tmp_path}"))
+    shown = rates(tmp_path)
+    assert sorted(shown) == list(range(50, 401, 50))
+    # What an uninterrupted run shows (test_a_schedule_is_what_tensorboard_shows reads the
+    # schedules so): linear to the schedule's rate at step 50, then halving every 100 steps.
+    for step, value in shown.items():
+        expected = min(step / 50, 1) * 0.1 * 0.5 ** (max(step, 50) / 100)
+        assert value == pytest.approx(expected, abs=1e-7), step
 
 
 # --- gradient accumulation -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shards", ["1", "8"])
-def test_accumulating_four_batches_of_8_is_one_batch_of_32(tpurun_cli, tmp_path, shards):
-    common = (*IRIS, "--train_steps=50", "--iterations=10", f"--num_shards={shards}")
-    big, accumulated = tmp_path / "big", tmp_path / "accumulated"
+def test_accumulating_four_batches_of_8_is_one_batch_of_32(tpurun_cli, tmp_path):
+    """On 1 replica, and on 8 (a micro-batch of 1 example each), against one batch of 32 on 1."""
+    common = (*IRIS, "--train_steps=50", "--iterations=10")
+    big = tmp_path / "big"
+    accumulated = {shards: tmp_path / f"accumulated-on-{shards}" for shards in ("1", "8")}
     assert_ok(tpurun_cli("train", *common, "--batch_size=32", f"--model_dir={big}"))
-    assert_ok(
-        tpurun_cli(
-            "train",
-            *common,
-            "--batch_size=8",
-            "--config.train.accumulate_steps=4",
-            f"--model_dir={accumulated}",
+    for shards, model_dir in accumulated.items():
+        assert_ok(
+            tpurun_cli(
+                "train",
+                *common,
+                f"--num_shards={shards}",
+                "--batch_size=8",
+                "--config.train.accumulate_steps=4",
+                f"--model_dir={model_dir}",
+            )
         )
-    )
-    one, other = weights(big / "ckpt-50"), weights(accumulated / "ckpt-50")
-    assert one.keys() == other.keys()
     # A step is 32 examples either way, and TensorBoard counts them so.
-    for model_dir in (big, accumulated):
+    for model_dir in (big, *accumulated.values()):
         found = scalars(model_dir)
         for (_, examples), (_, steps) in zip(
             found["examples/sec"], found["global_step/sec"], strict=True
         ):
             assert examples == pytest.approx(32 * steps, rel=1e-4)
+    one = weights(big / "ckpt-50")
     numbers = [k for k in one if np.issubdtype(np.asarray(one[k]).dtype, np.number)]
-    worst = max(float(np.max(np.abs(one[k] - other[k]))) for k in numbers)
-    assert worst <= 1e-5, worst
+    for shards, model_dir in accumulated.items():
+        other = weights(model_dir / "ckpt-50")
+        assert one.keys() == other.keys()
+        worst = max(float(np.max(np.abs(one[k] - other[k]))) for k in numbers)
+        assert worst <= 1e-5, (shards, worst)
 
 
 # --- EMA ------------------------------------------------------------------------------
@@ -220,7 +229,7 @@ def digits(tmp_path_factory) -> Path:
 
 
 # mnist at a quarter of its width (8 and 16 filters, 32 units): it learns the synthetic
-# digits as well, in a quarter of the time (tests/test_models_mnist.py).
+# digits as well, in a quarter of the time, to >= 0.9 in 60 steps of 32 (tests/test_models_mnist.py).
 SMALL_MNIST = ("--config.conv_filters=(8, 16)", "--config.hidden_units=32")
 
 
@@ -240,15 +249,15 @@ def test_mixed_bfloat16_mnist_matches_float32_and_exports_float32(tpurun_cli, tm
             tpurun_cli(
                 "train",
                 *common,
-                "--batch_size=64",
-                "--train_steps=150",
-                "--iterations=50",
+                "--batch_size=32",
+                "--train_steps=60",
+                "--iterations=30",
                 "--config.optimizer.learning_rate=0.1",
             )
         )
         assert_ok(tpurun_cli("eval", *common, "--eval_batch_size=64"))
         accuracy[precision] = json.loads(
-            (model_dir / "eval" / "test" / "results-150.json").read_text()
+            (model_dir / "eval" / "test" / "results-60.json").read_text()
         )["accuracy"]
     assert accuracy["float32"] >= 0.9, accuracy
     assert abs(accuracy["mixed_bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
@@ -323,8 +332,9 @@ RECIPE = (
 
 
 def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, tmp_path):
-    """bfloat16, a schedule with warmup, EMA and accumulation: killed twice at random
-    moments (the tpurun process itself), the resumes end as one uninterrupted run."""
+    """bfloat16, a schedule with warmup, EMA and accumulation: killed at a random moment
+    (the tpurun process itself), the resume ends as one uninterrupted run. (Kills of runs
+    that resumed, and inside saves: test_resume.py; this one is about the recipes' state.)"""
     import random
     import re
     import signal
@@ -350,27 +360,29 @@ def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, t
     )
     model_dir = tmp_path / "killed"
     rng = random.Random(7)
-    for target in sorted(rng.sample(range(40, 280, 10), 2)):
-        process = train_process(model_dir, *RECIPE)
-        assert process.stderr is not None
-        for line in process.stderr:
-            if re.search(rf"\] step {target}/300 ", line):
-                time.sleep(rng.uniform(0.0, 0.02))
-                process.send_signal(signal.SIGKILL)
-                break
-        assert process.wait(timeout=120) == -signal.SIGKILL
-        assert not group_survivors(process), "the killed trainer left a process behind"
+    target = rng.choice(range(40, 280, 10))
+    process = train_process(model_dir, *RECIPE)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if re.search(rf"\] step {target}/300 ", line):
+            time.sleep(rng.uniform(0.0, 0.02))
+            process.send_signal(signal.SIGKILL)
+            break
+    assert process.wait(timeout=120) == -signal.SIGKILL
+    assert not group_survivors(process), "the killed trainer left a process behind"
     assert "Resuming from" in resume_in_process(model_dir, *RECIPE).stderr
     assert_bit_identical(model_dir / "ckpt-300", reference / "ckpt-300")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["iris", "flops"])
+@pytest.mark.parametrize("name", ["flops"])
 def test_every_shipped_config_passes_check_in_mixed_bfloat16(tpurun_cli, tmp_path, name):
     """bfloat16 activations keep every shipped model's steps TPU-clean (warnings allowed).
 
     mnist's config is in mixed_bfloat16 already, and fashion_mnist and shakespeare are
-    sized in it: their checks are in test_check_preflight.py (BFLOAT16_CHECKED)."""
+    sized in it: their checks are in test_check_preflight.py (BFLOAT16_CHECKED); iris's,
+    sized on a v5e-8, is test_device_data.py's
+    test_check_target_counts_the_arrays_as_the_train_steps_input."""
     result = tpurun_cli(
         "check",
         f"--config={name}",

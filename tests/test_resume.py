@@ -58,29 +58,35 @@ def latest(model_dir: Path) -> Path:
     return Path(path)
 
 
+# How far each reference trains: 300 steps on 1 replica (the runs killed below resume to
+# it), 150 on 2 (their loop is not compiled by XLA, each step costs more).
+REFERENCE_STEPS = {"1": 300, "2": 150}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, Path]:
-    """Uninterrupted runs: 300 steps on 1 replica and on 2."""
+    """Uninterrupted runs: 300 steps on 1 replica, 150 on 2."""
     runs = {}
-    for shards in ("1", "2"):
+    for shards, steps in REFERENCE_STEPS.items():
         model_dir = tmp_path_factory.mktemp(f"reference-{shards}")
         assert_ok(
             tpurun_in_process(
                 "train",
                 *IRIS,
                 f"--num_shards={shards}",
-                "--train_steps=300",
+                f"--train_steps={steps}",
                 f"--model_dir={model_dir}",
             )
         )
-        runs[shards] = model_dir / "ckpt-300"
+        runs[shards] = model_dir / f"ckpt-{steps}"
     return runs
 
 
 @pytest.mark.parametrize("shards", ["1", "2"])
 def test_stopping_and_resuming_gives_bit_identical_weights(tpurun_cli, tmp_path, reference, shards):
     # Stops off the loop boundary (73: a short last loop) and on it (150).
-    for steps in ("73", "150", "300"):
+    stops = [73, 150, 300][: 3 if shards == "1" else 2]
+    for steps in stops:
         result = assert_ok(
             tpurun_cli(
                 "train",
@@ -91,12 +97,12 @@ def test_stopping_and_resuming_gives_bit_identical_weights(tpurun_cli, tmp_path,
             )
         )
         saved = re.findall(r"Saved checkpoint \S+ckpt-(\d+)\.", result.stderr)
-        if steps == "150":
+        if steps == 150:
             # Resumed at 73, the loops end at 83, 93, ...: each passes a multiple of
             # the cadence (10) and saves, as the uninterrupted run did at 80, 90, ...
             assert saved == [str(s) for s in range(83, 150, 10)] + ["150"], saved
-    assert "Resuming from" in result.stderr and "ckpt-150" in result.stderr
-    assert_bit_identical(tmp_path / "ckpt-300", reference[shards])
+    assert "Resuming from" in result.stderr and f"ckpt-{stops[-2]}" in result.stderr
+    assert_bit_identical(tmp_path / f"ckpt-{stops[-1]}", reference[shards])
 
 
 def train_process(model_dir: Path, *extra: str, slow_saves: float = 0.0) -> subprocess.Popen:
@@ -139,90 +145,87 @@ def group_survivors(process: subprocess.Popen) -> bool:
 SAVING = re.compile(r"\] step (\d+)/\d+ .*  saving ckpt-(\d+)")
 
 
-def test_sigkill_at_random_moments_while_a_save_is_in_flight_then_resume_is_bit_identical(
-    tmp_path, reference
-):
-    """Two attempts killed at random steps while a save is being written in the background
-    (each write slowed by 2 x 0.1 s: one is always in flight), at a random moment of it
-    (the gs:// variant, tests/test_gcs_life.py, kills two more)."""
-    rng = random.Random(4)
-    targets = sorted(rng.sample(range(30, 280, 10), 2))
-    killed_at, starts = [], []
-    for target in targets:
-        process = train_process(tmp_path, slow_saves=0.1)
-        assert process.stderr is not None
-        lines = []
-        for line in process.stderr:
-            lines.append(line)
-            if "Resuming from" in line:
-                starts.append(int(line.rsplit("step ", 1)[1].split(")")[0]))
-            saving = SAVING.search(line)
-            if saving and int(saving.group(1)) >= target:
-                killed_at.append(int(saving.group(1)))
-                time.sleep(rng.uniform(0.0, 0.2))  # in the save's tensors, merge or state
-                process.send_signal(signal.SIGKILL)
-                break
-        assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
-        assert not group_survivors(process), "the killed trainer left a process behind"
-    err = resume_in_process(tmp_path).stderr
-    # Iris trains on device data, with its host loop compiled by XLA.
-    assert "Training data on the device" in err and "compiled by XLA" in err
-    starts.append(int(re.search(r"Resuming from \S+ \(step (\d+)\)", err).group(1)))
-    # Every attempt resumed from a checkpoint at most two saves behind the loop it was
-    # killed after: the one in flight is lost, the one before it was whole.
-    for killed, start in zip(killed_at, starts[-2:], strict=True):
-        assert killed - 20 <= start, (killed_at, starts)
-    assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
-    assert not [p for p in tmp_path.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
-
-
-# The 6th save (step 60): its merge, or its state-file update (one per save); the
-# 6th old-checkpoint deletion.
-@pytest.mark.parametrize(("point", "nth"), [("merge", "6"), ("state", "6"), ("delete", "6")])
-def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(
-    tpurun_cli, tmp_path, reference, point, nth
-):
-    killed = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tests" / "kill_inside_save.py"),
-            point,
-            nth,
-            "train",
-            *IRIS,
-            "--train_steps=300",
-            "--keep_checkpoint_max=3",
-            f"--model_dir={tmp_path}",
-        ],
+def killed_inside_a_save(model_dir: Path, point: str, nth: str) -> subprocess.CompletedProcess:
+    """A train_process run that SIGKILLs itself at `point` of its `nth` save
+    (tests/kill_inside_save.py), run to its end."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), point, nth, "train",
+         *KILLED, f"--model_dir={model_dir}"],
         env={**os.environ, **OFFLINE_ENV},
         capture_output=True,
         text=True,
         timeout=300,
+    )  # fmt: skip
+
+
+def newest_complete(model_dir: Path) -> int:
+    return max(
+        int(index.name[len("ckpt-") : -len(".index")]) for index in model_dir.glob("ckpt-*.index")
     )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    complete = max(
-        int(index.name[len("ckpt-") : -len(".index")]) for index in tmp_path.glob("ckpt-*.index")
+
+
+def kill_at_random_while_a_save_is_in_flight(model_dir: Path, rng: random.Random, after: int):
+    """A train_process run killed at a random loop past step `after` while a save is being
+    written in the background (each write slowed by 2 x 0.1 s: one is always in flight), at
+    a random moment of it; returns (the step it resumed from, the loop it was killed after)."""
+    target = rng.choice(range(after + 20, 280, 10))
+    process = train_process(model_dir, slow_saves=0.1)
+    assert process.stderr is not None
+    lines, start, killed_at = [], None, None
+    for line in process.stderr:
+        lines.append(line)
+        if "Resuming from" in line:
+            start = int(line.rsplit("step ", 1)[1].split(")")[0])
+        saving = SAVING.search(line)
+        if saving and int(saving.group(1)) >= target:
+            killed_at = int(saving.group(1))
+            time.sleep(rng.uniform(0.0, 0.2))  # in the save's tensors, merge or state
+            process.send_signal(signal.SIGKILL)
+            break
+    assert process.wait(timeout=120) == -signal.SIGKILL, "".join(lines)[-3000:]
+    assert not group_survivors(process), "the killed trainer left a process behind"
+    return start, killed_at
+
+
+def test_sigkill_inside_a_save_and_at_random_moments_leaves_a_resumable_model_dir(
+    tmp_path, reference
+):
+    """Four runs, one after the other in one model_dir, each resuming what the one before
+    left and then SIGKILLed: inside its 6th save's merge, inside its 6th state-file update
+    (one per save), inside its 6th old-checkpoint deletion (tests/kill_inside_save.py), and
+    at a random moment while a save is in flight (the gs:// variant,
+    tests/test_gcs_life.py, kills two more). Each leaves what its point leaves, the next
+    resumes from the newest complete checkpoint, and the last resume (in this process) ends
+    bit-identical to an uninterrupted run with nothing of a save left over."""
+    complete = None
+    for point in ("merge", "state", "delete"):
+        killed = killed_inside_a_save(tmp_path, point, "6")
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        if complete is not None:  # the newest complete one the kill before left
+            assert f"Resuming from {tmp_path / f'ckpt-{complete}'} " in killed.stderr
+        complete = newest_complete(tmp_path)
+        # What each kill leaves: tensors not yet merged, a complete checkpoint the state
+        # file does not name yet, the .data of an old checkpoint whose .index is gone.
+        if point == "merge":
+            assert list(tmp_path.glob(f"ckpt-{complete + 10}_temp*"))
+        elif point == "state":
+            assert latest(tmp_path).name != f"ckpt-{complete}"
+        else:
+            data, indexes = tmp_path.glob("ckpt-*.data-*"), tmp_path.glob("ckpt-*.index")
+            assert len(list(data)) > len(list(indexes))
+    start, killed_at = kill_at_random_while_a_save_is_in_flight(
+        tmp_path, random.Random(4), complete
     )
-    # What each kill leaves: tensors not yet merged, a complete checkpoint the state
-    # file does not name yet, the .data of an old checkpoint whose .index is gone.
-    if point == "merge":
-        assert list(tmp_path.glob(f"ckpt-{complete + 10}_temp*"))
-    elif point == "state":
-        assert latest(tmp_path).name != f"ckpt-{complete}"
-    else:
-        assert len(list(tmp_path.glob("ckpt-*.data-*"))) > len(list(tmp_path.glob("ckpt-*.index")))
-    resumed = assert_ok(
-        tpurun_cli(
-            "train",
-            *IRIS,
-            "--train_steps=300",
-            "--keep_checkpoint_max=3",
-            f"--model_dir={tmp_path}",
-        )
-    )
-    assert f"Resuming from {tmp_path / f'ckpt-{complete}'} " in resumed.stderr, resumed.stderr
+    assert start == complete
+    err = resume_in_process(tmp_path).stderr
+    # Iris trains on device data, with its host loop compiled by XLA.
+    assert "Training data on the device" in err and "compiled by XLA" in err
+    # Resumed from a checkpoint at most two saves behind the loop it was killed after: the
+    # one in flight is lost, the one before it was whole.
+    resumed_at = int(re.search(r"Resuming from \S+ \(step (\d+)\)", err).group(1))
+    assert killed_at - 20 <= resumed_at, (killed_at, resumed_at)
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
-    assert not list(tmp_path.glob("*_temp*"))
+    assert not [p for p in tmp_path.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
     assert len(list(tmp_path.glob("ckpt-*.data-*"))) == len(list(tmp_path.glob("ckpt-*.index")))
 
 
@@ -251,26 +254,22 @@ def trained_to_200(tmp_path_factory) -> Path:
     return model_dir
 
 
-@pytest.mark.parametrize("damage", [damage_truncate, damage_flip_bytes, damage_index])
-def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_one_before_used(
-    tpurun_cli, tmp_path, reference, trained_to_200, damage
-):
-    shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
-    damage(tmp_path / "ckpt-200")
-    resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
-    assert f"Checkpoint {tmp_path / 'ckpt-200'} is damaged" in resumed.stderr
-    assert f"Resuming from {tmp_path / 'ckpt-190'} " in resumed.stderr
-    assert (tmp_path / "damaged" / "ckpt-200.index").exists()
-    assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
-
-
-def test_a_garbled_state_file_does_not_lose_the_checkpoints(
+def test_damaged_newest_checkpoints_are_moved_aside_and_the_one_before_used(
     tpurun_cli, tmp_path, reference, trained_to_200
 ):
+    """The three newest checkpoints each damaged a way of their own (each fails a read of
+    its own kind), and the state file garbled: every damaged one is moved aside, the
+    checkpoints are found from their files, and the run resumes from the newest intact one."""
     shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
+    damages = {200: damage_truncate, 190: damage_flip_bytes, 180: damage_index}
+    for step, damage in damages.items():
+        damage(tmp_path / f"ckpt-{step}")
     (tmp_path / "checkpoint").write_text("model_checkpoint_path: \x00garbage {{{")
     resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
-    assert f"Resuming from {tmp_path / 'ckpt-200'} " in resumed.stderr
+    for step in damages:
+        assert f"Checkpoint {tmp_path / f'ckpt-{step}'} is damaged" in resumed.stderr
+        assert (tmp_path / "damaged" / f"ckpt-{step}.index").exists()
+    assert f"Resuming from {tmp_path / 'ckpt-170'} " in resumed.stderr
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
     assert latest(tmp_path).name == "ckpt-300"
 
@@ -360,27 +359,35 @@ def checkpoint_steps(model_dir: Path) -> list[int]:
     )
 
 
-@pytest.mark.parametrize("where", ["tensors", "state"])
 def test_a_full_disk_in_a_background_save_is_one_line_keeps_the_maximum_and_resumes(
-    tpurun_cli, tmp_path, reference, monkeypatch, where
+    tpurun_cli, tmp_path, reference, monkeypatch
 ):
+    """The save of ckpt-60 fails as a full disk does while its tensors are written, then, in
+    the run that resumes, while its state file is: each time one line, the model_dir as before
+    the save; once the disk has room, the run resumes and ends as an uninterrupted one."""
     common = (*IRIS, "--train_steps=300", "--keep_checkpoint_max=3")
-    fill_the_disk(monkeypatch, where)
-    failed = tpurun_cli("train", *common, f"--model_dir={tmp_path / 'async'}")
-    line = assert_fails(failed, 1, "No space left on device")
-    if where == "tensors":  # the line a save the loop waited for gives
-        waited = tpurun_cli(
-            "train", *common, "--config.train.async_checkpoint=false", f"--model_dir={tmp_path}"
-        )
-        assert assert_fails(waited, 1) == line.replace(str(tmp_path / "async"), str(tmp_path))
     model_dir = tmp_path / "async"
-    # As before the failed save: its temporary and its checkpoint gone, 3 kept.
-    assert checkpoint_steps(model_dir) == [30, 40, 50]
-    assert tf.train.get_checkpoint_state(str(model_dir)).all_model_checkpoint_paths == [
-        str(model_dir / f"ckpt-{step}") for step in (30, 40, 50)
-    ]
-    assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tmp", p.name)]
-    monkeypatch.undo()  # the disk has room again
+    for where in ("tensors", "state"):
+        with monkeypatch.context() as patch:
+            fill_the_disk(patch, where)
+            failed = tpurun_cli("train", *common, f"--model_dir={model_dir}")
+            line = assert_fails(failed, 1, "No space left on device")
+            if where == "tensors":  # the line a save the loop waited for gives
+                waited = tpurun_cli(
+                    "train",
+                    *common,
+                    "--config.train.async_checkpoint=false",
+                    f"--model_dir={tmp_path}",
+                )
+                assert assert_fails(waited, 1) == line.replace(str(model_dir), str(tmp_path))
+            else:
+                assert f"Resuming from {model_dir / 'ckpt-50'} " in failed.stderr
+        # As before the failed save: its temporary and its checkpoint gone, 3 kept.
+        assert checkpoint_steps(model_dir) == [30, 40, 50]
+        assert tf.train.get_checkpoint_state(str(model_dir)).all_model_checkpoint_paths == [
+            str(model_dir / f"ckpt-{step}") for step in (30, 40, 50)
+        ]
+        assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tmp", p.name)]
     resumed = assert_ok(tpurun_cli("train", *common, f"--model_dir={model_dir}"))
     assert f"Resuming from {model_dir / 'ckpt-50'} " in resumed.stderr
     assert checkpoint_steps(model_dir) == [280, 290, 300]
