@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 from fakes import FakeClock
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 from test_resume import weights
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_time_cadence_saves_after_the_loop_that_passes_it(tpurun_cli, tmp_path, 
         tpurun_cli(
             "train",
             *IRIS,
-            "--train_steps=200",
+            "--train_steps=30",
             "--save_checkpoints_secs=100000",
             f"--model_dir={tmp_path / 'a'}",
         )
