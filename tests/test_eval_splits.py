@@ -25,6 +25,7 @@ from conftest import (
     contents,
     tpurun_in_process,
 )
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 MODEL = '''
 import keras
@@ -33,7 +34,6 @@ import tensorflow as tf
 
 from tpurun.inputs import seekable_batches
 from tpurun.model import Classifier, Mode, register
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 SEEDS = {"train": 0, "val": 1, "test": 2}
 SIZES = {"train": 256, "val": 40, "test": 50}
