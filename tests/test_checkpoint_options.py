@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import types
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 from fakes import FakeClock
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 from test_resume import weights
 
 pytestmark = pytest.mark.slow
@@ -52,7 +54,7 @@ def test_time_cadence_saves_after_the_loop_that_passes_it(tpurun_cli, tmp_path, 
         tpurun_cli(
             "train",
             *IRIS,
-            "--train_steps=200",
+            "--train_steps=30",
             "--save_checkpoints_secs=100000",
             f"--model_dir={tmp_path / 'a'}",
         )
@@ -83,15 +85,24 @@ def test_time_cadence_saves_after_the_loop_that_passes_it(tpurun_cli, tmp_path, 
     assert saved == ["10", "20", "30", "35"], by_time.stderr
 
 
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """Iris trained to step 200: the run the warm starts start from (none writes to it), and
+    a copy of which the resumes with a changed config resume."""
+    model_dir = tmp_path_factory.mktemp("source")
+    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=200", f"--model_dir={model_dir}"))
+    return model_dir
+
+
 def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
-    tpurun_cli, tmp_path
+    tpurun_cli, tmp_path, source
 ):
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={tmp_path}"))
+    shutil.copytree(source, tmp_path, dirs_exist_ok=True)  # trained to step 200
     line = assert_fails(
         tpurun_cli(
             "train",
             *IRIS,
-            "--train_steps=40",
+            "--train_steps=220",
             "--batch_size=16",
             "--config.hidden_units=(12, 10)",
             f"--model_dir={tmp_path}",
@@ -108,7 +119,7 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
         tpurun_cli(
             "train",
             *IRIS,
-            "--train_steps=40",
+            "--train_steps=220",
             "--config.optimizer.learning_rate=0.05",
             "--save_checkpoints_steps=20",
             f"--model_dir={tmp_path}",
@@ -118,7 +129,7 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
         tpurun_cli(
             "train",
             *IRIS,
-            "--train_steps=60",
+            "--train_steps=240",
             "--batch_size=16",
             "--force_resume",
             f"--model_dir={tmp_path}",
@@ -127,14 +138,6 @@ def test_resuming_with_a_changed_model_or_batch_is_refused_with_the_differences(
     assert "Resuming with a changed config (--force_resume)" in forced.stderr
     recorded = json.loads((tmp_path / "train_config.json").read_text())
     assert recorded["train"]["batch_size"] == 16  # the new run's config is the record now
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
-    """Iris trained to step 200: the run the warm starts start from (none writes to it)."""
-    model_dir = tmp_path_factory.mktemp("source")
-    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=200", f"--model_dir={model_dir}"))
-    return model_dir
 
 
 def test_warm_start_takes_the_weights_and_trains_from_step_zero(tpurun_cli, tmp_path, source):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, assert_ok
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 from tpurun import cli
 from tpurun.run_config import config_files
@@ -94,43 +95,37 @@ def test_help_wins_over_other_flags(tpurun_cli):
     assert result.stdout.startswith("usage: tpurun train [--flags]")
 
 
-@pytest.mark.parametrize(
-    "argv, exit_code",
-    [
-        (["--help"], 0),
-        (["train", "--help"], 0),
-        (["predict", "--help"], 0),
-        (["list"], 0),
-        (["train", "--config=nope"], 2),
-        (["train", "--num_shards=8", "--batch_size=100"], 2),
-        (["train", "--input=rows.csv"], 2),
-        (["train", "--max_restarts=-1"], 2),
-        (["report", "--model_dir=/nonexistent/model"], 1),
-    ],
-    ids=[
-        "help",
-        "train_help",
-        "predict_help",
-        "list",
-        "unknown_config",
-        "not_divisible",
-        "wrong_flag",
-        "negative_restarts",
-        "report",
-    ],
-)
-def test_answers_without_importing_tensorflow(argv, exit_code):
+# argv -> the exit code; all asked in one fresh interpreter, TensorFlow and Keras checked
+# absent after each.
+TF_FREE_ANSWERS = {
+    "help": (["--help"], 0),
+    "train_help": (["train", "--help"], 0),
+    "predict_help": (["predict", "--help"], 0),
+    "list": (["list"], 0),
+    "unknown_config": (["train", "--config=nope"], 2),
+    "not_divisible": (["train", "--num_shards=8", "--batch_size=100"], 2),
+    "wrong_flag": (["train", "--input=rows.csv"], 2),
+    "negative_restarts": (["train", "--max_restarts=-1"], 2),
+    "report": (["report", "--model_dir=/nonexistent/model"], 1),
+}
+
+
+def test_answers_without_importing_tensorflow():
     code = (
         "import sys\n"
         "from tpurun import cli\n"
-        f"code = cli.main(['tpurun', *{argv!r}])\n"
-        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
-        "assert 'keras' not in sys.modules, 'keras was imported'\n"
-        "print('exit', code)\n"
+        f"for name, (argv, _) in {TF_FREE_ANSWERS!r}.items():\n"
+        "    code = cli.main(['tpurun', *argv])\n"
+        "    imported = [m for m in ('tensorflow', 'keras') if m in sys.modules]\n"
+        "    print(f'@@ {name} exit {code} imported {imported}')\n"
     )
     result = run_python(code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith(f"exit {exit_code}")
+    answers = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("@@ ")]
+    assert answers == [
+        [name, "exit", str(exit_code), "imported", "[]"]
+        for name, (_, exit_code) in TF_FREE_ANSWERS.items()
+    ], result.stdout
 
 
 @pytest.mark.parametrize("command", list(cli.COMMAND_HELP))
@@ -173,19 +168,46 @@ def run_record(model_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_flagfile_with_config_and_train_steps(tpurun_cli, tmp_path):
+def test_flagfile_and_override_land_in_the_run_record(tpurun_cli, tmp_path):
+    """A --flagfile's flags and a --config.<key> override, in the run record with the versions.
+    (The override before or after --config: test_an_override_before_or_after_config_applies.)"""
     model_dir = tmp_path / "model"
     flagfile = tmp_path / "iris.flags"
     flagfile.write_text(
         "--config=iris\n--train_steps=20\n--iterations=10\n--use_tpu=false\n"
         f"--model_dir={model_dir}\n"
     )
-    assert_ok(tpurun_cli("train", f"--flagfile={flagfile}", cwd=tmp_path))
+    override = "--config.optimizer.learning_rate=0.05"
+    assert_ok(tpurun_cli("train", f"--flagfile={flagfile}", override, cwd=tmp_path))
     assert sorted(p.name for p in model_dir.glob("ckpt-*.index")) == ["ckpt-20.index"]
-    record = run_record(model_dir)["run_config"]
-    assert record["config_name"] == "iris"
-    assert record["config"]["train"]["steps"] == 20
-    assert record["config"]["train"]["iterations"] == 10
+    record = run_record(model_dir)
+    run_config = record["run_config"]
+    assert run_config["config_name"] == "iris"
+    assert run_config["config"]["train"]["steps"] == 20
+    assert run_config["config"]["train"]["iterations"] == 10
+    optimizer = run_config["config"]["optimizer"]
+    assert (optimizer["name"], optimizer["learning_rate"]) == ("adagrad", 0.05)
+    versions = record["versions"]
+    assert set(versions) == {"tensorflow", "tpurun", "python"}
+    assert versions["tensorflow"].startswith("2.")
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    from tpurun import __version__
+
+    assert versions["tpurun"] == __version__
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--config=iris", "--config.optimizer.learning_rate=0.05"),
+        ("--config.optimizer.learning_rate=0.05", "--config=iris"),
+    ],
+    ids=["after_config", "before_config"],
+)
+def test_an_override_before_or_after_config_applies(args):
+    run = cli.parse("train", ["tpurun", *args, "--model_dir=/nonexistent/model"])
+    assert (run.config_name, run.config.optimizer.name) == ("iris", "adagrad")
+    assert run.config.optimizer.learning_rate == 0.05
 
 
 MY_CONFIG = '''"""My Iris: wider layers, a config file that lives outside the repo."""
@@ -202,18 +224,21 @@ def get_config(arg=None):
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "spec_suffix, hidden_units", [("", [16, 16]), (":8", [8])], ids=["path", "path_with_arg"]
-)
-def test_config_file_outside_the_repo(tpurun_cli, tmp_path, spec_suffix, hidden_units):
+def write_my_config(tmp_path: Path) -> tuple[Path, Path]:
+    """MY_CONFIG under tmp_path/configs, and an empty working directory: (config, workdir)."""
     config_file = tmp_path / "configs" / "my_iris.py"
     config_file.parent.mkdir()
     config_file.write_text(MY_CONFIG)
     workdir = tmp_path / "work"
     workdir.mkdir()
+    return config_file, workdir
+
+
+@pytest.mark.slow
+def test_config_file_outside_the_repo(tpurun_cli, tmp_path):
+    config_file, workdir = write_my_config(tmp_path)
     result = assert_ok(
-        tpurun_cli("train", f"--config={config_file}{spec_suffix}", "--use_tpu=false", cwd=workdir)
+        tpurun_cli("train", f"--config={config_file}", "--use_tpu=false", cwd=workdir)
     )
     # No --model_dir: it defaults to ./<config file name>.
     model_dir = workdir / "my_iris"
@@ -221,38 +246,14 @@ def test_config_file_outside_the_repo(tpurun_cli, tmp_path, spec_suffix, hidden_
     assert (model_dir / "ckpt-20.index").exists()
     record = run_record(model_dir)["run_config"]
     assert record["config_name"] == "my_iris"
-    assert record["config"]["hidden_units"] == hidden_units
+    assert record["config"]["hidden_units"] == [16, 16]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("--config=iris", "--config.optimizer.learning_rate=0.05"),
-        ("--config.optimizer.learning_rate=0.05", "--config=iris"),
-    ],
-    ids=["after_config", "before_config"],
-)
-def test_config_override_lands_in_the_run_record(tpurun_cli, tmp_path, args):
-    model_dir = tmp_path / "model"
-    assert_ok(
-        tpurun_cli(
-            "train",
-            *args,
-            "--train_steps=1",
-            "--iterations=1",
-            f"--model_dir={model_dir}",
-            cwd=tmp_path,
-        )
-    )
-    record = run_record(model_dir)
-    optimizer = record["run_config"]["config"]["optimizer"]
-    assert (optimizer["name"], optimizer["learning_rate"]) == ("adagrad", 0.05)
-    assert record["run_config"]["config"]["train"]["steps"] == 1
-    versions = record["versions"]
-    assert set(versions) == {"tensorflow", "tpurun", "python"}
-    assert versions["tensorflow"].startswith("2.")
-    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
-    from tpurun import __version__
-
-    assert versions["tpurun"] == __version__
+def test_config_file_outside_the_repo_with_an_argument(tmp_path, monkeypatch):
+    """`--config=<file>:8` calls get_config("8"); the run goes as above (its record holds the
+    run's config, whichever way get_config made it)."""
+    config_file, workdir = write_my_config(tmp_path)
+    monkeypatch.chdir(workdir)
+    run = cli.parse("train", ["tpurun", f"--config={config_file}:8", "--use_tpu=false"])
+    assert (run.config_name, run.model_dir) == ("my_iris", str(workdir / "my_iris"))
+    assert run.config.hidden_units == (8,)

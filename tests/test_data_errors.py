@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import RUN_FAILURE, assert_fails, assert_ok, contents, tpurun_in_process
 from synthetic_images import write_digit_records
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 # A small network and a few steps: each case fails within the first loop.
 TINY = (
@@ -118,9 +119,18 @@ def data_dir(clean_data, tmp_path) -> Path:
     return Path(shutil.copytree(clean_data, tmp_path / "data"))
 
 
+# Through the CLI, one case per place a bad record fails training's compiled loop: in tf.data
+# (an InvalidArgumentError: the image's reshape; parse_example's own, in predict below), in
+# the loss (a label out of range) and in the reader (a DataLossError). Every case's line, from
+# the broken file on: test_every_broken_record_is_named.
+THROUGH_THE_CLI = ("image_has_700_bytes", "label_out_of_range", "truncated_file")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "corrupt, keywords", list(BROKEN_RECORDS.values()), ids=list(BROKEN_RECORDS.keys())
+    "corrupt, keywords",
+    [BROKEN_RECORDS[name] for name in THROUGH_THE_CLI],
+    ids=list(THROUGH_THE_CLI),
 )
 def test_malformed_train_record_is_named_and_leaves_no_model_dir(
     tpurun_cli, tmp_path, data_dir, corrupt, keywords
@@ -164,12 +174,11 @@ def trained(clean_data, tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "command, corrupt, keywords",
-    [
+    [  # a DataLossError in eval's loop, an InvalidArgumentError in predict's
         ("eval", cut_the_end, ["record 20:", "the file ends inside this record"]),
-        ("eval", BROKEN_RECORDS["label_is_a_float"][0], ["record 8:", "feature 'label'"]),
         ("predict", BROKEN_RECORDS["image_is_int64"][0], ["record 8:", "feature 'image_raw'"]),
     ],
-    ids=["eval_truncated", "eval_label_is_a_float", "predict_image_is_int64"],
+    ids=["eval_truncated", "predict_image_is_int64"],
 )
 def test_malformed_eval_or_predict_record_is_named_and_writes_nothing(
     tpurun_cli, trained, data_dir, tmp_path, command, corrupt, keywords
@@ -199,3 +208,19 @@ def test_find_bad_record_passes_clean_files_and_names_a_bad_one(clean_data, tmp_
     )
     # Predict ignores labels: not a reason for its failure.
     assert image_records.find_bad_record([str(bad)], Mode.PREDICT) is None
+
+
+@pytest.mark.parametrize("name", list(BROKEN_RECORDS))
+def test_every_broken_record_is_named(clean_data, tmp_path, name):
+    """The line the CLI prints for each broken file (the diagnosis, without a training run)."""
+    from tpurun.models import image_records
+
+    from tpurun.model import Mode
+
+    corrupt, keywords = BROKEN_RECORDS[name]
+    bad = Path(shutil.copy(clean_data / BAD_FILE, tmp_path))
+    corrupt(bad)
+    line = image_records.find_bad_record([str(bad)], Mode.TRAIN)
+    assert line is not None and line.startswith(f"data file {bad}, ")
+    missing = [k for k in keywords if k not in line]
+    assert not missing, f"{missing} not in {line!r}"

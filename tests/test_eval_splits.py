@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from conftest import (
     contents,
     tpurun_in_process,
 )
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 MODEL = '''
 import keras
@@ -217,32 +219,45 @@ def test_sidecars_on_two_splits_do_not_touch_each_others_files(run, tmp_path):
 
 
 @pytest.mark.slow
-def test_sidecars_on_two_splits_run_side_by_side(trained, tmp_path):
-    """Two `eval --continuous` processes on one model_dir at once, val and test: each
-    evaluates its own split's missing steps and writes only its own files."""
+def test_sidecars_on_two_splits_run_side_by_side(trained, tmp_path, tpurun_cli):
+    """Two `eval --continuous` on one model_dir at once, val and test: each evaluates its own
+    split's missing steps and writes only its own files. The one on test is a process of its
+    own; the one on val runs in this process once the other has evaluated its first step."""
     model_dir = tmp_path / "model"
     shutil.copytree(trained, model_dir)
     for step in STEPS[1:]:  # left for the val sidecar: 20 and 30
         (model_dir / "eval" / "val" / f"results-{step}.json").unlink()
     where = project(tmp_path / "project")
     before = snapshot(model_dir)
-    sidecars = {
-        split: subprocess.Popen(
-            [sys.executable, "-m", "tpurun", "eval", *args(where, model_dir)]
-            + [f"--split={split}", "--continuous", "--eval_timeout=10"],
+    sidecar = ("--continuous", "--eval_timeout=10")
+    out, err = tmp_path / "test.stdout", tmp_path / "test.stderr"
+    with open(out, "w") as out_file, open(err, "w") as err_file:
+        on_test = subprocess.Popen(
+            [sys.executable, "-m", "tpurun", "eval", *args(where, model_dir), "--split=test"]
+            + list(sidecar),
             cwd=tmp_path,
-            env={**os.environ, **OFFLINE_ENV},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            env={**os.environ, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+            stdout=out_file,
+            stderr=err_file,
             text=True,
         )
-        for split in ("val", "test")
-    }
-    outputs = {split: process.communicate(timeout=240) for split, process in sidecars.items()}
-    for split, process in sidecars.items():
-        assert process.returncode == 0, outputs[split][1][-3000:]
-    assert "evaluated 2 checkpoint(s)" in outputs["val"][0]
-    assert "evaluated 3 checkpoint(s)" in outputs["test"][0]
+        try:
+            deadline = time.monotonic() + 240
+            while "eval at step 10 on test: " not in out.read_text():
+                assert on_test.poll() is None, err.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the test sidecar never evaluated step 10"
+                time.sleep(0.1)
+            on_val = assert_ok(
+                tpurun_cli("eval", *args(where, model_dir), "--split=val", *sidecar, cwd=tmp_path)
+            )
+            on_test.wait(timeout=240)
+        finally:
+            if on_test.poll() is None:
+                on_test.kill()
+                on_test.wait()
+    assert on_test.returncode == 0, err.read_text()[-3000:]
+    assert "evaluated 2 checkpoint(s)" in on_val.stdout
+    assert "evaluated 3 checkpoint(s)" in out.read_text()
     after = snapshot(model_dir)
     new = {n for n in set(after) - set(before) if not n.startswith("runs/")}
     assert {n for n in new if n.startswith("eval/")} == {

@@ -48,8 +48,15 @@ def evaluate(checkpoint: str, replicas: int, **flags) -> dict[str, float]:
     return evaluator(replicas, **flags).evaluate(checkpoint, "test")
 
 
-@pytest.mark.parametrize("replicas", [1, 4])
-@pytest.mark.parametrize("batch", [8, 32], ids=["batch8", "batch32"])
+@pytest.mark.parametrize(
+    "replicas, batch",
+    [
+        (1, 8),  # batches of 8: the last one 6 rows and 2 of padding
+        (1, 32),  # one batch larger than the 30 rows
+        (4, 8),  # 2 rows a replica: in the last batch, a replica of padding only
+    ],
+    ids=["batch8-1", "batch32-1", "batch8-4"],
+)
 def test_one_exact_pass_whatever_the_batch_and_replicas(checkpoint, direct, replicas, batch):
     results = evaluate(checkpoint, replicas, eval_batch_size=batch)
     assert results["num_examples"] == 30
@@ -66,7 +73,13 @@ def test_1_and_4_replicas_give_the_same_metrics(checkpoint):
     assert one["loss"] == pytest.approx(four["loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("replicas, steps, examples", [(1, 2, 16), (4, 2, 16), (1, 100, 30)])
+@pytest.mark.parametrize(
+    "replicas, steps, examples",
+    [
+        (4, 2, 16),  # 2 steps of the global batch of 8, not of a replica's 2 rows
+        (1, 100, 30),  # the data end first
+    ],
+)
 def test_eval_steps_bounds_the_batches(checkpoint, replicas, steps, examples):
     """--eval_steps=N: N steps of the global eval batch (fewer if the data end first)."""
     results = evaluate(checkpoint, replicas, eval_batch_size=8, eval_steps=steps)

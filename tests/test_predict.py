@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 from conftest import assert_fails, assert_ok
 from iris_runs import feature_columns, iris_checkpoint, iris_run, restored_iris
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 from tpurun.models import iris
 
 from tpurun.cluster import strategy
@@ -44,8 +45,13 @@ def predict(checkpoint: str, replicas: int, **flags) -> list[dict]:
 
 @pytest.mark.parametrize(
     "replicas, batch",
-    [(1, 4), (1, 7), (1, 16), (8, 8), (8, 16)],
-    ids=["1x4", "1x7_exact", "1x16_one_padded", "8x8_one_row_each", "8x16_padding_batches"],
+    [
+        (1, 4),  # a full batch, then 3 rows and 1 of padding
+        (1, 7),  # exactly one batch: no padding
+        (1, 16),  # one batch, more padding than rows
+        (8, 8),  # a row a replica: 7 replicas of one row, one of padding only
+    ],
+    ids=["1x4", "1x7_exact", "1x16_one_padded", "8x8_one_row_each"],
 )
 def test_n_rows_in_n_rows_out_in_order(checkpoint, rows, replicas, batch):
     path, features = rows

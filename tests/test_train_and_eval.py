@@ -30,6 +30,7 @@ from conftest import (
     tensorboard_scalars,
     tpurun_in_process,
 )
+from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 from tpurun.run_config import config_files
 from tpurun.runners import restore
@@ -148,7 +149,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     tpurun_cli, tmp_path
 ):
     model_dir = tmp_path / "model"
-    steps = ("--train_steps=500", "--iterations=5")
+    steps = ("--train_steps=50", "--iterations=5")
     sidecar_err = tmp_path / "sidecar.stderr"
     with open(tmp_path / "sidecar.stdout", "w") as out, open(sidecar_err, "w") as err:
         sidecar = subprocess.Popen(
@@ -171,7 +172,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
                     "train",
                     *COMMON,
                     *steps,
-                    "--save_checkpoints_steps=100",
+                    "--save_checkpoints_steps=10",
                     "--keep_checkpoint_max=100",
                     f"--model_dir={model_dir}",
                 )
@@ -184,7 +185,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     stdout, stderr = (tmp_path / "sidecar.stdout").read_text(), sidecar_err.read_text()
     assert sidecar.returncode == 0, stderr
     saved = [int(s) for s in re.findall(r"Saved checkpoint .*ckpt-(\d+)\.", train.stderr)]
-    assert saved == list(range(100, 501, 100))
+    assert saved == list(range(10, 51, 10))
     evaluated = printed_steps(stdout)
     assert evaluated == saved, "each checkpoint exactly once, in step order"
     assert {p.name for p in (model_dir / "eval" / "test").glob("results-*.json")} == {
@@ -192,8 +193,8 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     }
     assert [step for step, _ in tensorboard_scalars(model_dir / "eval_test")["loss"]] == saved
     assert stdout.splitlines()[-1] == (
-        "eval --continuous: stopped after the checkpoint of the final step 500 "
-        "(--train_steps=500); evaluated 5 checkpoint(s) in this run"
+        "eval --continuous: stopped after the checkpoint of the final step 50 "
+        "(--train_steps=50); evaluated 5 checkpoint(s) in this run"
     )
     assert (model_dir / "best" / "best.json").exists()
 
