@@ -21,6 +21,7 @@ test may leave a process it started running (`no_process_left_behind`).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging as std_logging
 import os
 import re
@@ -436,3 +437,23 @@ def gcs(gcs_server: GcsServer) -> Iterator[GcsServer]:
 def bucket(gcs: GcsServer, request) -> str:
     """A new empty bucket for this test, named after it: 'gs://<name>'."""
     return gcs.make_bucket(request.node.name)
+
+
+# The garbage collector's scans: the objects a worker holds as a test module starts (TensorFlow's,
+# every earlier test's) are kept out of them until the module ends (`gc.freeze`), and those of
+# the module's earlier tests as each test starts. A full collection walks every object of the
+# process: 0.3 CPU-s and more each time, paid at every clear_session() and at each of Python's
+# own full collections while TensorFlow traces; most of what a help or a usage error cost.
+# Garbage among the frozen objects is collected when the module ends.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gc_frozen_module() -> Iterator[None]:
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _gc_frozen(_gc_frozen_module) -> None:
+    gc.freeze()

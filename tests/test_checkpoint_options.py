@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 from fakes import FakeClock
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 from test_resume import weights
 
 pytestmark = pytest.mark.slow

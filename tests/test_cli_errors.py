@@ -8,10 +8,8 @@ afterwards.
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,31 +22,6 @@ from conftest import (
     error_lines,
     metadata_server_watched,
 )
-
-# --- The garbage collector's scans: most of an in-process help or usage error's CPU. ---
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gc_frozen_module() -> Iterator[None]:
-    """The objects this process holds as a module starts are kept out of the garbage
-    collector's scans until it ends (`gc.freeze`), then given back (`gc.unfreeze`).
-
-    Every in-process run (`tpurun_cli`) starts with Keras's clear_session(), whose
-    gc.collect() walks every object of the process: TensorFlow's and every earlier
-    test's, 0.3 s of CPU and more each time, most of what a help or a usage error costs.
-    Garbage among the frozen objects is collected after the module instead. (Other test
-    modules import these two fixtures to use them.)
-    """
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
-
-@pytest.fixture(autouse=True)
-def gc_frozen(gc_frozen_module) -> None:
-    """And the objects of the module's earlier tests, as each test starts."""
-    gc.freeze()
-
 
 # --- Usage errors: exit 2, before TensorFlow is imported (fast, not marked slow). ---
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, assert_ok
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 from tpurun import cli
 from tpurun.run_config import config_files

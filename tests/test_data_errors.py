@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from conftest import RUN_FAILURE, assert_fails, assert_ok, contents, tpurun_in_process
 from synthetic_images import write_digit_records
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 # A small network and a few steps: each case fails within the first loop.
 TINY = (

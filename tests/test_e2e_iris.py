@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_ok, tpurun_in_process
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ import ml_collections
 import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags

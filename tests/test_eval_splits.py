@@ -25,7 +25,6 @@ from conftest import (
     contents,
     tpurun_in_process,
 )
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 MODEL = '''
 import keras

@@ -15,7 +15,6 @@ import pytest
 import tensorflow as tf
 from conftest import assert_fails, assert_ok
 from iris_runs import feature_columns, iris_checkpoint, iris_run, restored_iris
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 from tpurun.models import iris
 
 from tpurun.cluster import strategy

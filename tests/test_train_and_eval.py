@@ -30,7 +30,6 @@ from conftest import (
     tensorboard_scalars,
     tpurun_in_process,
 )
-from test_cli_errors import gc_frozen, gc_frozen_module  # noqa: F401 - autouse fixtures
 
 from tpurun.run_config import config_files
 from tpurun.runners import restore
