@@ -14,7 +14,14 @@ import sys
 
 import pytest
 import tensorflow as tf
-from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok, tensorboard_scalars
+from conftest import (
+    OFFLINE_ENV,
+    RUN_FAILURE,
+    assert_fails,
+    assert_ok,
+    tensorboard_scalars,
+    tpurun_in_process,
+)
 
 from tpurun.errors import EXIT_HUNG, EXIT_UNAVAILABLE, storage_errors
 
@@ -39,11 +46,13 @@ def leftovers(directory: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-def trained(bucket, tpurun_cli) -> str:
-    """A model_dir in `bucket` trained to step 20 (checkpoints 10 and 20)."""
-    model_dir = f"{bucket}/iris"
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={model_dir}"))
+@pytest.fixture(scope="module")
+def trained(gcs_server) -> str:
+    """A model_dir in a bucket of its own trained to step 20 (checkpoints 10 and 20), shared
+    by the tests below: each leaves it as a model_dir the next can use (an export added,
+    a longer training, its best kept)."""
+    model_dir = f"{gcs_server.make_bucket('failures-trained')}/iris"
+    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=20", f"--model_dir={model_dir}"))
     return model_dir
 
 
@@ -123,7 +132,10 @@ def test_a_failed_best_copy_keeps_the_previous_best_and_leaves_no_temporary(
     assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={trained}", "--config.eval.steps=1"))
     with tf.io.gfile.GFile(f"{trained}/best/best.json") as f:
         before = json.load(f)
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={trained}"))
+    # Trained on (in 2 host loops) to a better step, which eval then offers to best/.
+    assert_ok(
+        tpurun_cli("train", *IRIS, "--train_steps=200", "--iterations=90", f"--model_dir={trained}")
+    )
     gcs.fail(404, kind="upload", path=r"name=iris/best/ckpt-200\.data-")  # copying the checkpoint
     result = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={trained}"))
     assert "Could not write the eval summaries or the best checkpoint" in result.stderr
@@ -163,10 +175,11 @@ def storage_gone_after_the_first_save(model_dir: str, gcs, hang_timeout: int) ->
 def test_storage_gone_past_hang_timeout_ends_the_run_with_exit_3(bucket, gcs):
     """Every request after the first save hangs: the watchdog ends the run (its own process).
 
-    4 s is past a host loop here, but the first one also traces the step: on a machine
-    too busy to do that in 4 s the watchdog ends the run before its first save, and it
-    runs once more with time for that."""
-    for attempt, hang_timeout in enumerate((4, 30)):
+    10 s is past a host loop here, but the first one also traces the step: on a machine
+    too busy to do that in 10 s the watchdog ends the run before its first save, and it
+    runs once more with time for that (a second trainer's start-up is dearer than the
+    wait)."""
+    for attempt, hang_timeout in enumerate((10, 30)):
         code, stderr = storage_gone_after_the_first_save(
             f"{bucket}/iris{attempt}", gcs, hang_timeout
         )
