@@ -50,8 +50,15 @@ def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs
     with tf.io.gfile.GFile(f"{model_dir}/eval/test/results-20.json") as f:
         assert json.load(f)["global_step"] == 20
 
+    # predict through `tpurun.cli.main` itself, as a program embedding tpurun calls it,
+    # after the runs above in this process (main() runs several times in one process).
     output = f"{bucket}/out/predictions.jsonl"
-    assert_ok(tpurun_cli("predict", *iris_on_gcs, f"--output={output}"))
+    level = logging.root.level  # main() sets the level of the progress lines
+    try:
+        with flagsaver.flagsaver():
+            assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
+    finally:
+        logging.root.setLevel(level)
     with tf.io.gfile.GFile(output) as f:
         assert len(f.read().splitlines()) == 3
 
@@ -65,19 +72,3 @@ def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs
     assert not [r for r in gcs.requests if r.kind in ("refused", "auth")], gcs.requests
     files = [name for _, _, names in tf.io.gfile.walk(model_dir) for name in names]
     assert not [name for name in files if ".tmp" in name], files
-
-
-def test_cli_main_in_this_process(bucket, iris_on_gcs, tpurun_cli):
-    assert_ok(tpurun_cli("train", *iris_on_gcs, "--train_steps=10", "--iterations=10"))
-    output = f"{bucket}/out/predictions.jsonl"
-    level = logging.root.level  # main() sets the level of the progress lines
-    try:
-        with flagsaver.flagsaver():
-            assert cli.main(["tpurun", "eval", *iris_on_gcs]) == 0
-        with flagsaver.flagsaver():
-            assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
-    finally:
-        logging.root.setLevel(level)
-    assert tf.io.gfile.exists(f"{bucket}/iris/eval/test/results-10.json")
-    with tf.io.gfile.GFile(output) as f:
-        assert len(f.read().splitlines()) == 3
