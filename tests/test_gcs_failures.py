@@ -99,15 +99,17 @@ def test_explain_words_a_real_anonymous_403():
     assert "gs://b/iris/checkpoint" in line
 
 
-def test_a_failed_save_leaves_no_temporary_and_the_next_run_resumes(bucket, gcs, tpurun_cli):
-    model_dir = f"{bucket}/iris"
+def test_a_failed_save_leaves_no_temporary_and_the_next_run_resumes(trained, gcs, tpurun_cli):
+    """The run resumed at step 20 fails in its first save; the next resumes there again."""
+    model_dir = trained
     common = (*IRIS, "--save_checkpoints_steps=10", f"--model_dir={model_dir}")
+    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"  # the first test here
     gcs.fail(503, kind="upload", path=r"ckpt-30", times=None)
     result = tpurun_cli("train", *common, "--train_steps=40")
     assert_fails(result, EXIT_UNAVAILABLE, "unreachable or failing", "ckpt-30")
     assert leftovers(model_dir) == []
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
-    # The TensorBoard events pending in memory were uploaded before the exit.
+    # The TensorBoard events pending in memory (step 30's) were uploaded before the exit.
     assert [step for step, _ in tensorboard_scalars(model_dir)["loss"]][:3] == [10, 20, 30]
     gcs.clear_faults()
     result = assert_ok(tpurun_cli("train", *common, "--train_steps=40"))
