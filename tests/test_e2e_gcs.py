@@ -1,11 +1,11 @@
 """Iris end to end on gs://: model_dir, data and predictions in a bucket of the test GCS server.
 
-`train` runs in a subprocess, as a user runs it (a fresh process finds its way to the
-bucket from the environment alone, TensorFlow's client and the lease's gcsfs), and
-eval, predict and export in this process through `tpurun.cli.main` (the proxy is a
-process of its own, so TensorFlow holding the GIL during gs:// I/O cannot stall it).
+train, eval, predict and export run in this process through `tpurun.cli.main` (the proxy
+is a process of its own, so TensorFlow holding the GIL during gs:// I/O cannot stall it).
 Every storage request goes through the proxy: none may be refused (a host other than
-Google's storage API) or ask for a token.
+Google's storage API) or ask for a token. (That a fresh process finds its way to the
+bucket from the environment alone, TensorFlow's client and the lease's gcsfs, and asks
+for no token either: the trainer process of tests/test_gcs_lease.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import pytest
 import tensorflow as tf
 from absl.testing import flagsaver
-from conftest import assert_ok, run_tpurun
+from conftest import assert_ok
 from tpurun.models import iris
 
 from tpurun import cli
@@ -38,10 +38,9 @@ def iris_on_gcs(bucket) -> list[str]:
     ]
 
 
-def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs, tpurun_cli):
+def test_train_eval_predict_export(bucket, gcs, iris_on_gcs, tpurun_cli):
     model_dir = f"{bucket}/iris"
-    result = run_tpurun("train", *iris_on_gcs, "--train_steps=20", "--iterations=10")
-    assert_ok(result)
+    result = assert_ok(tpurun_cli("train", *iris_on_gcs, "--train_steps=20", "--iterations=10"))
     assert f"Saved checkpoint {model_dir}/ckpt-20." in result.stderr
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
 

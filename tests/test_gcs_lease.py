@@ -72,6 +72,9 @@ def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(bucke
         first.kill()
     stderr = "".join(lines) + rest
     assert first.returncode == EXIT_PREEMPTED, stderr
+    # A fresh process finds the bucket from the environment alone (TensorFlow's client and
+    # the lease's gcsfs): no request refused (another host than the storage API's) or for a token.
+    assert not [r for r in gcs.requests if r.kind in ("refused", "auth")], gcs.requests
     saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stderr).group(1))
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{saved}"
     assert not lease_exists(f"{model_dir}/{lease.FILE}"), "the lease was not released"
