@@ -177,11 +177,10 @@ def storage_gone_after_the_first_save(model_dir: str, gcs, hang_timeout: int) ->
 def test_storage_gone_past_hang_timeout_ends_the_run_with_exit_3(bucket, gcs):
     """Every request after the first save hangs: the watchdog ends the run (its own process).
 
-    10 s is past a host loop here, but the first one also traces the step: on a machine
-    too busy to do that in 10 s the watchdog ends the run before its first save, and it
-    runs once more with time for that (a second trainer's start-up is dearer than the
-    wait)."""
-    for attempt, hang_timeout in enumerate((10, 30)):
+    4 s is past a host loop here, but the first one also traces the step: on a machine
+    too busy to do that in 4 s the watchdog ends the run before its first save, and it
+    runs once more with time for that."""
+    for attempt, hang_timeout in enumerate((4, 30)):
         code, stderr = storage_gone_after_the_first_save(
             f"{bucket}/iris{attempt}", gcs, hang_timeout
         )
