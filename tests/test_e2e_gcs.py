@@ -1,11 +1,11 @@
 """Iris end to end on gs://: model_dir, data and predictions in a bucket of the test GCS server.
 
-`train` runs in a subprocess, as a user runs it (a fresh process finds its way to the
-bucket from the environment alone, TensorFlow's client and the lease's gcsfs), and
-eval, predict and export in this process through `tpurun.cli.main` (the proxy is a
-process of its own, so TensorFlow holding the GIL during gs:// I/O cannot stall it).
+train, eval, predict and export run in this process through `tpurun.cli.main` (the proxy
+is a process of its own, so TensorFlow holding the GIL during gs:// I/O cannot stall it).
 Every storage request goes through the proxy: none may be refused (a host other than
-Google's storage API) or ask for a token.
+Google's storage API) or ask for a token. (That a fresh process finds its way to the
+bucket from the environment alone, TensorFlow's client and the lease's gcsfs, and asks
+for no token either: the trainer process of tests/test_gcs_lease.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import pytest
 import tensorflow as tf
 from absl.testing import flagsaver
-from conftest import assert_ok, run_tpurun
+from conftest import assert_ok
 from tpurun.models import iris
 
 from tpurun import cli
@@ -38,10 +38,9 @@ def iris_on_gcs(bucket) -> list[str]:
     ]
 
 
-def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs, tpurun_cli):
+def test_train_eval_predict_export(bucket, gcs, iris_on_gcs, tpurun_cli):
     model_dir = f"{bucket}/iris"
-    result = run_tpurun("train", *iris_on_gcs, "--train_steps=20", "--iterations=10")
-    assert_ok(result)
+    result = assert_ok(tpurun_cli("train", *iris_on_gcs, "--train_steps=20", "--iterations=10"))
     assert f"Saved checkpoint {model_dir}/ckpt-20." in result.stderr
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
 
@@ -50,8 +49,15 @@ def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs
     with tf.io.gfile.GFile(f"{model_dir}/eval/test/results-20.json") as f:
         assert json.load(f)["global_step"] == 20
 
+    # predict through `tpurun.cli.main` itself, as a program embedding tpurun calls it,
+    # after the runs above in this process (main() runs several times in one process).
     output = f"{bucket}/out/predictions.jsonl"
-    assert_ok(tpurun_cli("predict", *iris_on_gcs, f"--output={output}"))
+    level = logging.root.level  # main() sets the level of the progress lines
+    try:
+        with flagsaver.flagsaver():
+            assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
+    finally:
+        logging.root.setLevel(level)
     with tf.io.gfile.GFile(output) as f:
         assert len(f.read().splitlines()) == 3
 
@@ -65,19 +71,3 @@ def test_train_in_a_subprocess_then_eval_predict_export(bucket, gcs, iris_on_gcs
     assert not [r for r in gcs.requests if r.kind in ("refused", "auth")], gcs.requests
     files = [name for _, _, names in tf.io.gfile.walk(model_dir) for name in names]
     assert not [name for name in files if ".tmp" in name], files
-
-
-def test_cli_main_in_this_process(bucket, iris_on_gcs, tpurun_cli):
-    assert_ok(tpurun_cli("train", *iris_on_gcs, "--train_steps=10", "--iterations=10"))
-    output = f"{bucket}/out/predictions.jsonl"
-    level = logging.root.level  # main() sets the level of the progress lines
-    try:
-        with flagsaver.flagsaver():
-            assert cli.main(["tpurun", "eval", *iris_on_gcs]) == 0
-        with flagsaver.flagsaver():
-            assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
-    finally:
-        logging.root.setLevel(level)
-    assert tf.io.gfile.exists(f"{bucket}/iris/eval/test/results-10.json")
-    with tf.io.gfile.GFile(output) as f:
-        assert len(f.read().splitlines()) == 3

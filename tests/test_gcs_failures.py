@@ -14,7 +14,14 @@ import sys
 
 import pytest
 import tensorflow as tf
-from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok, tensorboard_scalars
+from conftest import (
+    OFFLINE_ENV,
+    RUN_FAILURE,
+    assert_fails,
+    assert_ok,
+    tensorboard_scalars,
+    tpurun_in_process,
+)
 
 from tpurun.errors import EXIT_HUNG, EXIT_UNAVAILABLE, storage_errors
 
@@ -39,11 +46,13 @@ def leftovers(directory: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-def trained(bucket, tpurun_cli) -> str:
-    """A model_dir in `bucket` trained to step 20 (checkpoints 10 and 20)."""
-    model_dir = f"{bucket}/iris"
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=20", f"--model_dir={model_dir}"))
+@pytest.fixture(scope="module")
+def trained(gcs_server) -> str:
+    """A model_dir in a bucket of its own trained to step 20 (checkpoints 10 and 20), shared
+    by the tests below: each leaves it as a model_dir the next can use (an export added,
+    a longer training, its best kept)."""
+    model_dir = f"{gcs_server.make_bucket('failures-trained')}/iris"
+    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=20", f"--model_dir={model_dir}"))
     return model_dir
 
 
@@ -90,15 +99,17 @@ def test_explain_words_a_real_anonymous_403():
     assert "gs://b/iris/checkpoint" in line
 
 
-def test_a_failed_save_leaves_no_temporary_and_the_next_run_resumes(bucket, gcs, tpurun_cli):
-    model_dir = f"{bucket}/iris"
+def test_a_failed_save_leaves_no_temporary_and_the_next_run_resumes(trained, gcs, tpurun_cli):
+    """The run resumed at step 20 fails in its first save; the next resumes there again."""
+    model_dir = trained
     common = (*IRIS, "--save_checkpoints_steps=10", f"--model_dir={model_dir}")
+    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"  # the first test here
     gcs.fail(503, kind="upload", path=r"ckpt-30", times=None)
     result = tpurun_cli("train", *common, "--train_steps=40")
     assert_fails(result, EXIT_UNAVAILABLE, "unreachable or failing", "ckpt-30")
     assert leftovers(model_dir) == []
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
-    # The TensorBoard events pending in memory were uploaded before the exit.
+    # The TensorBoard events pending in memory (step 30's) were uploaded before the exit.
     assert [step for step, _ in tensorboard_scalars(model_dir)["loss"]][:3] == [10, 20, 30]
     gcs.clear_faults()
     result = assert_ok(tpurun_cli("train", *common, "--train_steps=40"))
@@ -123,7 +134,10 @@ def test_a_failed_best_copy_keeps_the_previous_best_and_leaves_no_temporary(
     assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={trained}", "--config.eval.steps=1"))
     with tf.io.gfile.GFile(f"{trained}/best/best.json") as f:
         before = json.load(f)
-    assert_ok(tpurun_cli("train", *IRIS, "--train_steps=200", f"--model_dir={trained}"))
+    # Trained on (in 2 host loops) to a better step, which eval then offers to best/.
+    assert_ok(
+        tpurun_cli("train", *IRIS, "--train_steps=200", "--iterations=90", f"--model_dir={trained}")
+    )
     gcs.fail(404, kind="upload", path=r"name=iris/best/ckpt-200\.data-")  # copying the checkpoint
     result = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={trained}"))
     assert "Could not write the eval summaries or the best checkpoint" in result.stderr

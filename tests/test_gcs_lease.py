@@ -52,14 +52,12 @@ def start_trainer(model_dir: str, env: dict[str, str]) -> tuple[subprocess.Popen
     raise AssertionError("".join(lines))
 
 
-def gcs_env(model_dir: str, request) -> dict[str, str]:
-    return request.getfixturevalue("gcs").env if model_dir.startswith("gs://") else {}
-
-
-def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(
-    model_dir, tpurun_cli, request
-):
-    first, lines = start_trainer(model_dir, gcs_env(model_dir, request))
+def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(bucket, gcs, tpurun_cli):
+    """On gs://, where real runs keep their model_dir, with a trainer of its own: it is
+    SIGTERMed after the refusal and releases its lease on the way out (on a local disk:
+    the next test, and the release at a run's end, test_the_lease_is_released_only_...)."""
+    model_dir = f"{bucket}/iris"
+    first, lines = start_trainer(model_dir, gcs.env)
     try:
         second = tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={model_dir}")
         line = assert_fails(
@@ -74,9 +72,30 @@ def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(
         first.kill()
     stderr = "".join(lines) + rest
     assert first.returncode == EXIT_PREEMPTED, stderr
+    # A fresh process finds the bucket from the environment alone (TensorFlow's client and
+    # the lease's gcsfs): no request refused (another host than the storage API's) or for a token.
+    assert not [r for r in gcs.requests if r.kind in ("refused", "auth")], gcs.requests
     saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stderr).group(1))
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{saved}"
     assert not lease_exists(f"{model_dir}/{lease.FILE}"), "the lease was not released"
+
+
+def test_on_a_local_disk_a_held_lease_refuses_a_second_trainer_at_once(tmp_path, tpurun_cli):
+    """The lease held in this process (an flock, per open file: a trainer's own way to
+    hold it) refuses a trainer as another process's does, naming this process."""
+    model_dir = str(tmp_path / "iris")
+    os.makedirs(model_dir)
+    held = lease.acquire(model_dir, hang_timeout=300)
+    try:
+        second = tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={model_dir}")
+        line = assert_fails(
+            second, RUN_FAILURE, "is being trained by another tpurun train", f"pid {os.getpid()}"
+        )
+        assert "--force_takeover" in line and "since " in line
+        assert lease_exists(f"{model_dir}/{lease.FILE}")  # the refused trainer left it alone
+    finally:
+        held.release()
+    assert not lease_exists(f"{model_dir}/{lease.FILE}")
 
 
 def test_a_killed_trainers_lease_is_taken_over(model_dir, tpurun_cli):

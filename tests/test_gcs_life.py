@@ -35,13 +35,7 @@ from conftest import (
 )
 from test_e2e_gcs import iris_on_gcs  # noqa: F401 - a fixture: Iris data copied to the bucket
 from test_resume import IRIS as SAVING_EVERY_LOOP
-from test_resume import (
-    SAVING,
-    assert_bit_identical,
-    group_survivors,
-    resume_in_process,
-    train_process,
-)
+from test_resume import SAVING, assert_bit_identical, group_survivors, train_process
 
 from tests.synthetic_images import write_digit_records
 from tpurun.storage.background import events
@@ -106,24 +100,24 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
         tpurun_cli(
             "train",
             *iris_on_gcs,
-            "--train_steps=200",
+            "--train_steps=80",
             "--iterations=10",
-            "--save_checkpoints_steps=50",
+            "--save_checkpoints_steps=20",
             "--keep_checkpoint_max=2",
-            "--eval_every=100",
+            "--eval_every=40",
             "--config.train.summary_upload_secs=0",
         )
     )
     saved = re.findall(r"Saved checkpoint \S+/ckpt-(\d+)\.", result.stderr)
-    assert saved == ["50", "100", "150", "200"]
+    assert saved == ["20", "40", "60", "80"]
     # Retention: the two newest are kept, the state file lists them.
     assert tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths == [
-        f"{model_dir}/ckpt-150",
-        f"{model_dir}/ckpt-200",
+        f"{model_dir}/ckpt-60",
+        f"{model_dir}/ckpt-80",
     ]
     names = tf.io.gfile.listdir(model_dir)
-    assert not [n for n in names if re.match(r"ckpt-(50|100)\.", n)], names
-    assert {"results-100.json", "results-200.json"} <= set(
+    assert not [n for n in names if re.match(r"ckpt-(20|40)\.", n)], names
+    assert {"results-40.json", "results-80.json"} <= set(
         tf.io.gfile.listdir(f"{model_dir}/eval/test")
     )
 
@@ -131,18 +125,18 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
     # the graph's events file, then one per 2 loops, and at the end the run's time account
     # (goodput/*); what a real TensorBoard shows.
     train_scalars = scalars(model_dir)
-    assert train_scalars["loss"] == list(range(10, 201, 10))
-    assert scalars(f"{model_dir}/eval_test")["accuracy"] == [100, 200]
-    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 20 // 2 + 1
-    assert tensorboard_losses(model_dir, 200) == list(range(10, 201, 10))
+    assert train_scalars["loss"] == list(range(10, 81, 10))
+    assert scalars(f"{model_dir}/eval_test")["accuracy"] == [40, 80]
+    assert len(tf.io.gfile.glob(f"{model_dir}/events.out.tfevents.*")) == 1 + 8 // 2 + 1
+    assert tensorboard_losses(model_dir, 80) == list(range(10, 81, 10))
     # tpurun report reads the run records on gs:// (through gcsfs, without TensorFlow).
     table = assert_ok(tpurun_cli("report", f"--model_dir={model_dir}")).stdout
-    assert "1 train process(es), 0 disruption(s), 0 restart(s), 200 steps kept" in table
+    assert "1 train process(es), 0 disruption(s), 0 restart(s), 80 steps kept" in table
 
-    # The best checkpoint, kept apart (ckpt-100 is deleted by retention), and exported.
+    # The best checkpoint, kept apart (ckpt-40 is deleted by retention), and exported.
     with tf.io.gfile.GFile(f"{model_dir}/best/best.json") as f:
         best = json.load(f)
-    assert best["checkpoint"] in ("ckpt-100", "ckpt-200")
+    assert best["checkpoint"] in ("ckpt-40", "ckpt-80")
     [export_dir] = assert_ok(tpurun_cli("export", *iris_on_gcs, "--best")).stdout.split()
     assert export_dir.startswith(f"{model_dir}/export/")
     serving = tf.saved_model.load(export_dir).signatures["serving_default"]
@@ -175,7 +169,7 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
             "--iterations=10",
         )
     )
-    assert f"from {model_dir}/ckpt-200; training starts at step 0" in result.stderr
+    assert f"from {model_dir}/ckpt-80; training starts at step 0" in result.stderr
 
     leftovers = [
         name
@@ -232,7 +226,7 @@ def test_a_waiting_sidecar_polls_at_a_bounded_request_rate(bucket, gcs, tpurun_c
 
 
 def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
-    data_dir = write_digit_records(f"{bucket}/data", train=200, test=50)  # type: ignore[arg-type]
+    data_dir = write_digit_records(f"{bucket}/data", train=100, test=50)  # type: ignore[arg-type]
     common = (
         "--config=mnist",
         f"--data_dir={data_dir}",
@@ -243,9 +237,9 @@ def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
         "--batch_size=25",
         "--eval_batch_size=25",
     )
-    assert_ok(tpurun_cli("train", *common, "--train_steps=16", "--iterations=8"))
+    assert_ok(tpurun_cli("train", *common, "--train_steps=8", "--iterations=8"))
     result = assert_ok(tpurun_cli("eval", *common))
-    assert "eval at step 16 on test:" in result.stdout and "(50 examples)" in result.stdout
+    assert "eval at step 8 on test:" in result.stdout and "(50 examples)" in result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -261,44 +255,39 @@ def reference(tmp_path_factory):
     return model_dir / f"ckpt-{STEPS}"
 
 
-def test_sigkill_at_random_moments_while_a_save_is_in_flight_on_gcs_then_resume_is_bit_identical(
-    bucket, gcs, reference
-):
-    model_dir = f"{bucket}/iris"
-    gcs.slow(0.02, path="ckpt-")  # every request of a save: one is always being written
-    rng = random.Random(7)
-    # At least 3 loops and saves before the end: the kill (0-0.2 s later) finds it running.
-    for target in sorted(rng.sample(range(20, STEPS - 20, 10), 2)):
-        process = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
-        assert process.stderr is not None
-        for line in process.stderr:
-            saving = SAVING.search(line)
-            if saving and int(saving.group(1)) >= target:
-                time.sleep(rng.uniform(0.0, 0.5))  # in a save's requests, at random
-                process.send_signal(signal.SIGKILL)
-                break
-        assert process.wait(timeout=120) == -signal.SIGKILL
-        assert not group_survivors(process), "the killed trainer left a process behind"
-    gcs.clear_faults()
-    resumed = resume_in_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
-    assert "Resuming from" in resumed.stderr
-    assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
-    names = [name for _, _, files in tf.io.gfile.walk(model_dir) for name in files]
-    assert not [n for n in names if "_temp" in n or "tempstate" in n or "tpurun-tmp" in n], names
-
-
-def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(
+def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume_is_bit_identical(
     bucket, gcs, reference, tmp_path, monkeypatch
 ):
-    """A background save to gs:// is written on the local disk, then uploaded (.index last):
-    killed between its uploads, it leaves a .data without its .index on gs:// and its
-    local directory, both removed by the next run."""
+    """Two trainers killed, then one run resumes to the end, bit-identical to `reference`.
+
+    The first is SIGKILLed at a random moment while a save is in flight (every request of
+    a save slowed: one is always being written). The second resumes from what it left and
+    is killed inside its second background save to gs://, which is written on the local
+    disk, then uploaded (.index last): between its uploads, leaving a .data without its
+    .index on gs:// and its local directory, both removed by the next run."""
     model_dir = f"{bucket}/iris"
     common = (*SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}")
+    gcs.slow(0.02, path="ckpt-")
+    rng = random.Random(7)
+    # At least 3 loops and saves before the end: the kill (0-0.5 s later) finds it running,
+    # and the next trainer has two saves to make.
+    target = rng.choice(range(20, 50, 10))
+    process = train_process(model_dir, f"--train_steps={STEPS}")  # type: ignore[arg-type]
+    assert process.stderr is not None
+    for line in process.stderr:
+        saving = SAVING.search(line)
+        if saving and int(saving.group(1)) >= target:
+            time.sleep(rng.uniform(0.0, 0.5))  # in a save's requests, at random
+            process.send_signal(signal.SIGKILL)
+            break
+    assert process.wait(timeout=120) == -signal.SIGKILL
+    assert not group_survivors(process), "the killed trainer left a process behind"
+    gcs.clear_faults()
+
     local = tmp_path / "tmp"  # the runs' temporary directory (TMPDIR)
     local.mkdir()
     killed = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), "upload", "6", "train"]
+        [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), "upload", "2", "train"]
         + list(common),
         capture_output=True,
         text=True,
@@ -306,17 +295,23 @@ def test_sigkill_inside_a_save_on_gcs_then_resume_is_bit_identical(
         env={**os.environ, "TMPDIR": str(local)},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = re.search(rf"Resuming from {model_dir}/ckpt-(\d+) ", killed.stderr)
+    assert resumed, killed.stderr[-3000:]
+    inside = int(resumed.group(1)) + 20  # its second save, a loop of 10 steps each
     # What the kill left: the data uploaded, not its .index; the local copy.
-    assert tf.io.gfile.exists(f"{model_dir}/ckpt-60.data-00000-of-00001")
-    assert not tf.io.gfile.exists(f"{model_dir}/ckpt-60.index")
+    assert tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}.data-00000-of-00001")
+    assert not tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}.index")
     (left,) = staging_dirs(local)  # beside it, TensorFlow's GCS client's own upload buffers
     assert re.fullmatch(r"tpurun-ckpt-\d+-\w+", left.name) and (left / "ckpt.index").exists()
+
     monkeypatch.setattr(tempfile, "tempdir", str(local))
     result = assert_ok(tpurun_in_process("train", *common))
-    assert f"Resuming from {model_dir}/ckpt-50 (step 50)" in result.stderr
-    assert not tf.io.gfile.exists(f"{model_dir}/ckpt-60_temp")
+    assert f"Resuming from {model_dir}/ckpt-{inside - 10} (step {inside - 10})" in result.stderr
+    assert not tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}_temp")
     assert staging_dirs(local) == []
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
+    names = [name for _, _, files in tf.io.gfile.walk(model_dir) for name in files]
+    assert not [n for n in names if "_temp" in n or "tempstate" in n or "tpurun-tmp" in n], names
 
 
 def staging_dirs(directory: Path) -> list[Path]:

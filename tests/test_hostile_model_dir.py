@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok
+from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, tpurun_in_process
 from test_resume import assert_bit_identical
 
 from tpurun import storage
@@ -80,29 +80,68 @@ def train_to_30(tpurun_cli, model_dir: Path, *extra: str):
 # --- links and look-alike names -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["ckpt-30_temp", "ckpt-20_temp", "ckpt-5_temp"])
-def test_a_link_named_like_a_save_scratch_is_unlinked_and_its_target_kept(
-    tpurun_cli, model_dir, outside, name
-):
-    (model_dir / name).symlink_to(outside, target_is_directory=True)
-    assert_ok(train_to_30(tpurun_cli, model_dir))
-    assert not (model_dir / name).is_symlink()
+# One run over a model_dir holding every kind of name tpurun must tell apart from its
+# own: links named like a save's scratch directory (the coming save's step 30, the
+# newest step 20, a step older than any), the user's look-alike files, and what killed
+# runs left. Each test below asserts on that one run.
+LINKED_SCRATCH = ("ckpt-30_temp", "ckpt-20_temp", "ckpt-5_temp")
+LOOK_ALIKES = ("ckpt-old_temp.csv", "ckpt-3.data-of-mine")
+DEAD_TEMPORARY = f".train_config.json.tpurun-tmp-{storage._HOST}-4999999-0123abcd"
+KILLED_EXPORT = f"export/.17000.tpurun-tmp-{storage._HOST}-4999998-0123abcd"
+KILLED_SAVE = "ckpt-25_temp"  # a save killed before its merge (its step: any)
+
+
+@pytest.fixture(scope="module")
+def mixed_run(trained, tmp_path_factory):
+    """(model_dir, outside, result) of a train to step 30 in a model_dir with links,
+    look-alikes and leftovers of killed runs (see above)."""
+    root = tmp_path_factory.mktemp("mixed")
+    model_dir = Path(shutil.copytree(trained, root / "model", symlinks=True))
+    outside = root / "outside"
+    outside.mkdir()
+    (outside / "sentinel.txt").write_text(SENTINEL)
+    for name in LINKED_SCRATCH:
+        (model_dir / name).symlink_to(outside, target_is_directory=True)
+    (model_dir / "ckpt-notes_template").mkdir()
+    (model_dir / "ckpt-notes_template" / "notes.txt").write_text(SENTINEL)
+    for name in LOOK_ALIKES:
+        (model_dir / name).write_text(SENTINEL)
+    (model_dir / "train_config.json.tmp").symlink_to(outside / "sentinel.txt")
+    (model_dir / DEAD_TEMPORARY).write_text("{")
+    (model_dir / "export").mkdir()
+    (model_dir / KILLED_EXPORT).mkdir()
+    (model_dir / KILLED_SAVE).mkdir()
+    (model_dir / KILLED_SAVE / "part-00000-of-00001.index").write_text("half a save")
+    result = tpurun_in_process(
+        "train", *IRIS, "--train_steps=30", f"--model_dir={model_dir}", cwd=root
+    )
+    return model_dir, outside, result
+
+
+def test_links_named_like_a_save_scratch_are_unlinked_and_their_target_kept(mixed_run):
+    model_dir, outside, result = mixed_run
+    assert_ok(result)
+    assert not [name for name in LINKED_SCRATCH if (model_dir / name).is_symlink()]
     assert (model_dir / "ckpt-30.index").exists()
     assert untouched(outside)
 
 
-def test_the_users_look_alike_files_are_left_alone(tpurun_cli, model_dir, outside):
-    (model_dir / "ckpt-notes_template").mkdir()
-    (model_dir / "ckpt-notes_template" / "notes.txt").write_text(SENTINEL)
-    (model_dir / "ckpt-old_temp.csv").write_text(SENTINEL)
-    (model_dir / "ckpt-3.data-of-mine").write_text(SENTINEL)
-    (model_dir / "train_config.json.tmp").symlink_to(outside / "sentinel.txt")
-    assert_ok(train_to_30(tpurun_cli, model_dir))
+def test_the_users_look_alike_files_are_left_alone(mixed_run):
+    model_dir, outside, result = mixed_run
+    assert_ok(result)
     assert (model_dir / "ckpt-notes_template" / "notes.txt").read_text() == SENTINEL
-    assert (model_dir / "ckpt-old_temp.csv").read_text() == SENTINEL
-    assert (model_dir / "ckpt-3.data-of-mine").read_text() == SENTINEL
+    for name in LOOK_ALIKES:
+        assert (model_dir / name).read_text() == SENTINEL
     assert (model_dir / "train_config.json.tmp").is_symlink()
     assert untouched(outside)
+
+
+def test_leftovers_of_a_killed_run_are_removed_by_the_next(mixed_run):
+    model_dir, _, result = mixed_run
+    assert_ok(result)
+    assert not (model_dir / DEAD_TEMPORARY).exists()
+    assert not (model_dir / KILLED_EXPORT).exists()
+    assert not (model_dir / KILLED_SAVE).exists()
 
 
 def test_a_state_file_naming_checkpoints_outside_is_not_followed(tpurun_cli, model_dir, outside):
@@ -186,14 +225,11 @@ def remove_data_shard(model_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    [
-        damage_data("start"),
-        damage_data("middle"),
-        damage_data("end"),
-        truncate_index,
-        remove_data_shard,
-    ],
-    ids=["data_start", "data_middle", "data_end", "truncated_index", "missing_data_shard"],
+    # One case per way a restore fails: a tensor's bytes that fail their checksum (where in
+    # the data file does not matter: every tensor is checked alike), an index that does not
+    # parse, a data file that is not there.
+    [damage_data("middle"), truncate_index, remove_data_shard],
+    ids=["data_middle", "truncated_index", "missing_data_shard"],
 )
 def test_a_damaged_newest_checkpoint_falls_back_and_trains_on(
     tpurun_cli, model_dir, uninterrupted, damage
@@ -210,12 +246,10 @@ def test_a_damaged_newest_checkpoint_falls_back_and_trains_on(
 # --- damaged records -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "content", [b"\xff\xfe\x00 not text", b"model_checkpoint_path: {{{"], ids=["binary", "garbled"]
-)
-def test_a_damaged_state_file_is_rebuilt_from_the_checkpoints(
-    tpurun_cli, model_dir, uninterrupted, content
-):
+def test_a_damaged_state_file_is_rebuilt_from_the_checkpoints(tpurun_cli, model_dir, uninterrupted):
+    # Text that does not parse as a state; a file that is not text at all fails in the record
+    # reader before (tests/test_storage.py, a damaged record [binary]), as DamagedRecord too.
+    content = b"model_checkpoint_path: {{{"
     (model_dir / "checkpoint").write_bytes(content)
     result = assert_ok(train_to_30(tpurun_cli, model_dir))
     assert "checkpoint is damaged" in result.stderr
@@ -223,25 +257,18 @@ def test_a_damaged_state_file_is_rebuilt_from_the_checkpoints(
     assert 'model_checkpoint_path: "ckpt-30"' in (model_dir / "checkpoint").read_text()
 
 
-@pytest.mark.parametrize(
-    "record",
-    [
-        '{"step": 10, "metric": "accur',
-        json.dumps(
-            {
-                "step": 1,
-                "metric": "accuracy",
-                "mode": "max",
-                "value": 0.5,
-                "checkpoint": "../../outside/ckpt-1",
-            }
-        ),
-    ],
-    ids=["truncated", "naming_a_path_outside"],
-)
-def test_a_damaged_best_record_is_set_aside_and_the_best_rebuilt(
-    tpurun_cli, model_dir, outside, record
-):
+def test_a_damaged_best_record_is_set_aside_and_the_best_rebuilt(tpurun_cli, model_dir, outside):
+    """A record that names a path outside; a truncated one fails in the record reader before
+    (tests/test_storage.py) and is rebuilt alike (test_look_alikes_and_damaged_records_on_ram)."""
+    record = json.dumps(
+        {
+            "step": 1,
+            "metric": "accuracy",
+            "mode": "max",
+            "value": 0.5,
+            "checkpoint": "../../outside/ckpt-1",
+        }
+    )
     (model_dir / "best").mkdir(exist_ok=True)
     (model_dir / "best" / "best.json").write_text(record)
     result = assert_ok(train_to_30(tpurun_cli, model_dir, "--eval_every=10"))
@@ -264,21 +291,6 @@ def test_a_damaged_train_config_names_the_file_and_the_way_on(tpurun_cli, model_
 def test_a_model_dir_of_another_config_is_named_before_any_restore(tpurun_cli, model_dir):
     result = tpurun_cli("eval", "--config=mnist", f"--model_dir={model_dir}")
     assert_fails(result, USAGE, "trained with --config=iris (model iris)", "--config=mnist")
-
-
-# --- leftovers of processes that died ------------------------------------------------------
-
-
-def test_leftovers_of_a_killed_run_are_removed_by_the_next(tpurun_cli, model_dir):
-    dead = f".train_config.json.tpurun-tmp-{storage._HOST}-4999999-0123abcd"
-    (model_dir / dead).write_text("{")
-    (model_dir / "export").mkdir()
-    killed_export = model_dir / "export" / f".17000.tpurun-tmp-{storage._HOST}-4999998-0123abcd"
-    killed_export.mkdir()
-    (model_dir / "ckpt-30_temp").mkdir()  # a save killed before its merge
-    assert_ok(train_to_30(tpurun_cli, model_dir))
-    assert not (model_dir / dead).exists() and not killed_export.exists()
-    assert not (model_dir / "ckpt-30_temp").exists()
 
 
 # --- the same on ram:// (no links there: names and records) ----------------------------

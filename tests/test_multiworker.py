@@ -172,36 +172,58 @@ def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: fl
         time.sleep(0.2)
 
 
-def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tmp_path):
-    """A preempted worker must not stop alone: the others would block in their next all-reduce."""
+@pytest.fixture(scope="module")
+def preempted_then_chief_lost(tmp_path_factory) -> dict:
+    """One cluster's life: a worker SIGTERMed (a preemption) stops both; the job restarted
+    at the same addresses resumes, trains on, and loses its chief (SIGKILL, without
+    notice). What each test below asserts on."""
+    tmp_path = tmp_path_factory.mktemp("preempted")
     model_dir = tmp_path / "model"
     workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
 
-    def start(index: int, attempt: int, steps: int) -> tuple[subprocess.Popen, Path]:
+    def start(index: int, attempt: int) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"worker-{index}-{attempt}.log"
+        # Still training when signalled or killed, however fast.
         return start_worker(
-            workers, index, log, f"--model_dir={model_dir}", f"--train_steps={steps}"
+            workers, index, log, f"--model_dir={model_dir}", "--train_steps=100000000"
         )
 
-    first = [start(i, 0, 100_000_000) for i in range(2)]
+    first = [start(i, 0) for i in range(2)]
     wait_for_line(first[0], "step 50/")
     first[1][0].send_signal(signal.SIGTERM)  # the non-chief worker only
-    codes = wait_all(first, timeout=300)
-    logs = [log.read_text() for _, log in first]
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[0][-3000:] + logs[1][-3000:]
-    steps = [int(re.search(r"saved a checkpoint at step (\d+)", log).group(1)) for log in logs]
-    assert steps[0] == steps[1], steps
-    saved = steps[0]
+    first_codes = wait_all(first, timeout=300)
+    first_logs = [log.read_text() for _, log in first]
+    found = [re.search(r"saved a checkpoint at step (\d+)", log) for log in first_logs]
+    assert all(found), first_logs[0][-3000:] + first_logs[1][-3000:]
+    saved = [int(f.group(1)) for f in found if f]
     import tensorflow as tf
 
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved}")
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    second = [start(i, 1) for i in range(2)]  # the same addresses, as a restarted job has
+    wait_for_line(second[0], f"step {saved[0] + 20}/")  # resumed and trained on
+    second[0][0].kill()  # the chief
+    second_codes = wait_all(second, timeout=300)
+    return {
+        "model_dir": model_dir,
+        "first_codes": first_codes,
+        "first_logs": first_logs,
+        "saved": saved,
+        "latest": latest,
+        "second_codes": second_codes,
+        "second_logs": [log.read_text() for _, log in second],
+    }
 
-    # The same addresses again, as a restarted job has.
-    second = [start(i, 1, saved + 20) for i in range(2)]
-    assert wait_all(second, timeout=300) == [0, 0]
-    resumed = second[0][1].read_text()
-    assert f"Resuming from {model_dir / f'ckpt-{saved}'} (step {saved})" in resumed
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{saved + 20}")
+
+def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(preempted_then_chief_lost):
+    """A preempted worker must not stop alone: the others would block in their next all-reduce."""
+    run = preempted_then_chief_lost
+    logs = run["first_logs"]
+    assert run["first_codes"] == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[0][-3000:] + logs[1][-3000:]
+    steps = run["saved"]
+    assert steps[0] == steps[1], steps
+    assert run["latest"].endswith(f"ckpt-{steps[0]}")
+    resumed = run["second_logs"][0]
+    assert f"Resuming from {run['model_dir'] / f'ckpt-{steps[0]}'} (step {steps[0]})" in resumed
 
 
 def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_dir(tmp_path):
@@ -220,24 +242,14 @@ def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_di
     assert not model_dir.exists()
 
 
-def test_a_worker_that_dies_mid_run_makes_the_other_fail_with_a_message(tmp_path):
-    model_dir = tmp_path / "model"
-    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
-    started = [
-        start_worker(
-            workers,
-            i,
-            tmp_path / f"worker-{i}.log",
-            f"--model_dir={model_dir}",
-            "--train_steps=100000000",  # still training when the chief is killed, however fast
-        )
-        for i in range(2)
-    ]
-    wait_for_line(started[0], "step 30/")
-    started[0][0].kill()  # the chief, without notice
-    # Exit 69: a transient failure, which `train --max_restarts` restarts.
-    assert wait_all(started[1:], timeout=300) == [EXIT_UNAVAILABLE]
-    log = started[1][1].read_text()
+def test_a_worker_that_dies_mid_run_makes_the_other_fail_with_a_message(
+    preempted_then_chief_lost,
+):
+    run = preempted_then_chief_lost
+    # The chief killed; exit 69 for the other: a transient failure, which
+    # `train --max_restarts` restarts.
+    assert run["second_codes"] == [-signal.SIGKILL, EXIT_UNAVAILABLE], run["second_logs"][1][-3000:]
+    log = run["second_logs"][1]
     (line,) = [line for line in log.splitlines() if ": error: " in line]
     assert "lost contact with another worker of the cluster" in line, log[-3000:]
     assert "restart every worker with the same command" in line

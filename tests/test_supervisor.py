@@ -226,6 +226,17 @@ def test_a_sigterm_during_the_backoff_ends_with_one_line_and_exit_75(tmp_path, m
     assert signal.getsignal(signal.SIGTERM) is not None  # its handler put back as it was
 
 
+def test_a_usage_error_of_the_trainer_is_not_retried(tmp_path, monkeypatch):
+    """A trainer's usage error (exit 2, such as a --split the model lacks, found once it
+    built the model: tests/test_eval_splits.py) ends the supervisor at once with its code;
+    the trainer's own error line is the only one (the supervisor adds none)."""
+    plan = [{"end": "exit:2"}, {"end": "finish"}]
+    code, said = supervise_stubs(tmp_path / "model", plan, 2, monkeypatch)
+    assert code == 2, said
+    assert sum("trainer started" in line for line in said) == 1, said
+    assert not [line for line in said if line.startswith("restart ") or ": error: " in line], said
+
+
 # --- Through the CLI: the supervisor and its trainers as processes ---------------------
 
 pytestmark_slow = pytest.mark.slow
@@ -481,21 +492,4 @@ def test_sigterm_to_tpurun_is_one_save_exit_75_and_no_restart(tmp_path):
     assert run.finish() == 75, run.log[-4000:]
     assert len(SAVED.findall(run.log)) == 1
     assert not RESTART.search(run.log) and len(run.pids()) == 1
-    assert_nothing_left(run)
-
-
-@pytest.mark.slow
-def test_a_usage_error_of_the_trainer_is_not_retried(tmp_path):
-    # Iris has no split "nope": found once the trainer imported TensorFlow and built the model.
-    run = Supervised(
-        "--config=iris",
-        "--use_tpu=false",
-        "--config.eval.split=nope",
-        f"--model_dir={tmp_path}",
-        "--max_restarts=2",
-    )
-    assert run.finish() == 2
-    assert len(run.pids()) == 1 and not RESTART.search(run.log)
-    (line,) = [x for x in run.lines if ": error: " in x]
-    assert "--split=nope is not a split of Iris" in line
     assert_nothing_left(run)
