@@ -9,7 +9,7 @@ import pytest
 
 from tpurun.errors import user_code
 
-TPURUN = os.path.dirname(os.path.abspath(user_code.__file__))
+TPURUN = os.path.dirname(os.path.dirname(os.path.abspath(user_code.__file__)))  # the package
 
 
 @pytest.mark.parametrize(
