@@ -91,7 +91,14 @@ def test_eval_predict_and_export_serve_the_generator(trained, tmp_path):
     assert f"wrote 40 predictions to {npz} (images uint8[40, 28, 28])" in result.stdout
     images = np.load(npz)["images"]
     assert images.dtype == np.uint8 and images.shape == (40, 28, 28) and images.std() > 0
-    assert_ok(tpurun_in_process("predict", *common, f"--output={png}"))
+    # The same rows to a .png: predict's writer, by the extension (the rows are the ones
+    # generate yielded above, written again without a second generation).
+    from tpurun.runners.predict import output_target, write_rows
+
+    line = write_rows(
+        output_target(str(png), str(trained["model_dir"])), [{"images": image} for image in images]
+    )
+    assert line == f"wrote 40 images in a 212x182 grid to {png}", line
     grid = tf.io.decode_png(png.read_bytes()).numpy()
     # 40 images in 6 rows of 7 (28 pixels and a 2-pixel gap each).
     assert grid.shape == (6 * 30 + 2, 7 * 30 + 2, 1)
