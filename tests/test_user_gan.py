@@ -231,8 +231,7 @@ def test_the_nan_guard_names_the_scalar(project, tmp_path):
 
 
 def test_check_names_an_op_no_tpu_runs_inside_the_step(project):
-    args = ("--config=my_gan/bad_op_config.py", "--num_shards=1", "--input_check=false")
-    result = tpurun("check", *args, cwd=project)
+    result = tpurun("check", "--config=my_gan/bad_op_config.py", "--num_shards=1", cwd=project)
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
     found = [
         line for line in result.stdout.splitlines() if "error:" in line and "train step" in line
