@@ -95,19 +95,19 @@ def tpurun(*args: str, cwd: Path):
     return tpurun_in_process(*args, cwd=cwd)
 
 
-# 30 steps of 5 per host loop, a save after each. The reference keeps every checkpoint
+# 40 steps of 5 per host loop, a save after each. The reference keeps every checkpoint
 # (ckpt-10 is the 1-replica side of the replica test); the killed run keeps 3, so
 # its saves delete old checkpoints too.
 TRAIN = (CONFIG, "--use_tpu=false", "--iterations=5")
-KILLED = (*TRAIN, "--train_steps=30", "--save_checkpoints_steps=5", "--keep_checkpoint_max=3")
+KILLED = (*TRAIN, "--train_steps=40", "--save_checkpoints_steps=5", "--keep_checkpoint_max=3")
 # A log line: the host loop that ended at a step while a background save is written.
-SAVING = re.compile(r"\] step (\d+)/30 .*  saving ckpt-(\d+)")
-STARTED = re.compile(r"\] Training from step (\d+) to 30")
+SAVING = re.compile(r"\] step (\d+)/40 .*  saving ckpt-(\d+)")
+STARTED = re.compile(r"\] Training from step (\d+) to 40")
 
 
 @pytest.fixture(scope="module")
 def reference(project, tmp_path_factory) -> Path:
-    """An uninterrupted 30-step run on one replica, in this process, every checkpoint kept."""
+    """An uninterrupted 40-step run on one replica, in this process, every checkpoint kept."""
     model_dir = tmp_path_factory.mktemp("reference")
     args = (*KILLED[:-1], "--keep_checkpoint_max=20", f"--model_dir={model_dir}")
     assert_ok(tpurun("train", *args, cwd=project))
@@ -145,9 +145,9 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(project, refere
     model_dir = tmp_path / "killed"
     rng = random.Random(31)
     killed_at, starts = [], []
-    # At step 10 or 15: three host loops or more before the end, so that under load the
-    # run is still training (not done) when its log line is read and the kill lands.
-    for target in rng.sample(range(10, 20, 5), 1):
+    # At step 15, 20 or 25: after ckpt-5 is whole (killed at 10, the first save could be
+    # the one in flight: nothing to resume), three host loops or more before the end.
+    for target in rng.sample(range(15, 30, 5), 1):
         process = subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "slow_saves.py"), "0.1", "train", *KILLED]
             + [f"--model_dir={model_dir}"],
@@ -180,7 +180,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(project, refere
     assert starts[0] == 0 and len(killed_at) == 1, (killed_at, starts)
     for killed, start in zip(killed_at, starts[1:], strict=True):
         assert killed - 10 <= start, (killed_at, starts)
-    assert_bit_identical(model_dir / "ckpt-30", reference / "ckpt-30")
+    assert_bit_identical(model_dir / "ckpt-40", reference / "ckpt-40")
     assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
 
 
