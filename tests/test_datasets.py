@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -127,14 +128,15 @@ def test_the_file_order_is_seeded_by_the_run_and_the_same_in_every_process(data_
 
 @pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """mnist:tfds trained 30 steps (an epoch is 25) and evaluated at the end: the reference
-    of the resume test; its model_dir and what it printed."""
+    """mnist:tfds trained 30 steps (an epoch is 25), saved at 15 and 30, and evaluated at
+    the end: the reference of the resume test; its model_dir and what it printed."""
     model_dir = tmp_path_factory.mktemp("uninterrupted") / "model"
     result = tpurun_in_process(
         "train",
         *SMALL,
         f"--config.data.tfds_data_dir={data_dir}",
         "--train_steps=30",
+        "--save_checkpoints_steps=15",
         "--eval_every=30",
         f"--model_dir={model_dir}",
     )
@@ -151,10 +153,14 @@ def test_eval_is_exact_over_the_test_split(trained):
 
 def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(trained, data_dir, tmp_path):
     """Stopped at step 15 and resumed, the input skipped to where step 15 left it: the same
-    file order (seeded) and examples as without the stop, across the epoch at step 25."""
+    file order (seeded) and examples as without the stop, across the epoch at step 25.
+    The stop is the reference's own ckpt-15, alone in a model_dir of its own (that a run
+    stopped by its train_steps saves the same is tests/test_resume.py's)."""
+    for file in trained[0].glob("ckpt-15.*"):
+        shutil.copy(file, tmp_path)
     common = (*SMALL, f"--config.data.tfds_data_dir={data_dir}", f"--model_dir={tmp_path}")
-    assert_ok(tpurun_in_process("train", *common, "--train_steps=15"))
     resumed = assert_ok(tpurun_in_process("train", *common, "--train_steps=30"))
+    assert f"Resuming from {tmp_path / 'ckpt-15'} (step 15)." in resumed.stderr
     assert "Skipping 15 batches" in resumed.stderr
     reference = trained[0] / "ckpt-30"
     assert len(weights(reference)) > 10
