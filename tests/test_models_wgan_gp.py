@@ -5,9 +5,8 @@ optimizers, the critic's stepped critic_steps times per generator step; eval sco
 test images against generated ones; predict writes `images` as .npz and a .png
 grid; export serves the generator (noise in, images out). The gradient penalty is
 checked against one computed by hand. The flow is marked tpu_wheel: `make
-test-tpu-wheel` runs it on tensorflow-tpu 2.20 too. A GAN's resume (both optimizers
-where they stopped, bit for bit) is tests/test_user_gan.py's SIGKILL test: the same
-own-step checkpoint, restored by the same code.
+test-tpu-wheel` runs it on tensorflow-tpu 2.20 too, with a second train that resumes
+both optimizers where they stopped (bit for bit after a SIGKILL: tests/test_user_gan.py).
 """
 
 from __future__ import annotations
@@ -115,6 +114,23 @@ def test_eval_predict_and_export_serve_the_generator(trained, tmp_path):
     served = serving(noise=noise)["images"].numpy()
     assert served.dtype == np.uint8
     assert np.abs(served.astype(int) - images.astype(int)).max() <= 1
+
+
+@pytest.mark.tpu_wheel  # the own-step GAN's resume on tensorflow-tpu 2.20 too (issue 37)
+def test_a_second_train_resumes_both_optimizers(trained):
+    """After eval, predict and export: training on from ckpt-10 to step 15, each optimizer
+    where it stopped (the critic's two updates per step go on from 20). Bit-identity of a
+    killed own-step GAN's resume: test_user_gan."""
+    model_dir = trained["model_dir"]
+    result = assert_ok(
+        tpurun_in_process(
+            "train", *trained["common"], "--use_tpu=false", "--train_steps=15", "--iterations=5"
+        )
+    )
+    assert f"Resuming from {model_dir / 'ckpt-10'} (step 10)." in result.stderr
+    saved = weights(model_dir / "ckpt-15")
+    iterations = {k.split("/")[1]: int(v) for k, v in saved.items() if "/_iterations/" in k}
+    assert iterations == {"critic": 30, "generator": 15}
 
 
 def test_the_gradient_penalty_is_the_one_computed_by_hand():
