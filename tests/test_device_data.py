@@ -478,7 +478,7 @@ def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tpurun train: error: "), result.stderr
-    assert "--config.train.xla" in lines[0] and "true, false or 'auto'" in lines[0]
+    assert "config.train.xla=" in lines[0] and "true, false or 'auto'" in lines[0]
     assert list(tmp_path.iterdir()) == []
 
 
