@@ -151,17 +151,24 @@ def time_fit(run, cluster, model, args) -> list[float]:
     params = inputs.input_params(tf.distribute.InputContext(), BATCH, run.seed)
     dataset = model.input_fn(Mode.TRAIN, params)  # repeats forever
 
+    return time_fit_calls(keras_model, dataset, args, ITERATIONS)
+
+
+def time_fit_calls(keras_model, dataset, args, iterations: int) -> list[float]:
+    """Seconds of `args.steps` steps of Keras `fit`, `args.repeats` times, after two calls
+    of warm-up (the model compiled with steps_per_execution=`iterations`; scripts/
+    bench_resnet.py times its fit with it too)."""
     stamps = execution_stamps()
-    calls = args.steps // ITERATIONS
+    calls = args.steps // iterations
     warmup = 2
     keras_model.fit(
         dataset,
-        steps_per_epoch=ITERATIONS * (warmup + calls * args.repeats),
+        steps_per_epoch=iterations * (warmup + calls * args.repeats),
         epochs=1,
         verbose=0,
         callbacks=[stamps],
     )
-    # One stamp per execution of ITERATIONS steps; after the warm-up calls, every
+    # One stamp per execution of `iterations` steps; after the warm-up calls, every
     # `calls` stamps make a repeat.
     times = stamps.stamps[warmup - 1 :]
     return [times[(i + 1) * calls] - times[i * calls] for i in range(args.repeats)]

@@ -42,8 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_mnist import time_tpurun  # the Trainer's loop, timed as for MNIST
-from offline_env import execution_stamps, run_json_worker  # scripts/offline_env.py
+from bench_mnist import time_fit_calls, time_tpurun  # both loops, timed as for MNIST
+from offline_env import run_json_worker  # scripts/offline_env.py
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".venv-bench"
@@ -341,17 +341,7 @@ def time_fit(run_config, cluster, model, args) -> list[float]:
     )
     params = inputs.input_params(tf.distribute.InputContext(), TRAIN_BATCH, run_config.seed)
     dataset = model.input_fn(Mode.TRAIN, params)  # the same batches, endless
-    stamps = execution_stamps()
-    calls, warmup = args.steps // ITERATIONS, 2
-    keras_model.fit(
-        dataset,
-        steps_per_epoch=ITERATIONS * (warmup + calls * args.repeats),
-        epochs=1,
-        verbose=0,
-        callbacks=[stamps],
-    )
-    times = stamps.stamps[warmup - 1 :]
-    return [times[(i + 1) * calls] - times[i * calls] for i in range(args.repeats)]
+    return time_fit_calls(keras_model, dataset, args, ITERATIONS)
 
 
 if __name__ == "__main__":
