@@ -52,12 +52,15 @@ def test_train_eval_predict_export(bucket, gcs, iris_on_gcs, tpurun_cli):
     # predict through `tpurun.cli.main` itself, as a program embedding tpurun calls it,
     # after the runs above in this process (main() runs several times in one process).
     output = f"{bucket}/out/predictions.jsonl"
-    level = logging.root.level  # main() sets the level of the progress lines
+    # main() sets the levels of the progress lines (the root's and absl's loggers): put
+    # back, or a later test of this worker would see no INFO line.
+    levels = logging.root.level, logging.getLogger("absl").level
     try:
         with flagsaver.flagsaver():
             assert cli.main(["tpurun", "predict", *iris_on_gcs, f"--output={output}"]) == 0
     finally:
-        logging.root.setLevel(level)
+        logging.root.setLevel(levels[0])
+        logging.getLogger("absl").setLevel(levels[1])
     with tf.io.gfile.GFile(output) as f:
         assert len(f.read().splitlines()) == 3
 

@@ -214,6 +214,7 @@ def trained_with(model_dir, **keys) -> None:
 
 def test_the_trained_model_keys_replace_the_config_files(tmp_path, caplog):
     caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="absl")  # whatever an earlier run of this process set
     trained_with(
         tmp_path,
         hidden_units=(20, 20),
@@ -244,6 +245,7 @@ def test_the_trained_model_keys_replace_the_config_files(tmp_path, caplog):
 
 def test_what_the_command_line_gives_wins_and_is_said(tmp_path, caplog):
     caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="absl")  # whatever an earlier run of this process set
     trained_with(tmp_path, hidden_units=(20, 20), n_classes=3)
     given = ("hidden_units", "precision")
     run, overridden = train_config.for_serving(

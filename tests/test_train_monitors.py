@@ -136,9 +136,9 @@ def test_without_a_terminal_one_log_line_per_loop_with_its_input_wait(iris_run):
     ]
     assert all(0 <= int(share) <= 100 for _, _, share in logged)
     assert "%|" not in result.stderr and "ETA" not in result.stderr, "no progress bar in a log"
-    # In-memory Iris waits for tf.data's hand-over of each batch (about 0.1 ms), not for
-    # its input_fn: no warning.
-    assert INPUT_BOUND not in result.stderr
+    # (Whether in-memory Iris's loops look input-bound depends on the machine's load: its
+    # step is ~0.1 ms, tf.data's hand-over of a batch as long. The warning's rule is tested
+    # on given times in tests/test_actions.py.)
 
 
 @pytest.mark.slow
