@@ -158,6 +158,7 @@ def on_and_off(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return runs
 
 
+@needs_xla_cpu
 def test_device_data_false_trains_through_tf_data_on_the_same_batches(on_and_off):
     (on_dir, on_log), (off_dir, off_log) = on_and_off["true"], on_and_off["false"]
     assert "Training data on the device (120 examples" in on_log
@@ -418,6 +419,7 @@ def get_config():
 """
 
 
+@needs_xla_cpu
 def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, tmp_path):
     """Dropout's random state (a variable) is drawn in the compiled loop, accumulating 2
     micro-batches, and checkpointed: resumed off a loop boundary (at 25 of loops of 10),
@@ -446,6 +448,7 @@ def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, t
     assert [n for n in first if not np.array_equal(first[n], second[n])] == []
 
 
+@needs_xla_cpu
 def test_xla_false_runs_the_plain_loop_and_resumes_from_a_compiled_one(
     tpurun_cli, tmp_path, on_and_off
 ):

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_ok
+from conftest import assert_ok, needs_xla_cpu
 
 from tpurun import model as model_lib
 from tpurun.cluster import strategy
@@ -99,6 +99,7 @@ def loop_line(stderr: str) -> str:
     return line
 
 
+@needs_xla_cpu  # it times the XLA-compiled loop
 def test_auto_records_its_choice_and_a_resume_keeps_it_bit_identically(
     tpurun_cli, tmp_path, monkeypatch
 ):
