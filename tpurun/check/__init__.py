@@ -135,7 +135,7 @@ def run_checks(
             failing = {p.step for p in problems if p.severity == ERROR}
             for mode in failing:
                 checker.single_device_steps.pop(mode, None)
-            sizer, note = tpu_sizer(target)
+            sizer, note = tpu_sizer(target, run.compile_timeout)
             sizing = f"each step's memory per replica on a {target.name}"
             with announced(f"Sizing {sizing}", f"Sized {sizing}"):
                 found = preflight.estimate_steps(checker, target, sizer, note)
@@ -145,8 +145,11 @@ def run_checks(
     return merge(problems), found, host
 
 
-def tpu_sizer(target: Target) -> tuple[TpuSizer | None, str | None]:
-    """The TPU compiler of the target's generation, or None and why there is none."""
+def tpu_sizer(
+    target: Target, compile_timeout: float = client.COMPILE_TIMEOUT_S
+) -> tuple[TpuSizer | None, str | None]:
+    """The TPU compiler of the target's generation, or None and why there is none.
+    `compile_timeout`: --compile_timeout, the seconds one compile may take."""
     conflict = installed.tpu_compiler_conflict()  # tensorflow-tpu is installed here
     if conflict:
         return None, conflict
@@ -156,7 +159,9 @@ def tpu_sizer(target: Target) -> tuple[TpuSizer | None, str | None]:
             f"the TPU compiler is not installed ({missing} is missing): {client.INSTALL} "
             "sizes each step with the TPU's own compiler"
         )
-    return TpuSizer(client.shared(), targets.generation(target.generation)), None
+    compiler = client.shared()
+    compiler.compile_timeout = compile_timeout
+    return TpuSizer(compiler, targets.generation(target.generation)), None
 
 
 @contextlib.contextmanager

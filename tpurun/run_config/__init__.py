@@ -61,6 +61,7 @@ class RunConfig:
     train_examples: int = 0
     price_per_chip_hour: float | None = None  # check --target: $ per chip-hour for the cost
     input_check: bool = True  # check --target: measure whether the training input keeps up
+    compile_timeout: float = 600  # check --target: seconds one TPU compile may take
     # The config keys the command line set (`--config.<key>=...` and the flags of config
     # keys, `--batch_size` for train.batch_size): eval, predict and export take the
     # trained config's model keys except these (`tpurun.run_config.trained_keys`).

@@ -251,6 +251,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("input_check", "bool", CHECK, default=True, field=True,
          help="check --target: also run the model's training input here for a few seconds and say "
               "whether the target's hosts would keep its chips fed (false: skip it)."),
+    Flag("compile_timeout", "float", CHECK, default=600, bound=Number(0, MAX_SECONDS, above=True), field=True,
+         help="check --target: seconds the TPU compiler may take for one step before check stops it "
+              "and sizes that step by XLA's CPU estimate (a full-size model's train step can take "
+              "over 10 minutes on a small machine's CPU)."),
     Flag("json", "bool", REPORT, default=False,
          help="report: print the report as one JSON object instead of a table."),
 )

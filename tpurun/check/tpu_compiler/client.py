@@ -241,7 +241,11 @@ class TpuCompiler:
                 process.stdin.flush()
             except OSError:
                 raise self._died("while it was sent a program") from None
-            answer = self._read(self.compile_timeout, f"compile for {request.get('topology')}")
+            answer = self._read(
+                self.compile_timeout,
+                f"compile for {request.get('topology')}",
+                "--compile_timeout=SECONDS waits longer",
+            )
         if answer.get("ok"):
             return answer
         if answer.get("kind") == "oom":
@@ -277,8 +281,9 @@ class TpuCompiler:
             raise CompileError("the TPU compiler's process imported TensorFlow; it must not")
         self.versions = hello
 
-    def _read(self, timeout: float, doing: str) -> dict[str, Any]:
-        """The child's next answer line, within `timeout` seconds (else it is killed)."""
+    def _read(self, timeout: float, doing: str, longer: str = "") -> dict[str, Any]:
+        """The child's next answer line, within `timeout` seconds (else it is killed and
+        the error says `longer`: how to allow more)."""
         assert self._answers is not None
         deadline = time.monotonic() + timeout
         line = b""
@@ -289,7 +294,7 @@ class TpuCompiler:
                 self._kill()
                 raise CompileError(
                     f"the TPU compiler took longer than {timeout:g} s to {doing} (the time "
-                    "limit); it was stopped"
+                    f"limit); it was stopped{f': {longer}' if longer else ''}"
                 )
             chunk = os.read(self._answers.fileno(), 1 << 16)
             if not chunk:
