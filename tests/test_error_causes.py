@@ -82,6 +82,72 @@ def test_a_bug_of_tpurun_itself_is_still_called_unexpected(tpurun_cli, tmp_path,
     assert_fails(result, RUN_FAILURE, "unexpected KeyError: RunConfig(")
 
 
+def _from_c_code() -> SystemError:
+    """What a SIGTERM's StoppedBySigterm becomes when it is raised while C code runs (an
+    import, a TensorFlow call): the SystemError that code raises, with it as the cause."""
+    from tpurun import errors
+
+    try:
+        try:
+            raise errors.StoppedBySigterm
+        except errors.StoppedBySigterm as e:
+            raise SystemError(
+                "<built-in function __import__> returned a result with an exception set"
+            ) from e
+    except SystemError as e:
+        return e
+
+
+def test_a_sigterm_raised_inside_c_code_still_exits_75_with_its_line(
+    tpurun_cli, tmp_path, monkeypatch
+):
+    """Seen under load: the SIGTERM of a start-up landed in an import inside TensorFlow."""
+    from tpurun import commands, errors
+
+    def stopped(run) -> None:
+        raise _from_c_code()
+
+    monkeypatch.setattr(commands, "run", stopped)
+    result = tpurun_cli("train", "--train_steps=1", f"--model_dir={tmp_path / 'm'}")
+    assert result.returncode == errors.EXIT_PREEMPTED, result.stderr
+    assert result.stderr.splitlines() == [f"tpurun train: error: {errors.StoppedBySigterm()}"]
+    assert errors.caused_by_sigterm(_from_c_code())
+    assert not errors.caused_by_sigterm(SystemError("a SystemError of its own"))
+
+
+def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
+    """Where Python drops an exception (a __del__, a weakref callback, the garbage
+    collector's finaliser), a StoppedBySigterm is not printed as a traceback: it was seen,
+    and the run stops at its first host loop. Any other dropped exception still is (by
+    the hook there was before: here a recorder in place of Python's printer)."""
+    import signal
+    import sys
+
+    from tpurun import errors
+
+    class Finalised:
+        def __init__(self, error: BaseException):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    dropped: list[BaseException] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: dropped.append(unraisable.exc_value)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        errors.stop_at_sigterm()
+        errors.stop_at_sigterm()  # twice, as __main__ and then cli.main do: wrapped once
+        Finalised(_from_c_code())  # dropped at once: nothing refers to it
+        assert dropped == []
+        Finalised(ValueError("a bug of its own"))
+        assert [str(e) for e in dropped] == ["a bug of its own"]
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        sys.unraisablehook = previous
+
+
 # --- nonsense values: one line with the allowed range --------------------------------
 
 

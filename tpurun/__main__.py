@@ -14,9 +14,12 @@ def main() -> None:
     errors.stop_at_sigterm()
     try:
         from tpurun.cli import run
-    except errors.StoppedBySigterm as e:  # during the CLI's own imports
-        print(f"tpurun: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    except (errors.StoppedBySigterm, SystemError) as e:  # during the CLI's own imports
+        if not errors.caused_by_sigterm(e):
+            raise
+        stopped = errors.StoppedBySigterm()
+        print(f"tpurun: error: {stopped}", file=sys.stderr)
+        sys.exit(stopped.exit_code)
     run()
 
 

@@ -15,7 +15,7 @@ from absl import logging
 from tpurun import check, report, storage
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster
-from tpurun.errors import Preempted, StoppedBySigterm
+from tpurun.errors import Preempted, StoppedBySigterm, caused_by_sigterm
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
@@ -28,7 +28,7 @@ def end_quietly(account: GoodputRecord, error: BaseException) -> None:
         StoppedBySigterm: "preempted",
         KeyboardInterrupt: "interrupted",
     }
-    reason = reasons.get(type(error), "error")
+    reason = "preempted" if caused_by_sigterm(error) else reasons.get(type(error), "error")
     try:
         account.finish(reason)
     except Exception as e:  # noqa: BLE001 - the run's own error is the one to report

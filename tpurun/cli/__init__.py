@@ -172,6 +172,10 @@ def _main(argv: Sequence[str]) -> int:
         _report(command, str(e))
         return e.exit_code
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        if errors.caused_by_sigterm(e):  # raised inside C code: a SystemError with it as cause
+            stopped = errors.StoppedBySigterm()
+            _report(command, str(stopped))
+            return stopped.exit_code
         message, code = tf_errors.describe(e)
         _report(command, message)
         return code
@@ -190,7 +194,8 @@ def _report(command: str, message: str) -> None:
     if (
         not _verbose()
         and sys.exc_info()[0] is not None
-        and not isinstance(sys.exc_info()[1], (TpurunError, errors.StoppedBySigterm))
+        and not isinstance(sys.exc_info()[1], TpurunError)
+        and not errors.caused_by_sigterm(sys.exc_info()[1])
     ):
         print(f"{prefix}: (rerun with --verbosity=1 for the traceback)", file=sys.stderr)
 

@@ -11,6 +11,7 @@ exit 75.
 """
 
 import signal
+import sys
 import threading
 
 
@@ -100,7 +101,35 @@ def stop_at_sigterm() -> object:
     returns the handler it replaced (None elsewhere), for `signal.signal` to put back."""
     if threading.current_thread() is not threading.main_thread():
         return None
+    if sys.unraisablehook is not _unraisable:
+        _PREVIOUS_UNRAISABLE[:] = [sys.unraisablehook]
+        sys.unraisablehook = _unraisable
     return signal.signal(signal.SIGTERM, _stop)
+
+
+def caused_by_sigterm(error: BaseException | None) -> bool:
+    """Whether `error` is StoppedBySigterm or was raised because of it: raised while C code
+    ran (an import, a TensorFlow call), it comes back as the SystemError that code raised,
+    with StoppedBySigterm as its cause."""
+    for _ in range(20):  # a chain's length; a cycle ends here too
+        if error is None:
+            return False
+        if isinstance(error, StoppedBySigterm):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+_PREVIOUS_UNRAISABLE: list = []
+
+
+def _unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
+    """Where Python drops an exception it cannot raise (a `__del__`, a weakref callback, a
+    finaliser the garbage collector ran), a StoppedBySigterm raised there is not printed as
+    a traceback: it was seen (`sigterm_seen`), and the run stops at its first host loop."""
+    if caused_by_sigterm(unraisable.exc_value):
+        return
+    (_PREVIOUS_UNRAISABLE or [sys.__unraisablehook__])[0](unraisable)
 
 
 def sigterm_seen() -> bool:
