@@ -17,9 +17,11 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from test_resume import IRIS as SAVING_EVERY_LOOP
 from test_resume import SAVING, assert_bit_identical, group_survivors, train_process
 
 from tests.synthetic_images import write_digit_records
+from tpurun.storage import lease
 from tpurun.storage.background import events
 
 pytestmark = pytest.mark.slow
@@ -55,35 +58,35 @@ def scalars(logdir: str) -> dict[str, list[int]]:
 
 
 def tensorboard_losses(logdir: str, last: int) -> list[int]:
-    """The steps of `loss` that a real TensorBoard server reading `logdir` shows, once it
-    shows `last` (polled; the 120 s bound only guards against a hang)."""
+    """The steps of `loss` that a real TensorBoard server reading `logdir` shows: TensorBoard's
+    own server and data ingester, in this process (no second TensorFlow import), loading the
+    events once before it serves (`last`: the run is over, every events file uploaded)."""
+    from tensorboard import program
+
     [port] = free_local_ports(1)
-    board = subprocess.Popen(
-        [str(Path(sys.executable).with_name("tensorboard")), f"--logdir={logdir}"]
-        + [f"--port={port}", "--host=127.0.0.1", "--load_fast=false", "--reload_interval=1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    board = program.TensorBoard()
+    board.configure(
+        argv=[None, f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1"]
+        + ["--load_fast=false", "--reload_interval=0", "--reload_task=blocking"]
     )
+    server = board._make_server()  # what `launch()` serves from a thread it keeps
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
     try:
-        deadline, steps = time.monotonic() + 120, []
-        while time.monotonic() < deadline and board.poll() is None:
-            time.sleep(0.5)
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            try:
-                connection.request("GET", "/data/plugin/scalars/scalars?run=.&tag=loss")
-                answer = connection.getresponse()
-                if answer.status == 200:
-                    steps = [step for _, step, _ in json.loads(answer.read())]
-            except OSError:
-                continue  # not listening yet
-            finally:
-                connection.close()
-            if steps and steps[-1] == last:
-                break
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("GET", "/data/plugin/scalars/scalars?run=.&tag=loss")
+            answer = connection.getresponse()
+            assert answer.status == 200, answer.read()
+            steps = [step for _, step, _ in json.loads(answer.read())]
+        finally:
+            connection.close()
+        assert steps[-1] == last, steps
         return steps
     finally:
-        board.kill()
-        board.wait()
+        server.shutdown()
+        server.server_close()
+        serving.join(timeout=60)
 
 
 def test_train_eval_best_export_predict_warm_start_on_gcs(
@@ -264,7 +267,8 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     a save slowed: one is always being written). The second resumes from what it left and
     is killed inside its second background save to gs://, which is written on the local
     disk, then uploaded (.index last): between its uploads, leaving a .data without its
-    .index on gs:// and its local directory, both removed by the next run."""
+    .index on gs:// and its local directory, both removed by the next run. Each next run
+    takes over the lease the killed one left (on a local disk: tests/test_resume.py)."""
     model_dir = f"{bucket}/iris"
     common = (*SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}")
     gcs.slow(0.02, path="ckpt-")
@@ -297,6 +301,12 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = re.search(rf"Resuming from {model_dir}/ckpt-(\d+) ", killed.stderr)
     assert resumed, killed.stderr[-3000:]
+    # The lease each killed trainer left (on gs://, an object naming it) is taken over.
+    taken = f"Taking over the lease of host {socket.gethostname()}, pid {process.pid}, "
+    assert taken in killed.stderr and f"pid {process.pid} of this machine is gone" in killed.stderr
+    with tf.io.gfile.GFile(f"{model_dir}/{lease.FILE}") as f:
+        dead = json.load(f)["pid"]
+    assert dead not in (process.pid, os.getpid())
     inside = int(resumed.group(1)) + 20  # its second save, a loop of 10 steps each
     # What the kill left: the data uploaded, not its .index; the local copy.
     assert tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}.data-00000-of-00001")
@@ -307,6 +317,8 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     monkeypatch.setattr(tempfile, "tempdir", str(local))
     result = assert_ok(tpurun_in_process("train", *common))
     assert f"Resuming from {model_dir}/ckpt-{inside - 10} (step {inside - 10})" in result.stderr
+    assert f"pid {dead} of this machine is gone" in result.stderr
+    assert not tf.io.gfile.exists(f"{model_dir}/{lease.FILE}")  # released at the run's end
     assert not tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}_temp")
     assert staging_dirs(local) == []
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
