@@ -183,39 +183,6 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
     assert leftovers == []
 
 
-def test_eval_continuous_sidecar_beside_a_trainer_on_gcs(bucket, gcs, iris_on_gcs, tpurun_cli):  # noqa: F811
-    sidecar = subprocess.Popen(
-        [sys.executable, "-m", "tpurun", "eval", *iris_on_gcs, "--continuous"]
-        + ["--train_steps=300", "--eval_timeout=120"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert sidecar.stderr is not None
-        started = []  # its log up to the line that says it waits for a first checkpoint
-        for line in sidecar.stderr:
-            started.append(line)
-            if "Waiting for a checkpoint" in line:
-                break
-        assert sidecar.poll() is None, "".join(started)
-        assert_ok(
-            tpurun_cli(
-                "train",
-                *iris_on_gcs,
-                "--train_steps=300",
-                "--iterations=50",
-                "--save_checkpoints_steps=100",
-            )
-        )
-        out, err = sidecar.communicate(timeout=180)
-    finally:
-        sidecar.kill()
-    assert sidecar.returncode == 0, err[-3000:]
-    assert re.findall(r"eval at step (\d+) on test:", out) == ["100", "200", "300"]
-    assert "stopped after the checkpoint of the final step 300" in out
-
-
 def test_a_waiting_sidecar_polls_at_a_bounded_request_rate(bucket, gcs, tpurun_cli):
     with gcs.counting() as log:
         started = time.monotonic()
@@ -228,7 +195,12 @@ def test_a_waiting_sidecar_polls_at_a_bounded_request_rate(bucket, gcs, tpurun_c
     assert len(log) <= 2 * seconds + 4, log
 
 
-def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
+def test_mnist_reads_its_tfrecords_from_gcs_and_an_eval_sidecar_evaluates_beside_its_trainer(
+    bucket, gcs, tpurun_cli
+):
+    """mnist's TFRecords on gs://, read by its trainer (in this process) and by an
+    `eval --continuous` sidecar (a process of its own) started first, which evaluates each
+    checkpoint as it is saved and stops after the final step's."""
     data_dir = write_digit_records(f"{bucket}/data", train=100, test=50)  # type: ignore[arg-type]
     common = (
         "--config=mnist",
@@ -239,10 +211,30 @@ def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
         "--config.hidden_units=16",
         "--batch_size=25",
         "--eval_batch_size=25",
+        "--train_steps=24",
     )
-    assert_ok(tpurun_cli("train", *common, "--train_steps=8", "--iterations=8"))
-    result = assert_ok(tpurun_cli("eval", *common))
-    assert "eval at step 8 on test:" in result.stdout and "(50 examples)" in result.stdout
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "eval", *common, "--continuous", "--eval_timeout=120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sidecar.stderr is not None
+        started = []  # its log up to the line that says it waits for a first checkpoint
+        for line in sidecar.stderr:
+            started.append(line)
+            if "Waiting for a checkpoint" in line:
+                break
+        assert sidecar.poll() is None, "".join(started)
+        assert_ok(tpurun_cli("train", *common, "--iterations=8", "--save_checkpoints_steps=8"))
+        out, err = sidecar.communicate(timeout=180)
+    finally:
+        sidecar.kill()
+    assert sidecar.returncode == 0, err[-3000:]
+    assert re.findall(r"eval at step (\d+) on test:", out) == ["8", "16", "24"], out
+    assert out.count("(50 examples)") == 3, out
+    assert "stopped after the checkpoint of the final step 24" in out
 
 
 @pytest.fixture(scope="module")

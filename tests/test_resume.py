@@ -226,22 +226,15 @@ def damage_index(path: Path) -> None:
     Path(str(path) + ".index").write_bytes(b"not an index")
 
 
-@pytest.fixture(scope="module")
-def trained_to_200(tmp_path_factory) -> Path:
-    """Iris trained to step 200 (checkpoints 160..200), for tests to copy and then damage."""
-    model_dir = tmp_path_factory.mktemp("trained-to-200")
-    assert_ok(tpurun_in_process("train", *IRIS, "--train_steps=200", f"--model_dir={model_dir}"))
-    return model_dir
-
-
 def test_damaged_newest_checkpoints_are_moved_aside_and_the_one_before_used(
-    tpurun_cli, tmp_path, reference, trained_to_200
+    tpurun_cli, tmp_path, reference
 ):
-    """The three newest checkpoints each damaged a way of their own (each fails a read of
-    its own kind), and the state file garbled: every damaged one is moved aside, the
-    checkpoints are found from their files, and the run resumes from the newest intact one."""
-    shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
-    damages = {200: damage_truncate, 190: damage_flip_bytes, 180: damage_index}
+    """In a copy of the 300-step reference (checkpoints 260..300), the three newest
+    checkpoints each damaged a way of their own (each fails a read of its own kind), and the
+    state file garbled: every damaged one is moved aside, the checkpoints are found from
+    their files, and the run resumes from the newest intact one."""
+    shutil.copytree(reference["1"].parent, tmp_path, dirs_exist_ok=True)
+    damages = {300: damage_truncate, 290: damage_flip_bytes, 280: damage_index}
     for step, damage in damages.items():
         damage(tmp_path / f"ckpt-{step}")
     (tmp_path / "checkpoint").write_text("model_checkpoint_path: \x00garbage {{{")
@@ -249,13 +242,13 @@ def test_damaged_newest_checkpoints_are_moved_aside_and_the_one_before_used(
     for step in damages:
         assert f"Checkpoint {tmp_path / f'ckpt-{step}'} is damaged" in resumed.stderr
         assert (tmp_path / "damaged" / f"ckpt-{step}.index").exists()
-    assert f"Resuming from {tmp_path / 'ckpt-170'} " in resumed.stderr
+    assert f"Resuming from {tmp_path / 'ckpt-270'} " in resumed.stderr
     assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
     assert latest(tmp_path).name == "ckpt-300"
 
 
-def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path, trained_to_200):
-    shutil.copytree(trained_to_200, tmp_path, dirs_exist_ok=True)
+def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path, reference):
+    shutil.copytree(reference["1"].parent, tmp_path, dirs_exist_ok=True)
     for index in tmp_path.glob("ckpt-*.index"):
         index.write_bytes(b"junk")
     assert_fails(
