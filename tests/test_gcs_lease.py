@@ -1,83 +1,28 @@
 """One trainer per model_dir (tpurun.storage.lease), on a local disk and on gs://.
 
-The first trainer runs in a process of its own (it is signalled); the second, and
-the one that takes over a killed trainer's lease, run in this process.
+The trainers here run in this process; a trainer of its own process, signalled, is
+tests/test_supervisor.py's (gs://), and real kills are taken over in tests/test_resume.py
+(a local disk) and tests/test_gcs_life.py (gs://).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 import tensorflow as tf
-from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, assert_ok
+from conftest import RUN_FAILURE, assert_fails, assert_ok
 
-from tpurun.errors import EXIT_PREEMPTED
 from tpurun.storage import checkpoints, lease
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
 
 
-@pytest.fixture(params=["local", "gs"])
-def model_dir(request, tmp_path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "iris")
-    bucket = request.getfixturevalue("bucket")
-    return f"{bucket}/iris"
-
-
-def start_trainer(model_dir: str, env: dict[str, str]) -> tuple[subprocess.Popen, list[str]]:
-    """A long Iris run, returned once it has trained its first host loop (and holds the lease)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpurun", "train", *IRIS, "--train_steps=100000000"]
-        + [f"--model_dir={model_dir}"],
-        env={**os.environ, **OFFLINE_ENV, **env},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    assert process.stderr is not None
-    for line in process.stderr:
-        lines.append(line)
-        if re.search(r"step \d+/100000000", line):
-            return process, lines
-    process.wait()
-    raise AssertionError("".join(lines))
-
-
-def test_a_second_trainer_refuses_at_once_and_the_first_finishes_untouched(bucket, gcs, tpurun_cli):
-    """On gs://, where real runs keep their model_dir, with a trainer of its own: it is
-    SIGTERMed after the refusal and releases its lease on the way out (on a local disk:
-    the next test, and the release at a run's end, test_the_lease_is_released_only_...)."""
-    model_dir = f"{bucket}/iris"
-    first, lines = start_trainer(model_dir, gcs.env)
-    try:
-        second = tpurun_cli("train", *IRIS, "--train_steps=100", f"--model_dir={model_dir}")
-        line = assert_fails(
-            second, RUN_FAILURE, "is being trained by another tpurun train", f"pid {first.pid}"
-        )
-        assert "--force_takeover" in line and "since " in line
-        # At once: while the first trains (100,000,000 steps), not once it is done.
-        assert first.poll() is None, "".join(lines)
-        first.send_signal(signal.SIGTERM)
-        rest = first.communicate(timeout=120)[1]
-    finally:
-        first.kill()
-    stderr = "".join(lines) + rest
-    assert first.returncode == EXIT_PREEMPTED, stderr
-    # A fresh process finds the bucket from the environment alone (TensorFlow's client and
-    # the lease's gcsfs): no request refused (another host than the storage API's) or for a token.
-    assert not [r for r in gcs.requests if r.kind in ("refused", "auth")], gcs.requests
-    saved = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stderr).group(1))
-    assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{saved}"
-    assert not lease_exists(f"{model_dir}/{lease.FILE}"), "the lease was not released"
+# A second trainer refused at once while a trainer of its own process trains on gs://, which
+# then, SIGTERMed, releases its lease on the way out: through the supervisor, in
+# tests/test_supervisor.py's test_sigterm_to_tpurun_is_one_save_exit_75_and_no_restart.
 
 
 def test_on_a_local_disk_a_held_lease_refuses_a_second_trainer_at_once(tmp_path, tpurun_cli):
@@ -98,25 +43,9 @@ def test_on_a_local_disk_a_held_lease_refuses_a_second_trainer_at_once(tmp_path,
     assert not lease_exists(f"{model_dir}/{lease.FILE}")
 
 
-def test_a_killed_trainers_lease_is_taken_over(model_dir, tpurun_cli):
-    """The lease a SIGKILLed trainer of this machine left (its pid gone) is taken at once.
-
-    Written here as that trainer wrote it, rather than by killing one: the SIGKILL
-    tests (test_resume.py locally, test_gcs_life.py on gs://) resume after real kills,
-    each taking over the killed trainer's lease.
-    """
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    path = f"{model_dir}/{lease.FILE}"
-    tf.io.gfile.makedirs(model_dir)
-    holder = lease.Holder(
-        socket.gethostname(), dead.pid, "2026-01-01T00:00:00+00:00", time.time(), 3900.0
-    )
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write(holder.text())
-    result = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=10", f"--model_dir={model_dir}"))
-    assert f"pid {dead.pid}" in result.stderr and "gone" in result.stderr
-    assert not lease_exists(path)
+# A lease a SIGKILLed trainer of this machine left (its pid gone) is taken at once: after
+# real kills, by the next trainer, in tests/test_resume.py (a local disk) and
+# tests/test_gcs_life.py (gs://), which also see it released at the run's end.
 
 
 def test_the_lease_is_released_only_after_the_last_background_save_is_written(

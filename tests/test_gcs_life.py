@@ -17,9 +17,11 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from test_resume import IRIS as SAVING_EVERY_LOOP
 from test_resume import SAVING, assert_bit_identical, group_survivors, train_process
 
 from tests.synthetic_images import write_digit_records
+from tpurun.storage import lease
 from tpurun.storage.background import events
 
 pytestmark = pytest.mark.slow
@@ -55,35 +58,35 @@ def scalars(logdir: str) -> dict[str, list[int]]:
 
 
 def tensorboard_losses(logdir: str, last: int) -> list[int]:
-    """The steps of `loss` that a real TensorBoard server reading `logdir` shows, once it
-    shows `last` (polled; the 120 s bound only guards against a hang)."""
+    """The steps of `loss` that a real TensorBoard server reading `logdir` shows: TensorBoard's
+    own server and data ingester, in this process (no second TensorFlow import), loading the
+    events once before it serves (`last`: the run is over, every events file uploaded)."""
+    from tensorboard import program
+
     [port] = free_local_ports(1)
-    board = subprocess.Popen(
-        [str(Path(sys.executable).with_name("tensorboard")), f"--logdir={logdir}"]
-        + [f"--port={port}", "--host=127.0.0.1", "--load_fast=false", "--reload_interval=1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    board = program.TensorBoard()
+    board.configure(
+        argv=[None, f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1"]
+        + ["--load_fast=false", "--reload_interval=0", "--reload_task=blocking"]
     )
+    server = board._make_server()  # what `launch()` serves from a thread it keeps
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
     try:
-        deadline, steps = time.monotonic() + 120, []
-        while time.monotonic() < deadline and board.poll() is None:
-            time.sleep(0.5)
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            try:
-                connection.request("GET", "/data/plugin/scalars/scalars?run=.&tag=loss")
-                answer = connection.getresponse()
-                if answer.status == 200:
-                    steps = [step for _, step, _ in json.loads(answer.read())]
-            except OSError:
-                continue  # not listening yet
-            finally:
-                connection.close()
-            if steps and steps[-1] == last:
-                break
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("GET", "/data/plugin/scalars/scalars?run=.&tag=loss")
+            answer = connection.getresponse()
+            assert answer.status == 200, answer.read()
+            steps = [step for _, step, _ in json.loads(answer.read())]
+        finally:
+            connection.close()
+        assert steps[-1] == last, steps
         return steps
     finally:
-        board.kill()
-        board.wait()
+        server.shutdown()
+        server.server_close()
+        serving.join(timeout=60)
 
 
 def test_train_eval_best_export_predict_warm_start_on_gcs(
@@ -180,39 +183,6 @@ def test_train_eval_best_export_predict_warm_start_on_gcs(
     assert leftovers == []
 
 
-def test_eval_continuous_sidecar_beside_a_trainer_on_gcs(bucket, gcs, iris_on_gcs, tpurun_cli):  # noqa: F811
-    sidecar = subprocess.Popen(
-        [sys.executable, "-m", "tpurun", "eval", *iris_on_gcs, "--continuous"]
-        + ["--train_steps=300", "--eval_timeout=120"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert sidecar.stderr is not None
-        started = []  # its log up to the line that says it waits for a first checkpoint
-        for line in sidecar.stderr:
-            started.append(line)
-            if "Waiting for a checkpoint" in line:
-                break
-        assert sidecar.poll() is None, "".join(started)
-        assert_ok(
-            tpurun_cli(
-                "train",
-                *iris_on_gcs,
-                "--train_steps=300",
-                "--iterations=50",
-                "--save_checkpoints_steps=100",
-            )
-        )
-        out, err = sidecar.communicate(timeout=180)
-    finally:
-        sidecar.kill()
-    assert sidecar.returncode == 0, err[-3000:]
-    assert re.findall(r"eval at step (\d+) on test:", out) == ["100", "200", "300"]
-    assert "stopped after the checkpoint of the final step 300" in out
-
-
 def test_a_waiting_sidecar_polls_at_a_bounded_request_rate(bucket, gcs, tpurun_cli):
     with gcs.counting() as log:
         started = time.monotonic()
@@ -225,7 +195,12 @@ def test_a_waiting_sidecar_polls_at_a_bounded_request_rate(bucket, gcs, tpurun_c
     assert len(log) <= 2 * seconds + 4, log
 
 
-def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
+def test_mnist_reads_its_tfrecords_from_gcs_and_an_eval_sidecar_evaluates_beside_its_trainer(
+    bucket, gcs, tpurun_cli
+):
+    """mnist's TFRecords on gs://, read by its trainer (in this process) and by an
+    `eval --continuous` sidecar (a process of its own) started first, which evaluates each
+    checkpoint as it is saved and stops after the final step's."""
     data_dir = write_digit_records(f"{bucket}/data", train=100, test=50)  # type: ignore[arg-type]
     common = (
         "--config=mnist",
@@ -236,10 +211,30 @@ def test_mnist_reads_its_tfrecords_from_gcs(bucket, tpurun_cli):
         "--config.hidden_units=16",
         "--batch_size=25",
         "--eval_batch_size=25",
+        "--train_steps=24",
     )
-    assert_ok(tpurun_cli("train", *common, "--train_steps=8", "--iterations=8"))
-    result = assert_ok(tpurun_cli("eval", *common))
-    assert "eval at step 8 on test:" in result.stdout and "(50 examples)" in result.stdout
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "tpurun", "eval", *common, "--continuous", "--eval_timeout=120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sidecar.stderr is not None
+        started = []  # its log up to the line that says it waits for a first checkpoint
+        for line in sidecar.stderr:
+            started.append(line)
+            if "Waiting for a checkpoint" in line:
+                break
+        assert sidecar.poll() is None, "".join(started)
+        assert_ok(tpurun_cli("train", *common, "--iterations=8", "--save_checkpoints_steps=8"))
+        out, err = sidecar.communicate(timeout=180)
+    finally:
+        sidecar.kill()
+    assert sidecar.returncode == 0, err[-3000:]
+    assert re.findall(r"eval at step (\d+) on test:", out) == ["8", "16", "24"], out
+    assert out.count("(50 examples)") == 3, out
+    assert "stopped after the checkpoint of the final step 24" in out
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +259,8 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     a save slowed: one is always being written). The second resumes from what it left and
     is killed inside its second background save to gs://, which is written on the local
     disk, then uploaded (.index last): between its uploads, leaving a .data without its
-    .index on gs:// and its local directory, both removed by the next run."""
+    .index on gs:// and its local directory, both removed by the next run. Each next run
+    takes over the lease the killed one left (on a local disk: tests/test_resume.py)."""
     model_dir = f"{bucket}/iris"
     common = (*SAVING_EVERY_LOOP, f"--train_steps={STEPS}", f"--model_dir={model_dir}")
     gcs.slow(0.02, path="ckpt-")
@@ -297,6 +293,12 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = re.search(rf"Resuming from {model_dir}/ckpt-(\d+) ", killed.stderr)
     assert resumed, killed.stderr[-3000:]
+    # The lease each killed trainer left (on gs://, an object naming it) is taken over.
+    taken = f"Taking over the lease of host {socket.gethostname()}, pid {process.pid}, "
+    assert taken in killed.stderr and f"pid {process.pid} of this machine is gone" in killed.stderr
+    with tf.io.gfile.GFile(f"{model_dir}/{lease.FILE}") as f:
+        dead = json.load(f)["pid"]
+    assert dead not in (process.pid, os.getpid())
     inside = int(resumed.group(1)) + 20  # its second save, a loop of 10 steps each
     # What the kill left: the data uploaded, not its .index; the local copy.
     assert tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}.data-00000-of-00001")
@@ -307,6 +309,8 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     monkeypatch.setattr(tempfile, "tempdir", str(local))
     result = assert_ok(tpurun_in_process("train", *common))
     assert f"Resuming from {model_dir}/ckpt-{inside - 10} (step {inside - 10})" in result.stderr
+    assert f"pid {dead} of this machine is gone" in result.stderr
+    assert not tf.io.gfile.exists(f"{model_dir}/{lease.FILE}")  # released at the run's end
     assert not tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}_temp")
     assert staging_dirs(local) == []
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]
