@@ -168,8 +168,11 @@ def test_eval_with_ema_reports_the_averages_not_the_raw_weights(tpurun_cli, tmp_
     ema = ("--config.train.ema_decay=0.9",)
     common = (*IRIS, f"--model_dir={tmp_path}", *ema)
     assert_ok(tpurun_cli("train", *common, *PLAIN, "--train_steps=60", "--iterations=20"))
-    result = assert_ok(tpurun_cli("eval", *common))
+    # Without the override, eval reads the averages: the model_dir's trained config keeps
+    # ema_decay (docs/predict-export.md), and says it differs from the config file.
+    result = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={tmp_path}"))
     assert "Using the moving averages of the weights (config.train.ema_decay=0.9)" in result.stderr
+    assert "train.ema_decay=0.9 (the config file: 0.0)" in result.stderr
     averaged = json.loads((tmp_path / "eval" / "test" / "results-60.json").read_text())
 
     # The same loss from a model holding the averages the checkpoint keeps.
@@ -192,12 +195,7 @@ def test_eval_with_ema_reports_the_averages_not_the_raw_weights(tpurun_cli, tmp_
     loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     assert averaged["loss"] == pytest.approx(float(tf.reduce_mean(loss)), rel=1e-4)
 
-    # Without the override, eval still reads the averages: the model_dir's trained config
-    # keeps ema_decay (docs/predict-export.md); --config.train.ema_decay=0 reads the raw
-    # weights, and says it overrides the trained config.
-    again = assert_ok(tpurun_cli("eval", *IRIS, f"--model_dir={tmp_path}"))
-    assert "Using the moving averages of the weights (config.train.ema_decay=0.9)" in again.stderr
-    assert "train.ema_decay=0.9 (the config file: 0.0)" in again.stderr
+    # --config.train.ema_decay=0 reads the raw weights, and says it overrides the trained config.
     raw = assert_ok(
         tpurun_cli("eval", *IRIS, f"--model_dir={tmp_path}", "--config.train.ema_decay=0")
     )
