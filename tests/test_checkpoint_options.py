@@ -16,7 +16,10 @@ from test_resume import weights
 
 pytestmark = pytest.mark.slow
 
-IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
+# The plain host loop (XLA's, config.train.xla="auto"'s pick for Iris, is compiled by
+# XLA first, more than the rest of an Iris run costs): the loop is not what this file tests
+# (test_device_data.py, test_host_loops.py).
+IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10", "--config.train.xla=false")
 # Where a checkpoint keeps the model's variables (trainer.checkpoint's model_variables).
 MODEL_VARIABLES = "model_variables/"
 

@@ -89,6 +89,9 @@ def one_and_eight(tmp_path_factory) -> tuple[Path, dict[int, str]]:
             "--config=iris",
             "--use_tpu=false",
             f"--num_shards={shards}",
+            # The plain host loop on 1 replica too, as 8 run (XLA's, config.train.xla="auto"'s
+            # pick for Iris on 1, compiled by XLA first, is test_device_data.py's).
+            "--config.train.xla=false",
             f"--train_steps={REPLICA_STEPS}",
             "--seed=7",
             f"--model_dir={root / str(shards)}",
@@ -148,7 +151,8 @@ def test_one_and_eight_replicas_reach_the_same_weights(one_and_eight):
 def test_default_model_dir_resumes_from_the_checkpoint_to_train_steps(tpurun_cli, tmp_path):
     """No --model_dir: ./iris (named after the config), and no --use_tpu: locally; a second
     train resumes there, and eval finds it too."""
-    common = ("--config=iris", "--iterations=10")
+    # The plain host loop: not what this test is about (test_device_data.py's).
+    common = ("--config=iris", "--iterations=10", "--config.train.xla=false")
     first = assert_ok(tpurun_cli("train", *common, "--train_steps=20", cwd=tmp_path))
     assert f"using {tmp_path / 'iris'}" in first.stderr
     assert "running locally" in first.stderr

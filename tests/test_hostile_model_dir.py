@@ -22,7 +22,16 @@ from tpurun import storage
 
 pytestmark = pytest.mark.slow
 
-IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10", "--save_checkpoints_steps=10")
+# The plain host loop (XLA's, config.train.xla="auto"'s pick for Iris, is compiled by
+# XLA first, more than the rest of an Iris run costs): the loop is not what this file tests
+# (test_device_data.py, test_host_loops.py).
+IRIS = (
+    "--config=iris",
+    "--use_tpu=false",
+    "--iterations=10",
+    "--save_checkpoints_steps=10",
+    "--config.train.xla=false",
+)
 SENTINEL = "the user's own file\n"
 
 

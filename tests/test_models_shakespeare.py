@@ -59,6 +59,9 @@ def test_loss_falls_eval_generate_and_export(tpurun_cli, tmp_path):
             "--batch_size=16",
             "--train_steps=200",
             "--iterations=50",
+            # The plain host loop: "auto" would compile XLA's and the plain one to time
+            # them (the choice: test_host_loops.py's), more than the 200 steps cost.
+            "--config.train.xla=false",
         )
     )
     losses = [float(x) for x in re.findall(r"step \d+/200  loss ([\d.]+)", result.stderr)]

@@ -19,79 +19,31 @@ from tpurun.errors import EXIT_PREEMPTED, EXIT_UNAVAILABLE
 
 pytestmark = pytest.mark.slow
 
-# Both worker scripts run the launcher's own code paths. The train one then saves
-# this worker's final weights so the test can compare workers (a non-chief keeps
-# no checkpoint of its own).
-PRELUDE = """
-import logging
+# `python -m tpurun` itself, which also saves this worker's weights where its
+# Controller.train ends (a preemption too), so the test can compare workers (a non-chief
+# keeps no checkpoint of its own).
+SAVING_WEIGHTS = """
 import sys
 import numpy as np
-from absl import logging as absl_logging
-from tpurun import cli, commands, model as model_lib
-from tpurun.cluster import strategy
+from tpurun.runners import controller
 
-run = cli.parse(sys.argv[2], ["tpurun", *sys.argv[3:]])
-absl_logging.use_absl_handler()
-logging.root.setLevel(logging.INFO)
-cluster = strategy.build(run)
-"""
-TRAIN_WORKER = (
-    PRELUDE
-    + """
-from tpurun.runners.controller import Controller
-from tpurun.runners.train import Trainer
-if cluster.is_chief:
-    commands.prepare_model_dir(run)
-    commands.write_record(run)
-trainer = Trainer(run, cluster, model_lib.create(run.config))
-Controller(run, cluster, trainer).train()
-np.savez(sys.argv[1], *[v.numpy() for v in trainer.keras_model.weights])
-print("task", cluster.task, "chief", cluster.is_chief, "replicas", cluster.num_replicas)
-"""
-)
-# ...then `tpurun eval` of what it trained, on the same cluster (a process and cluster
-# fewer than an eval job of its own; the eval command's code all the same).
-TRAIN_THEN_EVAL_WORKER = (
-    TRAIN_WORKER
-    + """
-evaluation = cli.parse(
-    "eval",
-    ["tpurun", "--config=iris", "--use_tpu=false", "--eval_batch_size=8", f"--model_dir={run.model_dir}"],
-)
-commands.evaluate(evaluation, cluster, model_lib.create(evaluation.config))
-"""
-)
+train = controller.Controller.train
 
 
-def run_workers(script: str, command: str, tmp_path: Path, *args: str) -> list[tuple[str, str]]:
-    """Runs `script` as worker 0 and worker 1 of one cluster; returns their (stdout, stderr)."""
-    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
-        argv = [sys.executable, "-c", script, str(tmp_path / f"weights-{index}.npz"), command]
-        processes.append(
-            subprocess.Popen(
-                [*argv, "--config=iris", "--use_tpu=false", *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+def train_then_save_weights(self):
     try:
-        outputs = [p.communicate(timeout=300) for p in processes]
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        tails = "\n".join(
-            f"--- worker {i}\n{p.communicate()[1][-3000:]}" for i, p in enumerate(processes)
-        )
-        pytest.fail(f"workers still running after 300s:\n{tails}")
-    for process, (_, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, err[-4000:]
-    return outputs
+        return train(self)
+    finally:
+        np.savez(weights, *[v.numpy() for v in self.trainer.keras_model.weights])
+
+
+controller.Controller.train = train_then_save_weights
+weights = sys.argv.pop(1)
+sys.argv[0] = "tpurun"
+from tpurun.__main__ import main
+
+main()
+"""
 
 
 def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> list[int]:
@@ -109,55 +61,19 @@ def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> li
         pytest.fail(f"workers still running after {timeout}s:\n{tails}")
 
 
-def test_two_workers_train_to_identical_weights_and_eval_exactly(tpurun_cli, tmp_path):
-    model_dir = tmp_path / "model"
-    outputs = run_workers(
-        TRAIN_THEN_EVAL_WORKER,
-        "train",
-        tmp_path,
-        "--train_steps=40",
-        "--iterations=10",
-        "--config.train.save_checkpoints_steps=20",
-        f"--model_dir={model_dir}",
-    )
-    assert "task worker-0 chief True replicas 2" in outputs[0][0]
-    assert "task worker-1 chief False replicas 2" in outputs[1][0]
-
-    chief = np.load(tmp_path / "weights-0.npz")
-    other = np.load(tmp_path / "weights-1.npz")
-    assert len(chief.files) == 6
-    for name in chief.files:
-        np.testing.assert_array_equal(chief[name], other[name])
-
-    # Only the chief's checkpoints and one run record; the worker's scratch copies are gone.
-    assert (model_dir / "ckpt-20.index").exists() and (model_dir / "ckpt-40.index").exists()
-    assert len(list((model_dir / "runs").iterdir())) == 1
-    scratch = model_dir / ".scratch"
-    assert not scratch.exists() or not any(scratch.rglob("*.index"))
-    assert "Saved checkpoint" in outputs[0][1] and "Saved checkpoint" not in outputs[1][1]
-
-    # Each worker evaluates its half of the 30 rows (padded, masked); the metric
-    # state is summed across workers, so both report what one process reports.
-    reference = assert_ok(
-        tpurun_cli("eval", "--config=iris", "--use_tpu=false", f"--model_dir={model_dir}")
-    )
-    expected = next(line for line in reference.stdout.splitlines() if line.startswith("eval at"))
-    assert expected.endswith("(30 examples)")
-    for out, _ in outputs:
-        assert expected in out
-
-
 def start_worker(
-    workers: list[str], index: int, log: Path, *args: str
+    workers: list[str], index: int, log: Path, *args: str, weights: Path | None = None
 ) -> tuple[subprocess.Popen, Path]:
-    """Starts `tpurun train --config=iris` as worker `index` of `workers`, stderr to `log`."""
+    """Starts `tpurun train --config=iris` as worker `index` of `workers`, stderr to `log`
+    (stdout to `log` with .out for .log); with `weights`, saving its weights there."""
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
-    command = [sys.executable, "-m", "tpurun", "train", "--config=iris", "--use_tpu=false"]
+    tpurun = ["-m", "tpurun"] if weights is None else ["-c", SAVING_WEIGHTS, str(weights)]
+    command = [sys.executable, *tpurun, "train", "--config=iris", "--use_tpu=false"]
     process = subprocess.Popen(
         [*command, "--iterations=10", *args],
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=log.with_suffix(".out").open("w"),
         stderr=log.open("w"),
     )
     return process, log
@@ -174,21 +90,33 @@ def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: fl
 
 @pytest.fixture(scope="module")
 def preempted_then_chief_lost(tmp_path_factory) -> dict:
-    """One cluster's life: a worker SIGTERMed (a preemption) stops both; the job restarted
-    at the same addresses resumes, trains on, and loses its chief (SIGKILL, without
-    notice). What each test below asserts on."""
+    """One cluster's life: two workers train (evaluating every 20 steps, on both); one
+    SIGTERMed (a preemption) stops both, each saving its weights where its training ended;
+    the job restarted at the same addresses resumes, trains on, and loses its chief
+    (SIGKILL, without notice). What each test below asserts on."""
     tmp_path = tmp_path_factory.mktemp("preempted")
     model_dir = tmp_path / "model"
     workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
 
-    def start(index: int, attempt: int) -> tuple[subprocess.Popen, Path]:
+    def start(index: int, attempt: int, *args: str, **weights: Path):
         log = tmp_path / f"worker-{index}-{attempt}.log"
         # Still training when signalled or killed, however fast.
         return start_worker(
-            workers, index, log, f"--model_dir={model_dir}", "--train_steps=100000000"
+            workers,
+            index,
+            log,
+            f"--model_dir={model_dir}",
+            "--train_steps=100000000",
+            *args,
+            **weights,
         )
 
-    first = [start(i, 0) for i in range(2)]
+    evaluating = (
+        "--save_checkpoints_steps=20",
+        "--eval_every=20",
+        "--keep_checkpoint_max=1000",  # ckpt-40 kept, evaluated again by the test
+    )
+    first = [start(i, 0, *evaluating, weights=tmp_path / f"weights-{i}.npz") for i in range(2)]
     wait_for_line(first[0], "step 50/")
     first[1][0].send_signal(signal.SIGTERM)  # the non-chief worker only
     first_codes = wait_all(first, timeout=300)
@@ -199,16 +127,23 @@ def preempted_then_chief_lost(tmp_path_factory) -> dict:
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(str(model_dir))
+    runs = sorted(path.name for path in (model_dir / "runs").iterdir())
+    scratch = model_dir / ".scratch"
+    scratch_checkpoints = list(scratch.rglob("*.index")) if scratch.exists() else []
     second = [start(i, 1) for i in range(2)]  # the same addresses, as a restarted job has
     wait_for_line(second[0], f"step {saved[0] + 20}/")  # resumed and trained on
     second[0][0].kill()  # the chief
     second_codes = wait_all(second, timeout=300)
     return {
+        "tmp_path": tmp_path,
         "model_dir": model_dir,
         "first_codes": first_codes,
         "first_logs": first_logs,
+        "first_stdouts": [log.with_suffix(".out").read_text() for _, log in first],
         "saved": saved,
         "latest": latest,
+        "runs": runs,
+        "scratch_checkpoints": scratch_checkpoints,
         "second_codes": second_codes,
         "second_logs": [log.read_text() for _, log in second],
     }
@@ -224,6 +159,45 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_saved_step(preempted_then_
     assert run["latest"].endswith(f"ckpt-{steps[0]}")
     resumed = run["second_logs"][0]
     assert f"Resuming from {run['model_dir'] / f'ckpt-{steps[0]}'} (step {steps[0]})" in resumed
+
+
+def test_two_workers_train_to_identical_weights_and_eval_exactly(
+    preempted_then_chief_lost, tpurun_cli
+):
+    run = preempted_then_chief_lost
+    logs = run["first_logs"]
+    assert "Running on 2 workers, 2 replicas (MultiWorkerMirroredStrategy) as worker-0" in logs[0]
+    assert "Running on 2 workers, 2 replicas (MultiWorkerMirroredStrategy) as worker-1" in logs[1]
+
+    chief = np.load(run["tmp_path"] / "weights-0.npz")
+    other = np.load(run["tmp_path"] / "weights-1.npz")
+    assert len(chief.files) == 6
+    for name in chief.files:
+        np.testing.assert_array_equal(chief[name], other[name])
+
+    # Only the chief's checkpoints and one run record; the worker's scratch copies are gone.
+    model_dir = run["model_dir"]
+    assert (model_dir / "ckpt-20.index").exists() and (model_dir / "ckpt-40.index").exists()
+    assert len(run["runs"]) == 1, run["runs"]
+    assert not run["scratch_checkpoints"]
+    assert "Saved checkpoint" in logs[0] and "Saved checkpoint" not in logs[1]
+
+    # Each worker evaluates its half of the 30 rows (padded, masked); the metric
+    # state is summed across workers, so both report what one process reports.
+    reference = assert_ok(
+        tpurun_cli(
+            "eval",
+            "--config=iris",
+            "--use_tpu=false",
+            f"--model_dir={model_dir}",
+            "--checkpoint=40",
+            "--split=test",
+        )
+    )
+    expected = next(line for line in reference.stdout.splitlines() if line.startswith("eval at"))
+    assert expected.startswith("eval at step 40 ") and expected.endswith("(30 examples)")
+    for out in run["first_stdouts"]:
+        assert expected in out, out
 
 
 def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_dir(tmp_path):

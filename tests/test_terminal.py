@@ -2,28 +2,21 @@
 
 The unit tests feed tpurun.cli.terminal real lines of TensorFlow 2.21 (copied from
 a CPU machine's terminal) mixed with lines that must stay; the slow ones run
-`tpurun train` in a subprocess, on a pipe and on a pseudo-terminal.
+`tpurun train` in a subprocess, on a pipe (on a pseudo-terminal: the one run of
+test_train_monitors.py's test_on_a_terminal_a_live_progress_line).
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import pty
 import re
-import select
-import struct
 import subprocess
 import sys
-import termios
-import time
 import types
-from pathlib import Path
 
 import pytest
 from absl import logging as absl_logging
-from conftest import OFFLINE_ENV, REPO, assert_ok, run_tpurun
+from conftest import REPO, assert_ok, run_tpurun
 
 from tpurun.cli import terminal
 
@@ -227,47 +220,5 @@ def test_verbosity_1_shows_tensorflow_lines(tmp_path):
     assert TENSORFLOW_MARKERS[-1] in result.stderr, result.stderr
 
 
-def run_on_terminal(args: list[str], timeout: float = 300) -> tuple[int, str]:
-    """Runs a command with a pseudo-terminal (120 x 40) as stdin, stdout and stderr."""
-    main, child_end = pty.openpty()
-    fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    process = subprocess.Popen(
-        args,
-        stdin=child_end,
-        stdout=child_end,
-        stderr=child_end,
-        env={**os.environ, **OFFLINE_ENV},
-        close_fds=True,
-    )
-    os.close(child_end)
-    output = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if select.select([main], [], [], 1.0)[0]:
-                try:
-                    data = os.read(main, 65536)
-                except OSError:  # EIO: every writer closed the terminal
-                    break
-                if not data:
-                    break
-                output += data
-        else:
-            process.kill()
-        return process.wait(timeout=30), output.decode(errors="replace")
-    finally:
-        os.close(main)
-
-
-@pytest.mark.slow
-def test_train_on_a_terminal_shows_the_progress_line_and_no_tensorflow_lines(tmp_path):
-    model_dir = tmp_path / "model"
-    code, output = run_on_terminal(
-        [sys.executable, "-m", "tpurun", *TRAIN, "--train_steps=20", f"--model_dir={model_dir}"]
-    )
-    assert code == 0, output
-    assert not [marker for marker in TENSORFLOW_MARKERS if marker in output], output
-    # tqdm's live line: redrawn in place (\r) up to its last state, then the log lines.
-    assert re.search(r"\r100%\|.*\| step 20/20, loss", output), output
-    assert "Training from step 0 to 20" in output
-    assert Path(model_dir, "checkpoint").exists()
+# On a pseudo-terminal (the progress line, no TensorFlow lines): one run, of
+# test_train_monitors.py's test_on_a_terminal_a_live_progress_line.

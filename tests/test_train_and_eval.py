@@ -36,7 +36,10 @@ from tpurun.runners import restore
 
 pytestmark = pytest.mark.slow
 
-COMMON = ("--config=iris", "--use_tpu=false")
+# The plain host loop (XLA's, config.train.xla="auto"'s pick for Iris, is compiled by
+# XLA first, more than the rest of an Iris run costs): the loop is not what this file tests
+# (test_device_data.py, test_host_loops.py).
+COMMON = ("--config=iris", "--use_tpu=false", "--config.train.xla=false")
 
 
 def model_weights(checkpoint: Path) -> list[np.ndarray]:

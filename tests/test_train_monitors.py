@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, assert_ok, error_lines, run_tpurun, tpurun_in_process
+from test_terminal import TENSORFLOW_MARKERS
 
 from tpurun.errors import EXIT_HUNG
 
@@ -208,6 +209,9 @@ def test_on_a_terminal_a_live_progress_line(tmp_path):
     )
     assert final, shown
     assert not LOG_LINE.search(shown), "a terminal gets the live line, not one line per loop"
+    # A clean terminal (test_terminal.py): TensorFlow's start-up lines hidden.
+    assert not [marker for marker in TENSORFLOW_MARKERS if marker in shown], shown
+    assert "Training from step 0 to 300" in shown
     # Other log lines print above the bar, each on a line of its own.
     lines = re.split(r"[\r\n]+", shown)
     saved = re.compile(r"I\d{4} .*Saved checkpoint .*ckpt-300\. \(written .*\)$")
