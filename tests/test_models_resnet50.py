@@ -311,6 +311,8 @@ def test_check_sizes_the_full_model_on_a_v5e_8_with_the_tpu_compiler(data, tmp_p
         "--target=v5e-8",
         f"--data_dir={data}",
         f"--report={report}",
+        # The train step's compile took past the default 600 s on a loaded 2-core machine.
+        "--compile_timeout=3600",
     )
     text = result.stdout
     assert text.startswith(
