@@ -93,6 +93,10 @@ def report(results: dict) -> None:
             f"xla=false / xla=true = {rate['False'] / rate['True']:.2f}"
         )
         print(f"  auto chose in {result['choice_s']:.1f}s: {result['why']}")
+        calls = "; ".join(
+            f"{k} " + ", ".join(f"{t:.2f}" for t in v) for k, v in result["seconds"].items()
+        )
+        print(f"  the timed calls, s (in turn): {calls}")
         compiled = ", ".join(f"xla={k} {v:.1f}s" for k, v in result["first_call_s"].items())
         print(f"  the forced loops' first call (compile and {result['steps']} steps): {compiled}")
 
@@ -144,6 +148,7 @@ def worker(args: argparse.Namespace) -> dict:
     return {
         "steps": steps,
         "steps_per_s": {name: steps / statistics.median(s) for name, s in seconds.items()},
+        "seconds": seconds,
         "choice_s": choice_s,
         "why": why,
         "first_call_s": {k: v for k, v in first_call.items() if k != "auto"},
