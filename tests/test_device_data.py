@@ -433,6 +433,9 @@ def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, t
     common = (
         f"--config={tmp_path / 'dropout_config.py'}",
         "--use_tpu=false",
+        # XLA's loop, forced: auto times both loops first, and under a heavy load picked the
+        # plain one (this test's subject is the compiled loop).
+        "--config.train.xla=true",
         "--config.train.accumulate_steps=2",
         "--batch_size=16",
     )
