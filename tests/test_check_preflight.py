@@ -35,7 +35,12 @@ BFLOAT16_CHECKED = {
 # model, its data, bfloat16) is sized the same on one chip: a v5e-1, but flops (a cheap model)
 # on a v5e-8 and mnist on a v5e-4, whose runs the tests of the weights, the table and the input
 # check share (the batch split over a slice's replicas, its host's vCPUs).
-CHIPS = {"iris": 1, "fashion_mnist": 1, "shakespeare": 1, "mnist": 4, "flops": 8}
+CHIPS = {"fashion_mnist": 1, "shakespeare": 1, "mnist": 4, "flops": 8}
+# iris's is tests/test_device_data.py's
+# test_check_target_counts_the_arrays_as_the_train_steps_input (on a v5e-8, in bfloat16:
+# clean, and each step fits); as shipped (float32), it is sized by the TPU compiler in
+# tests/test_check_tpu_compiler.py and checked in tests/test_check.py.
+SIZED_HERE = tuple(CHIPS)
 # Only mnist's training input is measured (tpurun.check.host_input): a few seconds each.
 INPUT_CHECK = {"mnist": ()}
 _RUNS: dict[tuple[str, ...], tuple[subprocess.CompletedProcess, dict | None, float, list[str]]] = {}
@@ -95,7 +100,7 @@ def describe(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", SEED_CONFIGS)
+@pytest.mark.parametrize("config", SIZED_HERE)
 def test_every_seed_config_is_sized_on_a_v5e_slice(checked, config, record_property):
     """Every shipped config passes check on a v5e slice's replicas (as far as a trace and an
     XLA compile can tell: warnings allowed) and each of its steps fits a replica.
@@ -221,27 +226,30 @@ def test_the_estimate_follows_the_training_recipe(checked):
 
 # --- A batch that does not fit ------------------------------------------------------------
 
-TOO_BIG = 32768  # mnist's train step at 32768 per replica: some 36 GB
+# flops' train step (N = 1024, 10 products) at 2^19 rows per replica: some 28 GB. The XLA:CPU
+# estimate's own path and words, on a cheap step (each of the search's compiles of mnist's
+# cost ~5 CPU-s); mnist at 32768 per replica is sized by the TPU compiler in
+# tests/test_check_tpu_compiler.py, the search itself on stand-in sizes in
+# tests/test_check_batch_search.py.
+TOO_BIG = 524288
 
 
 @pytest.mark.slow
 def test_a_batch_too_large_for_a_v5e_1_fails_with_the_largest_that_fits(checked):
     """On one chip: the search compiles one replica's step whatever the slice, and a check
-    traces the step once per replica (the runs above size 4 and 8). Its input is not
-    measured (test_mnists_training_input_is_measured_and_a_v5e_host_figured measures it)."""
-    result, data, _ = checked(
-        "mnist", "--target=v5e-1", f"--batch_size={TOO_BIG}", "--input_check=false"
-    )
+    traces the step once per replica (the runs above size 4 and 8). Its training arrays are
+    declared by their shape, never made (flops' train_arrays)."""
+    result, data, _ = checked("flops", "--target=v5e-1", f"--batch_size={TOO_BIG}")
     assert result.returncode == RUN_FAILURE, describe(result)
     assert "Traceback" not in result.stderr
     (error,) = error_lines(result)
-    assert "1 error(s) and 0 warning(s) above: mnist would fail on a TPU with 1 replica" in error
+    assert "1 error(s) and 0 warning(s) above: flops would fail on a TPU with 1 replica" in error
     (finding,) = [line for line in result.stdout.splitlines() if line.startswith("[memory]")]
-    assert finding.startswith("[memory] error: the train step needs 36."), finding
-    assert "at a per-replica batch of 32768, and a v5litepod-1 replica has 16 GB" in finding
+    assert finding.startswith("[memory] error: the train step needs 28 GB per replica"), finding
+    assert f"at a per-replica batch of {TOO_BIG}, and a v5litepod-1 replica has 16 GB" in finding
     train = data["steps"]["train"]
     largest = train["max_batch_per_replica"]
-    assert not train["fits"] and largest % 8 == 0 and 0 < largest < 32768
+    assert not train["fits"] and largest % 8 == 0 and 0 < largest < TOO_BIG
     above = train["batch_search"]["refused_above"]
     assert (
         f"the largest per-replica batch found to fit is {largest} (the search's answer, not a "
@@ -250,8 +258,8 @@ def test_a_batch_too_large_for_a_v5e_1_fails_with_the_largest_that_fits(checked)
     ) in finding
     assert "(XLA:CPU's estimate, not the TPU compiler's; pip install '.[tpu-compile]'" in finding
     search = train["batch_search"]
-    assert search["compiles"] <= search["compile_bound"] == 14  # ceil(log2(32768 / 8)) + 2
-    assert f"or more replicas: a v5litepod-4 splits --batch_size={TOO_BIG} into 8192" in finding
+    assert search["compiles"] <= search["compile_bound"] == 18  # ceil(log2(2^19 / 8)) + 2
+    assert f"or more replicas: a v5litepod-4 splits --batch_size={TOO_BIG} into 131072" in finding
     assert data["steps"]["eval"]["fits"]  # only the step that does not fit is an error
 
 
@@ -343,3 +351,4 @@ def test_seed_configs_are_the_shipped_ones():
     # tests/test_user_gan.py (an 8-replica trace of the WGAN-GP's step takes minutes);
     # resnet50 at full size in tests/test_check_resnet50.py, with the TPU compiler.
     assert set(SEED_CONFIGS) == set(config_files.builtin_names()) - {"wgan_gp", "resnet50"}
+    assert set(SIZED_HERE) == set(SEED_CONFIGS) - {"iris"}  # iris: see SIZED_HERE

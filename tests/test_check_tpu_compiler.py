@@ -411,24 +411,25 @@ def test_a_failed_compile_is_one_line_and_the_estimate(monkeypatch, compiler, ir
 
 
 def test_the_flops_model_at_a_64_gib_batch_is_sized_without_allocating_it(compiler):
-    """N = 16384 at --batch_size=1048576: 64 GiB of rows (8 GiB per replica's batch).
-    Declared by their shapes, they are never built; the compiler refuses the step."""
+    """N = 8192 at --batch_size=2097152: 64 GiB of rows (8 GiB per replica's batch).
+    Declared by their shapes, they are never built; the compiler refuses the step. (N = 8192,
+    not 16384: its kernel, which is built, is 256 MiB, not 1 GiB of random numbers.)"""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    checker = checker_for("flops", {"batch_size": 1048576}, {"flops.n": 16384})
+    checker = checker_for("flops", {"batch_size": 2097152}, {"flops.n": 8192})
     arrays = checker.arrays
     assert arrays._arrays is None  # declared, not built
-    assert arrays.num_examples == 1048576 and arrays.specs["x"].shape == (1048576, 16384)
+    assert arrays.num_examples == 2097152 and arrays.specs["x"].shape == (2097152, 8192)
     assert checker.check_distribute(Mode.TRAIN) == []  # the launcher's own input, built
-    spec = checker.per_replica_spec(Mode.TRAIN, 131072)
-    assert [s.shape for s in tf.nest.flatten(spec)] == [(131072, 16384)] * 2
+    spec = checker.per_replica_spec(Mode.TRAIN, 262144)
+    assert [s.shape for s in tf.nest.flatten(spec)] == [(262144, 8192)] * 2
     runner = checker.build_runner(Mode.TRAIN, checker.single)
     checker.single_device_steps[Mode.TRAIN] = (runner, spec)
     step = Preflight(checker, V5E_8.hbm_bytes_per_replica, TpuSizer(compiler, V5E)).estimate(
-        Mode.TRAIN, 131072
+        Mode.TRAIN, 262144
     )
-    assert isinstance(step, RefusedStep) and step.needed_bytes > 2 * 131072 * 16384 * 4
+    assert isinstance(step, RefusedStep) and step.needed_bytes > 2 * 262144 * 8192 * 4
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    assert arrays._arrays is None and grown < 4 * GIB  # the 1 GiB kernel, not the rows
+    assert arrays._arrays is None and grown < 4 * GIB  # the 256 MiB kernel, not the rows
 
 
 # --- The CLI, with the compiler ------------------------------------------------------------

@@ -104,16 +104,18 @@ def device_batches(strategy_, model, start: int, steps: int, micro: int, jit: bo
     return [local(strategy_, batch(tf.constant(start + s, tf.int64))) for s in range(steps)]
 
 
-@pytest.mark.parametrize("count", [120, 70000], ids=["tabled", "encrypted"])
-@pytest.mark.parametrize("micro", [1, 3], ids=["plain", "accumulating"])
+# Three choices, each of its own code path: the replicas (1: the default strategy's batch, in
+# an XLA-compiled function, a 1-replica loop's; 8: MirroredStrategy's per-replica batches, in a
+# plain tf.function, a several-replica loop's, which XLA does not compile), accumulation (the
+# batch in micro-batches, or not) and the order (120 examples: a table of the permutation;
+# 70000: computed by encryption). Every pair of them once, in 4 cases (not all 8).
 @pytest.mark.parametrize(
-    "replicas, jit",
+    "replicas, jit, micro, count",
     [
-        # The default strategy's batch, in an XLA-compiled function (a 1-replica loop's).
-        pytest.param(1, True, marks=needs_xla_cpu, id="1-xla"),
-        # MirroredStrategy's per-replica batches, in a plain tf.function (a several-replica
-        # loop's, which XLA does not compile).
-        pytest.param(8, False, id="8"),
+        pytest.param(1, True, 1, 120, marks=needs_xla_cpu, id="1-xla-plain-tabled"),
+        pytest.param(1, True, 3, 70000, marks=needs_xla_cpu, id="1-xla-accumulating-encrypted"),
+        pytest.param(8, False, 1, 70000, id="8-plain-encrypted"),
+        pytest.param(8, False, 3, 120, id="8-accumulating-tabled"),
     ],
 )
 def test_device_data_gives_each_replica_tf_datas_batches(eight, count, micro, replicas, jit):
@@ -431,6 +433,9 @@ def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, t
     common = (
         f"--config={tmp_path / 'dropout_config.py'}",
         "--use_tpu=false",
+        # XLA's loop, forced: auto times both loops first, and under a heavy load picked the
+        # plain one (this test's subject is the compiled loop).
+        "--config.train.xla=true",
         "--config.train.accumulate_steps=2",
         "--batch_size=16",
     )
@@ -488,52 +493,57 @@ def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
 @needs_xla_cpu
 def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path):
     """--target estimates the device-data train step: its input is the arrays and the
-    order's table each replica holds (no prefetched batch); device_data=false: 2 batches.
-    In mixed_bfloat16 (the arrays keep their dtype): this is also iris's bfloat16 check,
-    which must be clean (test_recipes.py checks the other shipped configs in it)."""
+    order's table each replica holds (no prefetched batch). In mixed_bfloat16 (the arrays
+    keep their dtype) on a v5e-8: this is also iris's seed-config check (its bfloat16 check,
+    which must be clean, and each step sized to fit: test_check_preflight.py's
+    test_every_seed_config_is_sized_on_a_v5e_slice has the other shipped configs'). With
+    device_data=false the estimate's input is 2 batches: the multi-host test below (iris's
+    tf.data step) and test_check_preflight.py's test_the_estimate_follows_the_training_recipe."""
     iris = model_lib.create(config_files.load(config_files.resolve("iris")))
     arrays = iris.train_arrays()
     held = device_data.nbytes(arrays, ExampleOrder(arrays.num_examples, 0))
-    found = {}
-    for device in ("true", "false"):
-        report = tmp_path / f"{device}.json"
-        result = tpurun_cli(
-            "check",
-            "--config=iris",
-            "--target=v5e-8",
-            f"--config.train.device_data={device}",
-            "--precision=mixed_bfloat16",
-            f"--report={report}",
-            "--input_check=false",  # the multi-host test below measures a tf.data input
-            cwd=tmp_path,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        found[device] = (result.stdout, json.loads(report.read_text())["steps"])
-    text, steps = found["true"]
+    report, work = tmp_path / "report.json", tmp_path / "work"
+    work.mkdir()
+    result = tpurun_cli(
+        "check",
+        "--config=iris",
+        "--target=v5e-8",
+        "--precision=mixed_bfloat16",
+        f"--report={report}",
+        "--input_check=false",  # the multi-host test below measures a tf.data input
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text, data = result.stdout, json.loads(report.read_text())
+    steps = data["steps"]
+    assert text.startswith("Memory per replica on a v5litepod-8: 8 replicas with 16 GB of HBM each")
     # bfloat16 activations keep iris's steps TPU-clean (warnings allowed).
     assert "tpurun check: clean: the train, eval and predict steps of iris" in text
     assert "error" not in "\n".join(line for line in text.splitlines() if line.startswith("["))
+    assert list(work.iterdir()) == [], "check writes only the report asked for"
+    assert "each step fits a replica's 16" in text  # 16.9 GB by the TPU compiler, 16 without
+    assert data["target"] == "v5litepod-8" and data["replicas"] == 8
+    assert set(steps) == {"train", "eval", "predict"}
+    for step in steps.values():
+        assert step["fits"] and 0 < step["total_bytes"] < 16 * 10**9
     assert steps["train"]["device_data"] is True and "device_data" not in steps["eval"]
     # Tile padding only adds; the step's int64 index is the rest.
     assert held <= steps["train"]["input_bytes"] < 2 * held
     assert "\n  input " in text and "input of train: the training arrays" in text
-    text, steps_off = found["false"]
-    assert "device_data" not in steps_off["train"] and "\n  input (2 batches) " in text
-    assert steps_off["train"]["input_bytes"] < held
-    assert steps_off["eval"] == steps["eval"]
 
 
 @needs_xla_cpu
 def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(
     tpurun_cli, tmp_path, monkeypatch
 ):
-    """A v4-32 is 4 hosts: training there keeps tf.data, and so does its estimate; that
-    input (one of the 4 hosts' pipelines) is measured against the train step's bound."""
+    """A v4-16 is 2 hosts: training there keeps tf.data, and so does its estimate; that
+    input (one of the 2 hosts' pipelines) is measured against the train step's bound. (The
+    smallest multi-host v4: a check traces the step once per replica, 8 here.)"""
     short_input_check(monkeypatch)
-    report = tmp_path / "v4-32.json"
+    report = tmp_path / "v4-16.json"
     batches = [f"--{flag}=128" for flag in ("batch_size", "eval_batch_size", "predict_batch_size")]
     result = tpurun_cli(
-        "check", "--config=iris", "--target=v4-32", *batches, f"--report={report}", cwd=tmp_path
+        "check", "--config=iris", "--target=v4-16", *batches, f"--report={report}", cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (
@@ -543,18 +553,18 @@ def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(
     data = json.loads(report.read_text())
     assert "device_data" not in data["steps"]["train"]
     assert "\n  input (2 batches) " in result.stdout
-    # 128 over 16 replicas, 4 on each host: 32 examples per host per step, 240 vCPUs each.
+    # 128 over 8 replicas, 4 on each host: 64 examples per host per step, 240 vCPUs each.
     figures = data["input"]
     assert (figures["hosts"], figures["examples_per_host_step"], figures["host_vcpus"]) == (
-        4,
-        32,
+        2,
+        64,
         240,
     )
     assert figures["input_bound"] is not None  # the TPU compiler bounds the step: a verdict
     verdict = "input-bound: " if figures["input_bound"] else "keeps up: "
-    assert f"\n  {verdict}a v4-32 host (240 vCPUs, " in result.stdout
+    assert f"\n  {verdict}a v4-16 host (240 vCPUs, " in result.stdout
     # After the verdict, how to launch it there (tests/test_tpu_vm_launch_lines.py has the lines).
-    assert result.stdout.rstrip().endswith("\n".join(launch_lines.lines("v4-32", 4, "iris")))
+    assert result.stdout.rstrip().endswith("\n".join(launch_lines.lines("v4-16", 2, "iris")))
     # Beside tensorflow-tpu (`make test-tpu-wheel`), one line says where the TPU compiler runs.
     conflict = installed.tpu_compiler_conflict()
     assert conflict is None or result.stdout.count(conflict) == 1
