@@ -177,7 +177,10 @@ def test_a_compile_over_its_time_limit_is_stopped_and_the_next_one_starts_anew()
     topology = client.Topology(V5E.compile_topology)
     hlo = _tiny_program()
     try:
-        with pytest.raises(client.CompileError, match="took longer than 0 s to compile"):
+        with pytest.raises(
+            client.CompileError,
+            match=r"took longer than 0 s to compile .*: --compile_timeout=SECONDS waits longer$",
+        ):
             compiler.compile(topology, hlo)
         assert compiler.pid is None  # killed
         compiler.compile_timeout = client.COMPILE_TIMEOUT_S
@@ -360,6 +363,18 @@ def test_the_extra_is_looked_up_without_importing_it(monkeypatch):
     monkeypatch.setattr(client, "EXTRA", ("jax", "libtpu", "tpurun_no_such_module"))
     assert client.missing_extra() == "tpurun_no_such_module"
     assert sys.modules.get("jax") is None and "libtpu" not in sys.modules
+
+
+def test_compile_timeout_is_the_limit_of_each_compile_of_the_run():
+    """--compile_timeout (RunConfig.compile_timeout) is what check gives the process's TPU
+    compiler; the run after it gets its own, or the default."""
+    try:
+        sizer, note = tpurun.check.tpu_sizer(V5E_8, 3600.0)
+        assert note is None and sizer is not None and sizer.compiler.compile_timeout == 3600.0
+        sizer, _ = tpurun.check.tpu_sizer(V5E_8)
+        assert sizer is not None and sizer.compiler.compile_timeout == client.COMPILE_TIMEOUT_S
+    finally:
+        client.shared().compile_timeout = client.COMPILE_TIMEOUT_S
 
 
 def test_without_the_extra_the_estimate_says_how_to_install_it(monkeypatch, iris):

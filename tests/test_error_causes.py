@@ -172,11 +172,13 @@ def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
         ("--iterations=100000000", ["--iterations", "(at most 1000000)"]),
         ("--seed=-1", ["--seed (config.seed)=-1", ">= 0 and at most 4294967295"]),
         ("--num_shards=100000", ["--num_shards=100000", "(at most 65536)"]),
+        ("--compile_timeout=0", ["--compile_timeout=0", "seconds > 0"]),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
 def test_a_nonsense_value_is_refused_with_its_range(tpurun_cli, tmp_path, flag, keywords):
     command = "predict" if "predict" in flag else "eval" if "eval_timeout" in flag else "train"
+    command = "check" if "compile_timeout" in flag else command
     result = tpurun_cli(command, flag, f"--model_dir={tmp_path / 'm'}", cwd=tmp_path)
     assert_fails(result, USAGE, *keywords)
     assert not (tmp_path / "m").exists()
