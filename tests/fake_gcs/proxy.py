@@ -202,8 +202,8 @@ class _Connection:
         if rule is not None and rule.status is not None:
             # Answered before the body is read, as GCS answers a refused request; the
             # connection is closed after, so that an unread body is not taken for a request.
+            log(rule.status)  # before the answer: a client that has it finds it logged
             self._send(_error(rule.status, "fault injected by the test"), close=True)
-            log(rule.status)
             return False
         if headers.get("Expect", "").lower() == "100-continue":
             self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -216,8 +216,10 @@ class _Connection:
         body = self._read_body(headers)
         answer = self._answer(request, method, target, headers, body)
         close = headers.get("Connection", "").lower() == "close"
-        self._send(answer, close=close)
+        # Logged before it is answered: once its client has the answer, the request is in
+        # the log (`GcsServer.counting` ends when the client's last call returned).
         log(answer.status, len(body))
+        self._send(answer, close=close)
         return not close
 
     def _answer(

@@ -162,7 +162,8 @@ class GcsServer:
     def counting(self) -> Iterator[RequestLog]:
         """`with gcs.counting() as log: ...` — after the block, `log` holds its requests.
 
-        Requests are logged when answered: one still in flight when the block ends
+        Requests are logged as they are answered, before the answer goes out: every call
+        the block made and returned from is in it; one still in flight when the block ends
         (none, if the block made only synchronous file operations) is left out.
         """
         log, start = RequestLog(), self._total()
