@@ -15,7 +15,7 @@ from absl import logging
 from tpurun import check, report, storage
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster
-from tpurun.errors import Preempted, StoppedBySigterm, caused_by_sigterm
+from tpurun.errors import Preempted, caused_by_sigterm
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
@@ -23,11 +23,8 @@ from tpurun.run_config import RunConfig
 
 def end_quietly(account: GoodputRecord, error: BaseException) -> None:
     """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
-    reasons = {
-        Preempted: "preempted",
-        StoppedBySigterm: "preempted",
-        KeyboardInterrupt: "interrupted",
-    }
+    reasons = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}
+    # StoppedBySigterm, or the SystemError it comes back as from C code, is a preemption too.
     reason = "preempted" if caused_by_sigterm(error) else reasons.get(type(error), "error")
     try:
         account.finish(reason)

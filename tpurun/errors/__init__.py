@@ -101,9 +101,9 @@ def stop_at_sigterm() -> object:
     returns the handler it replaced (None elsewhere), for `signal.signal` to put back."""
     if threading.current_thread() is not threading.main_thread():
         return None
+    global _previous_unraisable
     if sys.unraisablehook is not _unraisable:
-        _PREVIOUS_UNRAISABLE[:] = [sys.unraisablehook]
-        sys.unraisablehook = _unraisable
+        _previous_unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
     return signal.signal(signal.SIGTERM, _stop)
 
 
@@ -120,7 +120,7 @@ def caused_by_sigterm(error: BaseException | None) -> bool:
     return False
 
 
-_PREVIOUS_UNRAISABLE: list = []
+_previous_unraisable = sys.__unraisablehook__  # the hook `_unraisable` wraps
 
 
 def _unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
@@ -129,7 +129,7 @@ def _unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
     a traceback: it was seen (`sigterm_seen`), and the run stops at its first host loop."""
     if caused_by_sigterm(unraisable.exc_value):
         return
-    (_PREVIOUS_UNRAISABLE or [sys.__unraisablehook__])[0](unraisable)
+    _previous_unraisable(unraisable)
 
 
 def sigterm_seen() -> bool:
