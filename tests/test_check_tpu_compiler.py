@@ -452,15 +452,19 @@ def test_the_flops_model_at_a_64_gib_batch_is_sized_without_allocating_it(compil
 
 @pytest.fixture(scope="module")
 def iris_on_v5e(tmp_path_factory):
-    """`tpurun check --config=iris --target=v5e-8` and its --report, run once."""
-    from conftest import tpurun_in_process
+    """`tpurun check --config=iris --target=v5e-8` and its --report, run once.
+
+    In a process of its own, as a user runs it: an in-process run inherits the suite's
+    CPU split (conftest), which once hid that XLA's probe fixed TensorFlow's devices
+    before check split the CPU ("needs 8 logical CPU devices" on every --target)."""
+    from conftest import run_tpurun
 
     report = tmp_path_factory.mktemp("report") / "iris.json"
-    result = tpurun_in_process(
+    result = run_tpurun(
         "check",
         "--config=iris",
         "--target=v5e-8",
-        "--train_steps=5000",
+        "--train_epochs=1000",  # 120 examples, 32 a step: 3750 steps
         "--price_per_chip_hour=2",
         f"--report={report}",
     )
@@ -503,7 +507,8 @@ def test_the_time_and_cost_lines_are_bounds_with_their_sources(iris_on_v5e):
     ) in text
     assert re.search(r"\n  train: [\d.]+ \w+ per step \((compute|memory)-bound: ", text)
     (training,) = [line for line in text.splitlines() if line.startswith("Training, at least")]
-    assert training.startswith("Training, at least: 5000 steps (--train_steps) take ")
+    # The epochs are turned into steps as `tpurun train` turns them.
+    assert training.startswith("Training, at least: 3750 steps (--train_epochs=1000) take ")
     assert training.endswith("8 chips at $2.00 per chip-hour (--price_per_chip_hour)")
     assert "note: these are bounds, not predictions: real steps take longer" in text
 
@@ -511,7 +516,7 @@ def test_the_time_and_cost_lines_are_bounds_with_their_sources(iris_on_v5e):
 def test_the_report_keeps_its_keys_and_adds_the_compilers_and_the_bounds(iris_on_v5e):
     _, data = iris_on_v5e
     assert {"target", "replicas", "hbm_bytes_per_replica", "steps"} <= set(data)
-    assert (data["chips"], data["price_per_chip_hour"], data["train_steps"]) == (8, 2.0, 5000)
+    assert (data["chips"], data["price_per_chip_hour"], data["train_steps"]) == (8, 2.0, 3750)
     for name, step in data["steps"].items():
         assert {
             "batch_per_replica",
@@ -530,7 +535,7 @@ def test_the_report_keeps_its_keys_and_adds_the_compilers_and_the_bounds(iris_on
             step["bytes_accessed"] / V5E.hbm_bandwidth_per_replica,
         )
     train = data["steps"]["train"]
-    assert data["train_time_bound_s"] == pytest.approx(5000 * train["step_time_bound_s"])
+    assert data["train_time_bound_s"] == pytest.approx(3750 * train["step_time_bound_s"])
     assert data["cost_bound_usd"] == pytest.approx(data["train_time_bound_s"] / 3600 * 8 * 2.0)
     assert train["total_bytes"] == sum(
         train[k] for k in ("weights_bytes", "optimizer_bytes", "input_bytes", "other_bytes")

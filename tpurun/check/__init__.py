@@ -49,7 +49,7 @@ import dataclasses
 import logging as std_logging
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 import keras
 import tensorflow as tf
@@ -97,9 +97,7 @@ DEFAULT_REPLICAS = 8
 MAX_TRACED_REPLICAS = 8
 
 
-def run_checks(
-    run: RunConfig, target: Target | None = None
-) -> tuple[list[Finding], TargetMemory | None, HostInput | None]:
+def run_checks(run: RunConfig, target: Target | None = None) -> Checked:
     """Traces the model's train, eval and predict steps as on a TPU; returns every problem,
     and with a `target` the memory of each step on it and whether its hosts' input keeps
     up with its train step (`host_input`, unless --input_check=false).
@@ -109,7 +107,7 @@ def run_checks(
     replicas = target.replicas if target else run.num_shards or DEFAULT_REPLICAS
     if run.use_tpu or run.tpu:
         logging.info("tpurun check traces on the CPU; --use_tpu/--tpu are not used.")
-    cluster = cpu_cluster(min(replicas, MAX_TRACED_REPLICAS) if target else replicas)
+    cluster = cpu_cluster(_traced_replicas(run, target))
     model = model_lib.create(run.config)
     model_lib.check_model_config(model)
     arrays = None
@@ -142,7 +140,16 @@ def run_checks(
             problems += fit_findings.problems(run, found)
             host = host_input.check(checker, found) if run.input_check else None
             host = host or host_input.skipped(target)
-    return merge(problems), found, host
+    return Checked(merge(problems), found, host, run)
+
+
+class Checked(NamedTuple):
+    """What `run_checks` found, and the run it checked: its epochs turned into steps."""
+
+    findings: list[Finding]
+    found: TargetMemory | None
+    host: HostInput | None
+    run: RunConfig
 
 
 def tpu_sizer(
@@ -187,6 +194,10 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
     """
     out = out or sys.stdout
     target = _target(run)
+    if target:
+        # XLA's probe runs this process's first op, which fixes TensorFlow's devices:
+        # the CPU is split into the traced replicas before it, or the split fails.
+        cpu_cluster(_traced_replicas(run, target))
     missing = xla.cpu_compiler_missing() if target else None
     if missing:  # neither XLA's CPU estimate nor (beside tensorflow-tpu) the TPU compiler
         raise RunError(
@@ -202,7 +213,7 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
         layout += f" (a {target.name})"
     elif replicas == DEFAULT_REPLICAS:
         layout += " (a v3-8)"
-    findings, found, host = run_checks(run, target)
+    findings, found, host, run = run_checks(run, target)
     if found is not None:
         print("\n".join(fit_report.table(found, run.iterations)), file=out)
         bounds = step_bounds.lines(run, found)
@@ -252,6 +263,13 @@ def _target(run: RunConfig) -> Target | None:
             f"{target.replicas} replicas; drop --num_shards"
         )
     return target
+
+
+def _traced_replicas(run: RunConfig, target: Target | None) -> int:
+    """The logical CPU devices the steps are traced on."""
+    if target:
+        return min(target.replicas, MAX_TRACED_REPLICAS)
+    return run.num_shards or DEFAULT_REPLICAS
 
 
 def cpu_cluster(replicas: int) -> Cluster:

@@ -136,6 +136,12 @@ def run_bound(run: RunConfig, found: TargetMemory, train: StepBound | None) -> R
     )
 
 
+def _length_flag(run: RunConfig) -> str:
+    """The flag the run's length came from: its epochs (turned into steps) or its steps."""
+    epochs = run.config.train.get("epochs")
+    return f"--train_epochs={epochs:g}" if epochs else "--train_steps"
+
+
 def lines(run: RunConfig, found: TargetMemory) -> list[str]:
     """What `tpurun check --target` prints after the memory table: the bounds, or why none."""
     if not found.steps:
@@ -168,7 +174,7 @@ def lines(run: RunConfig, found: TargetMemory) -> list[str]:
     total = run_bound(run, found, found_bounds.get(Mode.TRAIN))
     if total is not None:
         text = (
-            f"Training, at least: {total.train_steps} steps (--train_steps) take "
+            f"Training, at least: {total.train_steps} steps ({_length_flag(run)}) take "
             f"{format_seconds(total.seconds)} on the {found.target.name}"
         )
         if total.cost_usd is not None:
