@@ -6,9 +6,12 @@ Two ways to run `tpurun ...`, with the same result type (a CompletedProcess):
   calls `tpurun.cli.main` in this process: the same code path as the console
   script, without the 3 seconds a subprocess spends importing TensorFlow. Use it
   for every CLI scenario that does not need a process of its own;
-* `run_tpurun` starts `python -m tpurun`: for what needs one (signals, kills, the
-  watchdog's os._exit, multi-worker clusters, what a fresh process imports or prints
-  at start-up).
+* `run_tpurun` runs `python -m tpurun` in a process of its own: for what needs one
+  (signals, kills, the watchdog's os._exit, multi-worker clusters). By default it is
+  forked from a server that imported TensorFlow and tpurun once (tests/forked, ~8
+  CPU-seconds saved a process); `fresh=True` starts a new interpreter, for what a
+  fresh process imports or prints at start-up. `forked.Popen` is subprocess.Popen's
+  counterpart for the tests that watch or kill the process as it runs.
 
 The CPU of this test process is split into IN_PROCESS_REPLICAS logical devices
 before TensorFlow initialises, so in-process runs with `--num_shards` up to that
@@ -216,13 +219,15 @@ def tpurun_cli():
 
 
 def _running_children() -> set[int]:
-    """This process's children that still run (a zombie has ended: only not reaped yet)."""
-    pids: set[int] = set()
-    for children in Path("/proc/self/task").glob("*/children"):
-        try:
-            pids.update(int(pid) for pid in children.read_text().split())
-        except OSError:  # the thread ended meanwhile
-            continue
+    """The processes this test process started that still run (a zombie has ended: only
+    not reaped yet): its children, and the forked server's (tests/forked), which are the
+    test's though the server is their parent."""
+    import forked
+
+    server = forked.server_pid()
+    pids = _children("self") | (_children(str(server)) if server else set())
+    if server:
+        pids.discard(server)
     running = set()
     for pid in pids:
         try:
@@ -232,6 +237,16 @@ def _running_children() -> set[int]:
         if state not in ("Z", "X"):
             running.add(pid)
     return running
+
+
+def _children(process: str) -> set[int]:
+    pids: set[int] = set()
+    for children in Path(f"/proc/{process}/task").glob("*/children"):
+        try:
+            pids.update(int(pid) for pid in children.read_text().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return pids
 
 
 # Processes the session's fixtures keep running across tests (the GCS server): the
@@ -261,7 +276,7 @@ def no_process_left_behind():
         try:
             commands[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            os.waitpid(pid, 0)  # a forked server's child: its server reaps it
         except (OSError, ChildProcessError):
             pass
     pytest.fail(f"the test left processes running (now killed): {commands}")
@@ -332,19 +347,28 @@ def run_tpurun(
     env: dict | None = None,
     timeout: int = 300,
     console_script: bool = False,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Runs `tpurun args...` as a user would; returns the finished process (never raises).
+    """Runs `tpurun args...` in a process of its own; returns the finished process (never
+    raises).
 
-    `console_script`: run the installed `tpurun` script rather than `python -m tpurun`,
-    which also puts the working directory on sys.path (a user's `tpurun` does not).
+    The process is forked from a server that imported TensorFlow and tpurun once
+    (tests/forked), unless `fresh`: a new interpreter, for a test whose subject is
+    start-up itself (what it imports or prints, signals during it, environment
+    variables read at import). `console_script`: the installed `tpurun` script (fresh)
+    rather than `python -m tpurun`, which also puts the working directory on sys.path
+    (a user's `tpurun` does not).
     """
+    import forked
+
     full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
     command = (
         [str(Path(sys.executable).with_name("tpurun"))]
         if console_script
         else [sys.executable, "-m", "tpurun"]
     )
-    return subprocess.run(
+    starts = subprocess.run if fresh or console_script else forked.run
+    return starts(
         [*command, *args],
         cwd=cwd,
         env=full_env,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from conftest import REPO
@@ -94,7 +94,7 @@ def test_truncated_idx_file_is_named(tmp_path):
 @pytest.mark.slow
 def test_script(tmp_path):
     source, arrays = write_source(tmp_path, "idx-gz")
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(REPO / "scripts" / "convert_mnist.py"),
@@ -113,7 +113,7 @@ def test_script(tmp_path):
         "train-00000-of-00002.tfrecord",
         "train-00001-of-00002.tfrecord",
     ]
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(REPO / "scripts" / "convert_mnist.py"),

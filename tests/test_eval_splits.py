@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import forked
 import pytest
 from conftest import (
     OFFLINE_ENV,
@@ -231,7 +231,7 @@ def test_sidecars_on_two_splits_run_side_by_side(trained, tmp_path, tpurun_cli):
     sidecar = ("--continuous", "--eval_timeout=10")
     out, err = tmp_path / "test.stdout", tmp_path / "test.stderr"
     with open(out, "w") as out_file, open(err, "w") as err_file:
-        on_test = subprocess.Popen(
+        on_test = forked.Popen(
             [sys.executable, "-m", "tpurun", "eval", *args(where, model_dir), "--split=test"]
             + list(sidecar),
             cwd=tmp_path,

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 
+import forked
 import pytest
 import tensorflow as tf
 from conftest import (
@@ -156,7 +157,7 @@ def test_a_failed_best_copy_keeps_the_previous_best_and_leaves_no_temporary(
 def storage_gone_after_the_first_save(model_dir: str, gcs, hang_timeout: int) -> tuple[int, str]:
     """A train whose every request after its first save hangs: its exit code and stderr
     (stderr "" when it ended before that save)."""
-    process = subprocess.Popen(
+    process = forked.Popen(
         [sys.executable, "-m", "tpurun", "train", *IRIS, "--train_steps=1000000"]
         + ["--save_checkpoints_steps=10", f"--hang_timeout={hang_timeout}"]
         + [f"--model_dir={model_dir}"],

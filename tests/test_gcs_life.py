@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import forked
 import pytest
 import tensorflow as tf
 from conftest import (
@@ -213,7 +214,7 @@ def test_mnist_reads_its_tfrecords_from_gcs_and_an_eval_sidecar_evaluates_beside
         "--eval_batch_size=25",
         "--train_steps=24",
     )
-    sidecar = subprocess.Popen(
+    sidecar = forked.Popen(
         [sys.executable, "-m", "tpurun", "eval", *common, "--continuous", "--eval_timeout=120"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -282,7 +283,7 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
 
     local = tmp_path / "tmp"  # the runs' temporary directory (TMPDIR)
     local.mkdir()
-    killed = subprocess.run(
+    killed = forked.run(
         [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), "upload", "2", "train"]
         + list(common),
         capture_output=True,

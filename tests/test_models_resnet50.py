@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -272,7 +273,7 @@ def test_sigkill_then_resume_with_the_jpeg_pipeline_is_bit_identical(trained, da
     """A trainer of its own process, killed (SIGKILL) once a checkpoint inside the second
     epoch is saved, resumed in this process: the weights of the uninterrupted run."""
     common = (*TRAINED, *LOCAL, f"--data_dir={data}", f"--model_dir={tmp_path}")
-    process = subprocess.Popen(
+    process = forked.Popen(
         [sys.executable, "-m", "tpurun", "train", *common],
         env={**os.environ, **OFFLINE_ENV},
         stdout=subprocess.DEVNULL,

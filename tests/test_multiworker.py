@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from conftest import OFFLINE_ENV, RUN_FAILURE, assert_ok, free_local_ports
@@ -46,7 +47,7 @@ main()
 """
 
 
-def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> list[int]:
+def wait_all(started: list[tuple[forked.Popen, Path]], timeout: float) -> list[int]:
     """Exit codes of all workers; on a timeout, kills them and fails with the end of each log."""
     deadline = time.monotonic() + timeout
     try:
@@ -63,14 +64,14 @@ def wait_all(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> li
 
 def start_worker(
     workers: list[str], index: int, log: Path, *args: str, weights: Path | None = None
-) -> tuple[subprocess.Popen, Path]:
+) -> tuple[forked.Popen, Path]:
     """Starts `tpurun train --config=iris` as worker `index` of `workers`, stderr to `log`
     (stdout to `log` with .out for .log); with `weights`, saving its weights there."""
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     env = {**os.environ, **OFFLINE_ENV, "TF_CONFIG": json.dumps(tf_config)}
     tpurun = ["-m", "tpurun"] if weights is None else ["-c", SAVING_WEIGHTS, str(weights)]
     command = [sys.executable, *tpurun, "train", "--config=iris", "--use_tpu=false"]
-    process = subprocess.Popen(
+    process = forked.Popen(
         [*command, "--iterations=10", *args],
         env=env,
         stdout=log.with_suffix(".out").open("w"),
@@ -79,7 +80,7 @@ def start_worker(
     return process, log
 
 
-def wait_for_line(started: tuple[subprocess.Popen, Path], text: str, timeout: float = 300) -> None:
+def wait_for_line(started: tuple[forked.Popen, Path], text: str, timeout: float = 300) -> None:
     process, log = started
     deadline = time.monotonic() + timeout
     while text not in log.read_text():

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -106,13 +107,13 @@ def test_stopping_and_resuming_gives_bit_identical_weights(tpurun_cli, tmp_path,
     assert_bit_identical(tmp_path / f"ckpt-{stops[-1]}", reference[shards])
 
 
-def train_process(model_dir: Path, *extra: str, slow_saves: float = 0.0) -> subprocess.Popen:
+def train_process(model_dir: Path, *extra: str, slow_saves: float = 0.0) -> forked.Popen:
     """A 300-step Iris run whose stderr (the log) is read as it goes; `slow_saves`: every
     checkpoint write waits that long twice (tests/slow_saves.py), so a save is in flight."""
     program = ["-m", "tpurun"]
     if slow_saves:
         program = [str(REPO / "tests" / "slow_saves.py"), str(slow_saves)]
-    return subprocess.Popen(
+    return forked.Popen(
         [sys.executable, *program, "train", *KILLED, f"--model_dir={model_dir}", *extra],
         env={**os.environ, **OFFLINE_ENV},
         stdout=subprocess.DEVNULL,
@@ -132,7 +133,7 @@ def resume_in_process(model_dir: Path, *extra: str) -> subprocess.CompletedProce
     return assert_ok(tpurun_in_process("train", *KILLED, f"--model_dir={model_dir}", *extra))
 
 
-def group_survivors(process: subprocess.Popen) -> bool:
+def group_survivors(process: forked.Popen) -> bool:
     """Whether any process of `process`'s group is still alive (it is reaped already)."""
     try:
         os.killpg(process.pid, 0)
@@ -150,7 +151,7 @@ def killed_inside_a_save(model_dir: Path, point: str, nth: str) -> tuple[int, st
     """A train_process run, in its own process group, that SIGKILLs itself (the tpurun
     process) at `point` of its `nth` save (tests/kill_inside_save.py), run to its end:
     its exit code, stderr and pid; nothing of its group may survive it."""
-    process = subprocess.Popen(
+    process = forked.Popen(
         [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), point, nth, "train",
          *KILLED, f"--model_dir={model_dir}"],
         env={**os.environ, **OFFLINE_ENV},

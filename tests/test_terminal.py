@@ -192,7 +192,9 @@ def tpurun_modules() -> set[str]:
 
 @pytest.mark.slow
 def test_train_shows_only_tpurun_lines(tmp_path):
-    result = assert_ok(run_tpurun(*TRAIN, "--train_steps=20", f"--model_dir={tmp_path / 'model'}"))
+    result = assert_ok(
+        run_tpurun(*TRAIN, "--train_steps=20", f"--model_dir={tmp_path / 'model'}", fresh=True)
+    )
     for line in result.stderr.splitlines():
         source = re.match(r"[IWEF]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", line)
         assert line.startswith("tpurun train: ") or (
@@ -213,7 +215,9 @@ def test_train_shows_only_tpurun_lines(tmp_path):
 def test_verbosity_1_shows_tensorflow_lines(tmp_path):
     model_dir = tmp_path / "model"
     result = assert_ok(
-        run_tpurun(*TRAIN, "--train_steps=20", f"--model_dir={model_dir}", "--verbosity=1")
+        run_tpurun(
+            *TRAIN, "--train_steps=20", f"--model_dir={model_dir}", "--verbosity=1", fresh=True
+        )
     )
     # Twice: libtensorflow_framework and the profiler plugin each link their own absl.
     assert result.stderr.count(TENSORFLOW_MARKERS[0]) == 2, result.stderr

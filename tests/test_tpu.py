@@ -17,6 +17,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import forked
 import pytest
 from conftest import OFFLINE_ENV, error_lines, free_local_ports, metadata_server_watched, run_tpurun
 
@@ -442,7 +443,7 @@ def tpurun_train_until_exit(tmp_path, *args: str) -> tuple[int, str, float]:
 
     Returns (exit code, stderr, seconds from the error line to the exit).
     """
-    process = subprocess.Popen(
+    process = forked.Popen(
         [sys.executable, "-m", "tpurun", "train", f"--model_dir={tmp_path / 'model'}", *args],
         cwd=tmp_path,
         env={**os.environ, **OFFLINE_ENV},

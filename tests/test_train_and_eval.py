@@ -12,11 +12,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import forked
 import ml_collections
 import numpy as np
 import pytest
@@ -154,7 +154,7 @@ def test_sidecar_started_before_training_evaluates_every_saved_checkpoint_once(
     steps = ("--train_steps=50", "--iterations=5")
     sidecar_err = tmp_path / "sidecar.stderr"
     with open(tmp_path / "sidecar.stdout", "w") as out, open(sidecar_err, "w") as err:
-        sidecar = subprocess.Popen(
+        sidecar = forked.Popen(
             [sys.executable, "-m", "tpurun", "eval", *COMMON, *steps, "--continuous",
              "--eval_timeout=120", f"--model_dir={model_dir}"],
             env={**os.environ, **OFFLINE_ENV},

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import manual
 import numpy as np
 import pytest
@@ -151,7 +152,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(project, refere
     # At step 15, 20 or 25: after ckpt-5 is whole (killed at 10, the first save could be
     # the one in flight: nothing to resume), three host loops or more before the end.
     for target in rng.sample(range(15, 30, 5), 1):
-        process = subprocess.Popen(
+        process = forked.Popen(
             [sys.executable, str(REPO / "tests" / "slow_saves.py"), "0.1", "train", *KILLED]
             + [f"--model_dir={model_dir}"],
             cwd=project,
