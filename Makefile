@@ -65,9 +65,13 @@ demo: install
 # (whole suite 666 s with 2, 565 s with 3 on the same idle 2-core machine). Four were
 # slower (626 s): the CPU-bound checks then took twice as long.
 PYTEST_WORKERS ?= 3
+# The files in conftest's order, the longest first (LONGEST_FILES): xdist's default
+# reorders them by their number of tests, which started the few-test, long files (the
+# GCS life, the GAN, the cluster) last, and the run waited on one worker at its end.
+PYTEST_ORDER := --dist loadfile --no-loadscope-reorder
 
 test: install lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 -m 'not full_size'
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ORDER) --durations=15 -m 'not full_size'
 
 # Full-size models sized by the TPU compiler (resnet50 at 224, batch 1024 on a v5e-8):
 # the train step's compile alone takes minutes on a 2-core machine, past make test's budget.
@@ -80,12 +84,12 @@ test-full-size: install
 # runs marked tpu_wheel (train -> eval -> predict -> export -> resume of a CNN and of the
 # own-step GAN); not the rest of the slow runs, which test tpurun's code paths once, on 2.21.
 test-tpu-wheel: $(STAMP_TPU)
-	TPU_LOAD_LIBRARY=0 $(BIN_TPU)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
+	TPU_LOAD_LIBRARY=0 $(BIN_TPU)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ORDER) --durations=15 \
 	  -m '(not slow or tpu_wheel) and not full_size'
 
 # The unit tests only: skips the end-to-end runs marked slow.
 test-fast: install
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not slow and not full_size'
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ORDER) -m 'not slow and not full_size'
 
 bench: install
 	$(BIN)/python scripts/bench_train_loop.py
