@@ -148,6 +148,33 @@ def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
         sys.unraisablehook = previous
 
 
+def test_a_sigterm_that_c_code_prints_is_not_printed_and_others_still_are():
+    """C code that catches a Python error and goes on prints it through sys.excepthook
+    (PyErr_Print): a StoppedBySigterm under it is not printed (the run stops at its first
+    host loop with its line), any other error still is, by the hook there was before."""
+    import signal
+    import sys
+
+    from tpurun import errors
+
+    printed: list[BaseException] = []
+    previous = sys.excepthook
+    sys.excepthook = lambda kind, error, trace: printed.append(error)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        errors.stop_at_sigterm()
+        errors.stop_at_sigterm()  # wrapped once
+        error = _from_c_code()
+        sys.excepthook(type(error), error, error.__traceback__)
+        assert printed == []
+        bug = ValueError("a bug of its own")
+        sys.excepthook(ValueError, bug, None)
+        assert printed == [bug]
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        sys.excepthook = previous
+
+
 # --- nonsense values: one line with the allowed range --------------------------------
 
 

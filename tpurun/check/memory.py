@@ -143,12 +143,23 @@ class MemoryEstimate:
         )
 
 
+def jit_flat(fn: Callable[..., Any], args_specs: Sequence[Any]) -> Any:
+    """`fn(*args)` as an XLA-compiled tf.function of the flat tensors of `args_specs`:
+    what check's XLA rules and the memory estimate both compile (one trace for both)."""
+
+    def flat_step(*tensors: tf.Tensor) -> Any:
+        return fn(*tf.nest.pack_sequence_as(list(args_specs), list(tensors)))
+
+    return tf.function(flat_step, jit_compile=True)
+
+
 def estimate(
     fn: Callable[..., Any],
     args_specs: Sequence[Any],
     *,
     weights: Iterable[Any],
     optimizer_variables: Iterable[Any] = (),
+    compiled: Any = None,
 ) -> MemoryEstimate:
     """Compiles `fn(*args)` for `args_specs` with XLA and classifies its buffers.
 
@@ -161,7 +172,8 @@ def estimate(
     `weights` are the model's variables (`keras_model.variables`, non-trainable
     ones included), `optimizer_variables` the optimizer's (`optimizer.variables`);
     any other variable the step reads counts as OTHER. Arrays are padded to the
-    TPU tiles of TILE_ROWS (v2 to v6e).
+    TPU tiles of TILE_ROWS (v2 to v6e). `compiled`: `jit_flat(fn, args_specs)` when the
+    caller has it already (traced once, for its XLA rules: not traced again here).
     """
     flat_specs = tf.nest.flatten(list(args_specs))
     for path, spec in zip(buffers.arg_names(args_specs), flat_specs, strict=True):
@@ -170,10 +182,7 @@ def estimate(
                 f"{path} is {spec!r}: estimate needs a tf.TensorSpec of a fully defined shape"
             )
 
-    def flat_step(*tensors: tf.Tensor) -> Any:
-        return fn(*tf.nest.pack_sequence_as(list(args_specs), list(tensors)))
-
-    compiled = tf.function(flat_step, jit_compile=True)
+    compiled = compiled or jit_flat(fn, args_specs)
     try:
         concrete = compiled.get_concrete_function(*flat_specs)
     except Exception as e:  # noqa: BLE001 - the user's step: any failure is the user's

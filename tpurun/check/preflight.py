@@ -176,12 +176,21 @@ class Preflight:
             function, args = self.checker.step_call(mode, runner, spec, batch)
             size = self.sizer.size if self.sizer is not None and self.on_tpu(mode) else None
             start = time.monotonic()
-            found: StepSize = (size or memory.estimate)(
-                function,
-                args,
-                weights=runner.weights,  # every model's: a GAN's step holds both
-                optimizer_variables=variables,  # every named optimizer's
-            )
+            if size is not None:
+                found: StepSize = size(
+                    function,
+                    args,
+                    weights=runner.weights,  # every model's: a GAN's step holds both
+                    optimizer_variables=variables,  # every named optimizer's
+                )
+            else:
+                found = memory.estimate(
+                    function,
+                    args,
+                    weights=runner.weights,
+                    optimizer_variables=variables,
+                    compiled=self.checker.jit_step(runner, mode, batch, function, args),
+                )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
             self._estimates[key] = dataclasses.replace(found, input_batches=held)

@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import inputs
-from tpurun.check import input_rules, replica_rules, xla
+from tpurun.check import input_rules, memory, replica_rules, xla
 from tpurun.check.findings import ERROR, STEP_NAMES, Problem
 from tpurun.check.fixes import graph_problems, trace_failure
 from tpurun.check.graph_walk import GraphWalker
@@ -120,6 +120,7 @@ class StepChecker:
         )
         self.scopes = LayerScopes()
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
+        self._jit_steps: dict[tuple[int, Mode, int], Any] = {}  # jit_step's
         self._uids = KerasNames()
         self._tf_data_only = False  # device data does not apply (build_device_trainer)
         if arrays is not None:
@@ -368,10 +369,21 @@ class StepChecker:
             function, args = self.step_call(mode, runner, spec, per_replica)
         except Exception as e:  # noqa: BLE001
             return [trace_failure(self.name, mode, e)]
-        problems = xla.compile_problems(mode, function, args, self.scopes)
+        compiled = self.jit_step(runner, mode, per_replica, function, args)
+        problems = xla.compile_problems(mode, compiled, args, self.scopes)
         if not problems:
             self.single_device_steps[mode] = step
         return problems
+
+    def jit_step(
+        self, runner: Runner, mode: Mode, per_replica: int, function: Any, args: Any
+    ) -> Any:
+        """`runner`'s step of `mode` at `per_replica`, as `memory.jit_flat` makes it: made
+        once, so that the XLA rules' trace is the memory estimate's too."""
+        key = (id(runner), mode, per_replica)
+        if key not in self._jit_steps:
+            self._jit_steps[key] = memory.jit_flat(function, args)
+        return self._jit_steps[key]
 
     def single_device_step(self, mode: Mode) -> SingleDeviceStep:
         """The step of `mode` on one device, at the per-replica batch, without checking it

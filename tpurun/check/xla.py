@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -52,12 +51,11 @@ def populate_xla_registry() -> None:
         logging.info("The XLA rules are skipped: %s.", missing)
 
 
-def compile_problems(
-    mode: Mode, replica_step: Callable[..., Any], spec: Any, scopes: LayerScopes
-) -> list[Problem]:
+def compile_problems(mode: Mode, compiled: Any, spec: Any, scopes: LayerScopes) -> list[Problem]:
     """Compiles one replica's step with XLA from the spec of its batch; the problems found.
 
-    Where this TensorFlow has no XLA for the CPU, one warning says the step was not compiled.
+    `compiled`: the step as `memory.jit_flat` makes it. Where this TensorFlow has no XLA
+    for the CPU, one warning says the step was not compiled.
     """
     missing = cpu_compiler_missing()
     if missing:
@@ -73,11 +71,6 @@ def compile_problems(
             )
         ]
     flat = tf.nest.flatten(spec)
-
-    def flat_step(*tensors: tf.Tensor) -> Any:
-        return replica_step(*tf.nest.pack_sequence_as(spec, list(tensors)))
-
-    compiled = tf.function(flat_step, jit_compile=True)
     try:
         with scopes.recording():
             compiled.experimental_get_compiler_ir(*flat)(stage="hlo")

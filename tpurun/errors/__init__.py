@@ -13,6 +13,7 @@ exit 75.
 import signal
 import sys
 import threading
+from typing import Any
 
 
 class TpurunError(Exception):
@@ -101,9 +102,11 @@ def stop_at_sigterm() -> object:
     returns the handler it replaced (None elsewhere), for `signal.signal` to put back."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    global _previous_unraisable
+    global _previous_unraisable, _previous_excepthook
     if sys.unraisablehook is not _unraisable:
         _previous_unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
+    if sys.excepthook is not _excepthook:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
     return signal.signal(signal.SIGTERM, _stop)
 
 
@@ -130,6 +133,20 @@ def _unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
     if caused_by_sigterm(unraisable.exc_value):
         return
     _previous_unraisable(unraisable)
+
+
+_previous_excepthook = sys.__excepthook__  # the hook `_excepthook` wraps
+
+
+def _excepthook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    """C code that catches a Python error and goes on prints it through sys.excepthook
+    (`PyErr_Print`): a StoppedBySigterm raised under it (seen under load, inside
+    TensorFlow's nest flattening during the restore) is not printed either, as in
+    `_unraisable`. tpurun's own last line of defence (`cli`, `__main__`) catches before
+    this hook would see an error that ends the process."""
+    if caused_by_sigterm(error):
+        return
+    _previous_excepthook(kind, error, trace)
 
 
 def sigterm_seen() -> bool:
