@@ -419,7 +419,9 @@ def test_a_sigkill_is_restarted_and_ends_bit_identical_and_the_report_counts_it(
     )
     accounted = summary.goodput_s + sum(summary.badput_s.values())
     assert accounted == pytest.approx(summary.wall_s)
-    assert accounted == pytest.approx(run.seconds, rel=0.05)
+    # The account ends with the last trainer's record: its exit after it (TensorFlow's
+    # teardown, seconds on a loaded machine) and the supervisor's are not in it.
+    assert run.seconds * 0.85 <= accounted <= run.seconds, (accounted, run.seconds)
     assert summary.model_flops_per_step == pytest.approx((6 * 8 - 2) * 256 * 256**2, rel=0.02)
     assert summary.mfu is None and summary.achieved_flops_per_s
     assert "tpurun train: goodput " in log and "MFU n/a" in log
