@@ -97,17 +97,17 @@ DEFAULT_REPLICAS = 8
 MAX_TRACED_REPLICAS = 8
 
 
-def run_checks(run: RunConfig, target: Target | None = None) -> Checked:
+def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Checked:
     """Traces the model's train, eval and predict steps as on a TPU; returns every problem,
     and with a `target` the memory of each step on it and whether its hosts' input keeps
     up with its train step (`host_input`, unless --input_check=false).
 
-    Must be called before TensorFlow has run an op (the CPU is split into replicas).
+    `cluster`: `cpu_cluster(_traced_replicas(run, target))`, made before TensorFlow ran
+    an op (the CPU is split into replicas).
     """
     replicas = target.replicas if target else run.num_shards or DEFAULT_REPLICAS
     if run.use_tpu or run.tpu:
         logging.info("tpurun check traces on the CPU; --use_tpu/--tpu are not used.")
-    cluster = cpu_cluster(_traced_replicas(run, target))
     model = model_lib.create(run.config)
     model_lib.check_model_config(model)
     arrays = None
@@ -194,10 +194,9 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
     """
     out = out or sys.stdout
     target = _target(run)
-    if target:
-        # XLA's probe runs this process's first op, which fixes TensorFlow's devices:
-        # the CPU is split into the traced replicas before it, or the split fails.
-        cpu_cluster(_traced_replicas(run, target))
+    # Before XLA's probe, which runs this process's first op and so fixes TensorFlow's
+    # devices: the CPU is split into the traced replicas first, or the split fails.
+    cluster = cpu_cluster(_traced_replicas(run, target))
     missing = xla.cpu_compiler_missing() if target else None
     if missing:  # neither XLA's CPU estimate nor (beside tensorflow-tpu) the TPU compiler
         raise RunError(
@@ -213,7 +212,7 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
         layout += f" (a {target.name})"
     elif replicas == DEFAULT_REPLICAS:
         layout += " (a v3-8)"
-    findings, found, host, run = run_checks(run, target)
+    findings, found, host, run = run_checks(run, target, cluster)
     if found is not None:
         print("\n".join(fit_report.table(found, run.iterations)), file=out)
         bounds = step_bounds.lines(run, found)

@@ -120,7 +120,7 @@ class StepChecker:
         )
         self.scopes = LayerScopes()
         self.single_device_steps: dict[Mode, SingleDeviceStep] = {}
-        self._jit_steps: dict[tuple[int, Mode, int], Any] = {}  # jit_step's
+        self._jit_steps: dict[tuple[Runner, Mode, int], Any] = {}  # jit_step's
         self._uids = KerasNames()
         self._tf_data_only = False  # device data does not apply (build_device_trainer)
         if arrays is not None:
@@ -380,7 +380,9 @@ class StepChecker:
     ) -> Any:
         """`runner`'s step of `mode` at `per_replica`, as `memory.jit_flat` makes it: made
         once, so that the XLA rules' trace is the memory estimate's too."""
-        key = (id(runner), mode, per_replica)
+        # The runner itself, not its id: a runner dropped after failing a rule could
+        # leave its id to a new one, which would find the old runner's step here.
+        key = (runner, mode, per_replica)
         if key not in self._jit_steps:
             self._jit_steps[key] = memory.jit_flat(function, args)
         return self._jit_steps[key]
