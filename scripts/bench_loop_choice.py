@@ -119,6 +119,8 @@ def worker(args: argparse.Namespace) -> dict:
         config = config_files.load(source)
         config.train.xla = xla
         config.train.iterations = steps
+        # A long run's, which auto times (it runs a short run's plain loop, untimed).
+        config.train.steps = max(config.train.steps, 10_000)
         return RunConfig("train", source.name, merge_flags(config, {}), model_dir, use_tpu=False)
 
     cluster = strategy.build(run_config("auto"))

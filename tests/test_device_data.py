@@ -145,7 +145,8 @@ def weights(model_dir: Path, step: int) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def on_and_off(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """Iris trained 100 steps (10 host loops) with config.train.device_data true and false:
-    each run's model_dir and log, for the tests below to read (and copy to resume)."""
+    each run's model_dir and log, for the tests below to read (and copy to resume). XLA's
+    loop, which "auto" would not compile for a run this short: device data's own path."""
     runs = {}
     for device in ("true", "false"):
         model_dir = tmp_path_factory.mktemp(f"device-data-{device}")
@@ -153,6 +154,7 @@ def on_and_off(tmp_path_factory) -> dict[str, tuple[Path, str]]:
             "train",
             *IRIS,
             "--train_steps=100",
+            "--config.train.xla=true",
             f"--config.train.device_data={device}",
             f"--model_dir={model_dir}",
         )
@@ -337,6 +339,7 @@ def test_what_xla_cannot_compile_runs_without_it_and_says_so(tpurun_cli, uncompi
             "train",
             f"--config={uncompilable}",
             "--use_tpu=false",
+            "--config.train.xla=true",  # "auto" would not try XLA for 20 steps
             f"--model_dir={uncompilable.parent / 'model'}",
         )
     )
@@ -377,7 +380,14 @@ RECIPES = (
 @needs_xla_cpu
 def test_xla_compiles_the_recipes(tpurun_cli, tmp_path):
     result = assert_ok(
-        tpurun_cli("train", *IRIS, *RECIPES, "--train_steps=20", f"--model_dir={tmp_path}")
+        tpurun_cli(
+            "train",
+            *IRIS,
+            *RECIPES,
+            "--train_steps=20",
+            "--config.train.xla=true",
+            f"--model_dir={tmp_path}",
+        )
     )
     assert "the host loop is compiled by XLA" in result.stderr
     assert "runs without XLA" not in result.stderr

@@ -1,6 +1,7 @@
-"""The device-data host loop's choice: config.train.xla="auto" times XLA's loop and the plain
-one on the model's step and trains with the faster; model_dir keeps the times, and a
-resumed run runs the loop its checkpoints were trained with.
+"""The device-data host loop's choice: config.train.xla="auto" runs a short run's plain loop
+untimed, else times XLA's loop and the plain one on the model's step and trains with the
+faster; model_dir keeps the choice, and a resumed run runs the loop its checkpoints were
+trained with.
 
 The decision rule is tested on given times (which loop is faster on this machine is
 never asserted); the run below fixes the rule's thresholds, so that it decides the same
@@ -21,7 +22,13 @@ from tpurun import model as model_lib
 from tpurun.cluster import strategy
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.runners import host_loops
-from tpurun.runners.host_loops import PLAIN_MARGIN, TINY_STEP_S, DeviceLoop, LoopTimes
+from tpurun.runners.host_loops import (
+    PLAIN_MARGIN,
+    SHORT_RUN_STEPS,
+    TINY_STEP_S,
+    DeviceLoop,
+    LoopTimes,
+)
 from tpurun.runners.train import Trainer
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
@@ -38,8 +45,9 @@ measured = LoopTimes.measured  # the times, and the loop they choose
         (measured(plain=100 * MS, xla=700 * MS, steps=1), False),  # keras-io's DCGAN
         (measured(plain=None, xla=TINY_STEP_S / 2, steps=512), True),  # tiny: plain untimed
         (measured(plain=None, xla=None, steps=0, xla_error="no kernel"), False),  # XLA failed
+        (LoopTimes.short_run(SHORT_RUN_STEPS), False),  # neither timed
     ],
-    ids=["faster", "within-margin", "at-margin", "much-slower", "tiny", "xla-failed"],
+    ids=["faster", "within-margin", "at-margin", "much-slower", "tiny", "xla-failed", "short"],
 )
 def test_xla_runs_unless_it_failed_or_the_plain_loop_is_clearly_faster(times, xla):
     assert times.use_xla is xla
@@ -60,6 +68,9 @@ def test_xla_runs_unless_it_failed_or_the_plain_loop_is_clearly_faster(times, xl
         {"plain": None, "xla": None, "steps": 0, "use_xla": True, "xla_error": "failed"},
         {"plain": -1.0, "xla": 0.001, "steps": 8, "use_xla": True},
         {"plain": 0.001, "xla": 0.001, "steps": 8, "use_xla": True, "winner": "xla"},
+        {"plain": None, "xla": None, "steps": 0, "use_xla": False, "run_steps": "20"},
+        # a short run longer than the rule's
+        {"plain": None, "xla": None, "steps": 0, "use_xla": False, "run_steps": 10**6},
     ],
 )
 def test_a_record_not_in_this_form_gives_no_times(record):
@@ -86,6 +97,10 @@ def test_the_log_says_what_was_timed_and_why():
     assert LoopTimes.measured(None, None, 0, "no XLA kernel for PyFunc").shown() == (
         "XLA could not compile the step (no XLA kernel for PyFunc)"
     )
+    assert LoopTimes.short_run(20).shown() == (
+        f"the run's 20 steps are too few for XLA's compile to pay for itself (at most "
+        f"{SHORT_RUN_STEPS}: neither loop timed)"
+    )
 
 
 def weights(model_dir, step: int) -> dict[str, np.ndarray]:
@@ -107,6 +122,7 @@ def test_auto_records_its_choice_and_a_resume_keeps_it_bit_identically(
     (in log lines that say when and how long, without a terminal), puts the state back
     and trains exactly what a run forcing the plain loop trains; the resumed run keeps
     the recorded choice although the rule now says XLA."""
+    monkeypatch.setattr(host_loops, "SHORT_RUN_STEPS", 0)  # time a run of 20 steps
     monkeypatch.setattr(host_loops, "TINY_STEP_S", 0.0)  # time the plain loop too
     monkeypatch.setattr(host_loops, "PLAIN_MARGIN", 1e-9)  # and choose it, whatever the times
     monkeypatch.setattr(host_loops, "CALL_SECONDS", 0.0)  # on calls of one step: cheaper
@@ -131,7 +147,7 @@ def test_auto_records_its_choice_and_a_resume_keeps_it_bit_identically(
     assert "Resuming from" in resumed.stderr
     assert "to time it" not in resumed.stderr
     assert loop_line(resumed.stderr).endswith(
-        f"the host loop is not compiled by XLA, as this model_dir's first run timed it "
+        f"the host loop is not compiled by XLA, as this model_dir's first run chose it "
         f"({times.shown()}; config.train.xla='auto'; true or false forces one)."
     )
     # The first loop of a run that does not time compiles in two lines too.
@@ -145,6 +161,56 @@ def test_auto_records_its_choice_and_a_resume_keeps_it_bit_identically(
     a, b = weights(tmp_path / "auto", 40), weights(tmp_path / "plain", 40)
     assert a.keys() == b.keys()
     assert [name for name in a if not np.array_equal(a[name], b[name])] == []
+
+
+def test_a_short_run_runs_the_plain_loop_untimed_and_its_resume_keeps_it(tpurun_cli, tmp_path):
+    """A run of at most SHORT_RUN_STEPS compiles only the plain loop, says why, and records
+    it; resumed with more steps than that, it keeps the plain loop, bit-identical to a
+    run forcing it."""
+    auto = (*IRIS, f"--model_dir={tmp_path / 'auto'}")
+    first = assert_ok(tpurun_cli("train", *auto, "--train_steps=20"))
+    assert "to time it" not in first.stderr and "with XLA" not in first.stderr
+    assert loop_line(first.stderr).endswith(
+        f"the host loop is not compiled by XLA: {LoopTimes.short_run(20).shown()} "
+        "(config.train.xla='auto'; true or false forces one)."
+    )
+    record = json.loads((tmp_path / "auto" / "train_config.json").read_text())
+    assert LoopTimes.from_record(record["__loop_times__"]) == LoopTimes.short_run(20)
+    longer = f"--train_steps={SHORT_RUN_STEPS + 20}"
+    resumed = assert_ok(tpurun_cli("train", *auto, longer))
+    assert "Resuming from" in resumed.stderr and "to time it" not in resumed.stderr
+    assert "as this model_dir's first run chose it (the run's 20 steps" in loop_line(resumed.stderr)
+    plain = (*IRIS, f"--model_dir={tmp_path / 'plain'}", "--config.train.xla=false")
+    assert_ok(tpurun_cli("train", *plain, longer))
+    a, b = (
+        weights(tmp_path / "auto", SHORT_RUN_STEPS + 20),
+        weights(tmp_path / "plain", SHORT_RUN_STEPS + 20),
+    )
+    assert [name for name in a if not np.array_equal(a[name], b[name])] == []
+
+
+@pytest.mark.parametrize(
+    "run_steps, timed", [(SHORT_RUN_STEPS, False), (SHORT_RUN_STEPS + 1, True)]
+)
+def test_auto_times_the_loops_only_for_a_run_longer_than_short(
+    run_steps, timed, monkeypatch, tmp_path
+):
+    def time_both(self):
+        self.compiled = True
+        return LoopTimes.measured(None, TINY_STEP_S / 2, 8)
+
+    monkeypatch.setattr(DeviceLoop, "time_both", time_both)
+    source = config_files.resolve("iris")
+    config = config_files.load(source)
+    config.train.steps = run_steps
+    run = RunConfig("train", source.name, merge_flags(config, {}), str(tmp_path), use_tpu=False)
+    trainer = Trainer(run, strategy.build(run), model_lib.create(run.config))
+    trainer.start_input(lambda: None)  # a fresh run: no record
+    expected = (
+        LoopTimes.measured(None, TINY_STEP_S / 2, 8) if timed else LoopTimes.short_run(run_steps)
+    )
+    assert trainer.loop_times == expected
+    assert trainer._loop.compiled is timed
 
 
 @pytest.mark.parametrize("xla", [True, False])

@@ -85,9 +85,10 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # 0 = automatic: 256 on CPU replicas, 2048 on a TPU core or GPU.
     config.train.device_data_mb = 0.0
     # With device data and one replica, compile the whole host loop with XLA: true, false
-    # (a plain tf.function) or "auto": XLA's loop timed at the start (and the plain one
-    # unless XLA's step is under 1 ms), the plain one run if 1.3x faster or more; a
-    # resumed run keeps its first run's choice. "auto" never compiles on a CPU under
+    # (a plain tf.function) or "auto": a run of at most 500 steps runs the plain one (XLA's
+    # compile would cost more than it saves); a longer one times XLA's loop at the start
+    # (and the plain one unless XLA's step is under 1 ms) and runs the plain one if 1.3x
+    # faster or more; a resumed run keeps its first run's choice. "auto" never compiles on a CPU under
     # mixed_bfloat16, whose XLA backend has no fast bfloat16 matmuls (docs/device-data.md).
     # Of type object, so that --config.train.xla takes all three.
     config.train.xla = ml_collections.FieldReference("auto", field_type=object)

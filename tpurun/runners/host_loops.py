@@ -81,6 +81,12 @@ TINY_STEP_S = 1e-3
 # A timed call's least length: shorter, and the call's own overhead (milliseconds) would be
 # timed, not the steps.
 CALL_SECONDS = 0.05
+# A run of at most this many steps runs the plain loop, neither loop compiled to be timed:
+# what XLA saves a step on a CPU or GPU is the dispatch of its ops one by one, and its
+# compile of the step costs thousands of those dispatches (Iris: 1.8 s of compile to save
+# 0.25 ms a step, even after 7,000 steps; the timing itself costs a compile of each loop).
+# A count, not a time, so that two fresh runs of one config choose alike on any machine.
+SHORT_RUN_STEPS = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +95,13 @@ class LoopTimes:
     loop chosen by them (`measured`): kept as chosen, so that a resumed run runs it even
     where the rule would now choose otherwise."""
 
-    plain: float | None  # None: not timed, XLA's step is tiny (TINY_STEP_S)
-    xla: float | None  # None: XLA could not compile the step (`xla_error` says why)
-    steps: int  # per timed call
+    plain: float | None  # None: not timed, XLA's step is tiny (TINY_STEP_S), or a short run
+    xla: float | None  # None: XLA could not compile the step (`xla_error` says why), or
+    # was not tried: the run was short
+    steps: int  # per timed call (0: none timed)
     use_xla: bool
     xla_error: str = ""
+    run_steps: int = 0  # a short run's steps (at most SHORT_RUN_STEPS): neither loop timed
 
     @classmethod
     def measured(
@@ -103,6 +111,11 @@ class LoopTimes:
         times the plain loop's time or more."""
         use_xla = xla is not None and (plain is None or xla < PLAIN_MARGIN * plain)
         return cls(plain, xla, steps, use_xla, xla_error)
+
+    @classmethod
+    def short_run(cls, run_steps: int) -> LoopTimes:
+        """The plain loop, untimed, for a run of `run_steps` <= SHORT_RUN_STEPS steps."""
+        return cls(None, None, 0, False, run_steps=run_steps)
 
     def as_record(self) -> dict[str, Any]:
         """What model_dir/train_config.json keeps of it: a resumed run runs the same loop."""
@@ -124,13 +137,20 @@ class LoopTimes:
             and isinstance(times.use_xla, bool)
             and isinstance(times.xla_error, str)
             and (times.xla is not None or not times.use_xla)  # XLA's only if it compiled
-            and (bool(timed) or bool(times.xla_error))  # neither timed: XLA failed
+            and isinstance(times.run_steps, int)
+            # neither timed: XLA failed, or the run was short
+            and (bool(timed) or bool(times.xla_error) or 0 < times.run_steps <= SHORT_RUN_STEPS)
         )
         return times if valid else None
 
     def shown(self) -> str:
         """Why this loop: `1.2 ms a step with XLA against 3.4 ms without (2.8x faster), timed
         on 100 steps each`."""
+        if self.run_steps:
+            return (
+                f"the run's {self.run_steps} step{'s' * (self.run_steps > 1)} are too few for "
+                f"XLA's compile to pay for itself (at most {SHORT_RUN_STEPS}: neither loop timed)"
+            )
         if self.xla is None:
             return f"XLA could not compile the step ({self.xla_error})"
         if self.plain is None:

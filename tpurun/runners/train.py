@@ -35,6 +35,7 @@ from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays, build_models
 from tpurun.run_config import RunConfig
+from tpurun.runners import host_loops
 from tpurun.runners.host_loops import (
     MAX_SCALARS,
     DeviceLoop,
@@ -248,7 +249,9 @@ class Trainer:
 
         What cannot be compiled as one computation is not (a TPU's step is anyway, several
         replicas span several devices); the user's config.train.xla=true or false is kept.
-        With "auto" (the default) the loops are timed on the model's own step
+        With "auto" (the default) a run of at most SHORT_RUN_STEPS steps runs the plain
+        loop (XLA's compile would cost more than it saves). A longer one times the loops
+        on the model's own step
         (`DeviceLoop.time_both`) and XLA's runs unless the plain one is clearly faster
         (`LoopTimes.measured`): XLA speeds up a step of many small ops (Iris: ~5x, its
         dispatch gone) and slows down one of large matmuls or convolutions on a CPU, where
@@ -269,9 +272,14 @@ class Trainer:
         kept = recorded()
         if kept is not None:
             self.loop_times = kept
-            first = f"as this model_dir's first run timed it ({kept.shown()}; {auto})"
+            first = f"as this model_dir's first run chose it ({kept.shown()}; {auto})"
             why = f"{_loop_name(kept)}, {first}"
             return DeviceLoop(parts, data, step, kept.use_xla, why)
+        run_steps = self.run.train_steps - step
+        if run_steps <= host_loops.SHORT_RUN_STEPS:
+            self.loop_times = LoopTimes.short_run(run_steps)
+            why = f"{_loop_name(self.loop_times)}: {self.loop_times.shown()} ({auto})"
+            return DeviceLoop(parts, data, step, False, why)
         loop = DeviceLoop(parts, data, step, False, "")
         times = self.loop_times = loop.time_both()
         self._compiled = True  # the loop chosen was, to time it
