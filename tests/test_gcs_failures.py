@@ -128,8 +128,19 @@ def test_a_failed_export_leaves_nothing_and_the_next_export_works(trained, gcs, 
     assert_fails(result, RUN_FAILURE, "cannot write the export", "nothing was left behind")
     assert [n for n in files(trained) if n.startswith("export/")] == []
     gcs.clear_faults()
-    [export_dir] = assert_ok(tpurun_cli("export", *IRIS, f"--model_dir={trained}")).stdout.split()
-    assert tf.saved_model.load(export_dir).signatures["serving_default"] is not None
+    # The next export, of the best checkpoint (kept apart by the fixture's eval), served.
+    result = assert_ok(tpurun_cli("export", *IRIS, "--best", f"--model_dir={trained}"))
+    assert "The best checkpoint: step 20" in result.stderr
+    [export_dir] = result.stdout.split()
+    assert export_dir.startswith(f"{trained}/export/")
+    serving = tf.saved_model.load(export_dir).signatures["serving_default"]
+    served = serving(
+        SepalLength=tf.constant([5.1]),
+        SepalWidth=tf.constant([3.3]),
+        PetalLength=tf.constant([1.7]),
+        PetalWidth=tf.constant([0.5]),
+    )
+    assert served["class_ids"].shape == (1,)
 
 
 def test_a_failed_best_copy_keeps_the_previous_best_and_leaves_no_temporary(
@@ -157,8 +168,11 @@ def test_a_failed_best_copy_keeps_the_previous_best_and_leaves_no_temporary(
 def storage_gone_after_the_first_save(model_dir: str, gcs, hang_timeout: int) -> tuple[int, str]:
     """A train whose every request after its first save hangs: its exit code and stderr
     (stderr "" when it ended before that save)."""
+    # The plain host loop: XLA's ("auto"'s pick for Iris) is compiled and timed in the
+    # first loop, which the watchdog's time must cover too; the loop is not the subject.
     process = forked.Popen(
         [sys.executable, "-m", "tpurun", "train", *IRIS, "--train_steps=1000000"]
+        + ["--config.train.xla=false"]
         + ["--save_checkpoints_steps=10", f"--hang_timeout={hang_timeout}"]
         + [f"--model_dir={model_dir}"],
         env={**__import__("os").environ, **OFFLINE_ENV, **gcs.env},
@@ -184,7 +198,7 @@ def test_storage_gone_past_hang_timeout_ends_the_run_with_exit_3(bucket, gcs):
     4 s is past a host loop here, but the first one also traces the step: on a machine
     too busy to do that in 4 s the watchdog ends the run before its first save, and it
     runs once more with time for that."""
-    for attempt, hang_timeout in enumerate((4, 30)):
+    for attempt, hang_timeout in enumerate((4, 60)):
         code, stderr = storage_gone_after_the_first_save(
             f"{bucket}/iris{attempt}", gcs, hang_timeout
         )
