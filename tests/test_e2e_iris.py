@@ -1,5 +1,5 @@
-"""Iris end to end through the real CLI (in-process): train, eval, predict, export, on 1 and 8
-replicas; the export also under the TF1-style loader of saved_model_cli and TF Serving."""
+"""Iris end to end through the real CLI (in-process): train, eval, predict, export, on 1, 2
+and 8 replicas; the export also under the TF1-style loader of saved_model_cli and TF Serving."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_run_record_written_with_versions(trained_iris):
 
 @pytest.fixture(scope="module")
 def one_and_eight(tmp_path_factory) -> tuple[Path, dict[int, str]]:
-    """The same 100 steps (seed 7) trained on 1 and on 8 replicas: (root, stderr by shards)."""
+    """The same 20 steps (seed 7) trained on 1 and on 8 replicas: (root, stderr by shards)."""
     root = tmp_path_factory.mktemp("replicas")
     logs = {}
     for shards in (1, 8):
@@ -93,6 +93,7 @@ def one_and_eight(tmp_path_factory) -> tuple[Path, dict[int, str]]:
             # pick for Iris on 1, compiled by XLA first, is test_device_data.py's).
             "--config.train.xla=false",
             f"--train_steps={REPLICA_STEPS}",
+            f"--iterations={REPLICA_STEPS}",
             "--seed=7",
             f"--model_dir={root / str(shards)}",
         )
@@ -100,7 +101,9 @@ def one_and_eight(tmp_path_factory) -> tuple[Path, dict[int, str]]:
     return root, logs
 
 
-REPLICA_STEPS = 100  # one host loop of the config's 100 iterations
+# One host loop of 20 steps: the 8 replicas' step (traced once, run 8 times a step) is the
+# cost, and 20 steps of Adagrad carry any difference of the gradients into the weights.
+REPLICA_STEPS = 20
 
 
 def test_eight_shards_split_the_global_batch(one_and_eight):
@@ -173,10 +176,11 @@ def test_default_model_dir_resumes_from_the_checkpoint_to_train_steps(tpurun_cli
 @pytest.mark.parametrize(
     "batch_flags",
     [
-        # Eight replicas of 2 rows: whole replicas of padding in the last batch. (One replica
-        # with a padded batch: reference_eval's batch of 32; every batch and replica count is
-        # checked against the metrics on the 30 rows in test_evaluate.py.)
-        pytest.param(("--eval_batch_size=16", "--num_shards=8"), id="batch16-8replicas"),
+        # Two replicas of 2 rows: 30 = 7 x 4 + 2, the last batch a replica of 2 rows and a
+        # whole replica of padding (the path of 8 replicas' whole replicas of padding). (One
+        # replica with a padded batch: reference_eval's batch of 32; every batch and replica
+        # count is checked against the metrics on the 30 rows in test_evaluate.py.)
+        pytest.param(("--eval_batch_size=4", "--num_shards=2"), id="batch4-2replicas"),
     ],
 )
 def test_eval_counts_exactly_the_30_examples(

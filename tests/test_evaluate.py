@@ -1,6 +1,6 @@
 """tpurun.runners.evaluate: the Evaluator's one exact pass, padding masked out of every metric.
 
-Iris's 30 test rows in batches that do not divide them, on 1 and 4 replicas: every
+Iris's 30 test rows in batches that do not divide them, on 1 and 2 replicas: every
 count and metric is the one computed directly on the 30 rows.
 """
 
@@ -53,9 +53,9 @@ def evaluate(checkpoint: str, replicas: int, **flags) -> dict[str, float]:
     [
         (1, 8),  # batches of 8: the last one 6 rows and 2 of padding
         (1, 32),  # one batch larger than the 30 rows
-        (4, 8),  # 2 rows a replica: in the last batch, a replica of padding only
+        (2, 12),  # 6 rows a replica: in the last batch, a replica of padding only
     ],
-    ids=["batch8-1", "batch32-1", "batch8-4"],
+    ids=["batch8-1", "batch32-1", "batch12-2"],
 )
 def test_one_exact_pass_whatever_the_batch_and_replicas(checkpoint, direct, replicas, batch):
     results = evaluate(checkpoint, replicas, eval_batch_size=batch)
@@ -66,23 +66,23 @@ def test_one_exact_pass_whatever_the_batch_and_replicas(checkpoint, direct, repl
     assert set(results) == {"accuracy", "loss", "num_examples", "global_step"}
 
 
-def test_1_and_4_replicas_give_the_same_metrics(checkpoint):
-    one, four = (evaluate(checkpoint, r, eval_batch_size=8) for r in (1, 4))
-    assert one["num_examples"] == four["num_examples"] == 30
-    assert one["accuracy"] == four["accuracy"]
-    assert one["loss"] == pytest.approx(four["loss"], rel=1e-6)
+def test_1_and_2_replicas_give_the_same_metrics(checkpoint):
+    one, two = (evaluate(checkpoint, r, eval_batch_size=12) for r in (1, 2))
+    assert one["num_examples"] == two["num_examples"] == 30
+    assert one["accuracy"] == two["accuracy"]
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize(
-    "replicas, steps, examples",
+    "replicas, batch, steps, examples",
     [
-        (4, 2, 16),  # 2 steps of the global batch of 8, not of a replica's 2 rows
-        (1, 100, 30),  # the data end first
+        (2, 12, 2, 24),  # 2 steps of the global batch of 12, not of a replica's 6 rows
+        (1, 8, 100, 30),  # the data end first
     ],
 )
-def test_eval_steps_bounds_the_batches(checkpoint, replicas, steps, examples):
+def test_eval_steps_bounds_the_batches(checkpoint, replicas, batch, steps, examples):
     """--eval_steps=N: N steps of the global eval batch (fewer if the data end first)."""
-    results = evaluate(checkpoint, replicas, eval_batch_size=8, eval_steps=steps)
+    results = evaluate(checkpoint, replicas, eval_batch_size=batch, eval_steps=steps)
     assert results["num_examples"] == examples
 
 

@@ -1,7 +1,7 @@
 """resnet50 (configs/resnet50.py's cpu variant) on synthetic JPEGs in imagenet_to_gcs's format.
 
 One training of the module (in-process, 35 steps of 32 at 32x32: 5 host loops of 7,
-one trace), evaluated, predicted and exported once; its model_dir, copied, is evaluated
+one trace, evaluated at its end by the train), predicted and exported once; its model_dir, copied, is evaluated
 and predicted from TFDS's imagenet2012 by name (TFDS's training input is checked to the
 bit by the stream tests); a SIGKILLed run of the same flags resumed to the same weights,
 bit for bit. The input's keyed crops are checked without training.
@@ -54,14 +54,16 @@ def validation(data) -> tuple[list[bytes], np.ndarray]:
 
 @pytest.fixture(scope="module")
 def trained(data, tmp_path_factory) -> dict:
-    """The module's training, then eval, predict and export."""
+    """The module's training (evaluated at its end), then predict and export."""
     root = tmp_path_factory.mktemp("resnet50")
     model_dir = root / "model"
     where = (f"--data_dir={data}", f"--model_dir={model_dir}")
     runs = {"model_dir": model_dir}
-    runs["train"] = assert_ok(tpurun_in_process("train", *TRAINED, *where, *LOCAL))
+    # Evaluated by the train at its end (its model and input built once, not again by an
+    # eval of its own; `tpurun eval` of the model: from_tfds's).
+    evaluated = f"--eval_every={STEPS}"
+    runs["train"] = assert_ok(tpurun_in_process("train", *TRAINED, evaluated, *where, *LOCAL))
     common = (CONFIG, *where)
-    runs["eval"] = assert_ok(tpurun_in_process("eval", *common, *LOCAL))
     results = model_dir / "eval" / "validation" / f"results-{STEPS}.json"
     runs["results"] = json.loads(results.read_text())
     predictions = root / "predictions.jsonl"
@@ -81,7 +83,7 @@ def test_it_trains_in_bfloat16_and_learns_the_classes(trained):
 def test_eval_counts_every_validation_image_once(trained, validation):
     """90 images in batches of 32: the last one padded with 6 rows, none of them counted:
     the accuracy is that of predict's 90 rows."""
-    assert f"({VALIDATION} examples)" in trained["eval"].stdout
+    assert f"({VALIDATION} examples)" in trained["train"].stdout
     _, labels = validation
     predicted = np.array([row["class_ids"] for row in trained["rows"]])
     exact = float(np.mean(predicted == labels))
@@ -96,9 +98,14 @@ def test_predict_writes_one_row_per_validation_image_in_order(trained, validatio
     assert all(len(row["probabilities"]) == 10 for row in rows)
 
 
-def test_the_export_classifies_jpeg_bytes_as_predict_does(trained, validation):
+@pytest.fixture(scope="module")
+def loaded(trained):
+    """The module's export, loaded once for the tests that serve from it."""
+    return tf.saved_model.load(str(trained["export"]))
+
+
+def test_the_export_classifies_jpeg_bytes_as_predict_does(trained, loaded, validation):
     jpegs, _ = validation
-    loaded = tf.saved_model.load(str(trained["export"]))
     assert set(loaded.signatures) == {"serving_default", "serving_images"}
     served = loaded.signatures["serving_default"](image_bytes=tf.constant(jpegs))
     rows = trained["rows"]
@@ -152,7 +159,7 @@ def test_tfds_evaluates_every_image_once_and_predicts(from_tfds):
 
 
 def test_the_export_classifies_the_tfds_splits_jpegs_as_predict_from_tfds_does(
-    trained, from_tfds, tfds_dir
+    loaded, from_tfds, tfds_dir
 ):
     """The validation split's JPEGs, read by name in predict's order (tpurun.datasets), served
     by the module's export (of the checkpoint predict from TFDS read)."""
@@ -170,7 +177,7 @@ def test_the_export_classifies_the_tfds_splits_jpegs_as_predict_from_tfds_does(
     )
     read = list(examples.as_numpy_iterator())
     jpegs, labels = [x["image"] for x in read], np.array([x["label"] for x in read])
-    serving = tf.saved_model.load(str(trained["export"])).signatures["serving_default"]
+    serving = loaded.signatures["serving_default"]
     served = serving(image_bytes=tf.constant(jpegs))["class_ids"].numpy().tolist()
     assert served == [row["class_ids"] for row in from_tfds["rows"]]
     # Eval from TFDS counts each image once (the padded rows of its last batch nowhere):

@@ -306,7 +306,7 @@ def test_clipping_takes_the_norm_of_sparse_gradients_with_repeated_rows_summed()
 
 @pytest.fixture(scope="module")
 def replicas() -> dict[str, dict]:
-    """tests/optimization_replicas.py: 3 steps on the default strategy, 1 and 4 replicas."""
+    """tests/optimization_replicas.py: 3 steps on the default strategy, 1 and 2 replicas."""
     from tests import optimization_replicas
 
     return optimization_replicas.results()
@@ -319,35 +319,35 @@ def flat(result: dict, *parts: str) -> np.ndarray:
 
 
 def test_keras_global_clipnorm_clips_each_replica_before_the_sum(replicas):
-    """Evidence for tpurun's own clipping: Keras' differs between 1 and 4 replicas."""
-    one, four = (
+    """Evidence for tpurun's own clipping: Keras' differs between 1 and 2 replicas."""
+    one, two = (
         flat(replicas["keras_clip/default"], "weights"),
-        flat(replicas["keras_clip/mirrored_4"], "weights"),
+        flat(replicas["keras_clip/mirrored_2"], "weights"),
     )
-    assert np.abs(one - four).max() > 1e-2, (
+    assert np.abs(one - two).max() > 1e-2, (
         "Keras now clips after the all-reduce: see optimization.py"
     )
 
 
 @pytest.mark.parametrize("one", ["default", "mirrored_1"])
-def test_clip_norm_is_the_same_on_one_and_four_replicas(replicas, one):
+def test_clip_norm_is_the_same_on_one_and_two_replicas(replicas, one):
     clipped = flat(replicas[f"clip_norm/{one}"], "weights")
     np.testing.assert_allclose(
-        clipped, flat(replicas["clip_norm/mirrored_4"], "weights"), atol=1e-6
+        clipped, flat(replicas["clip_norm/mirrored_2"], "weights"), atol=1e-6
     )
     # ...and clipping was on: the same steps as Keras' clipping on one replica.
     np.testing.assert_allclose(clipped, flat(replicas[f"keras_clip/{one}"], "weights"), atol=1e-6)
 
 
-def test_the_whole_recipe_is_the_same_on_one_and_four_replicas(replicas):
+def test_the_whole_recipe_is_the_same_on_one_and_two_replicas(replicas):
     """SGD + nesterov, cosine with warmup, weight decay, clipping and EMA."""
-    one, four = replicas["recipe/default"], replicas["recipe/mirrored_4"]
+    one, two = replicas["recipe/default"], replicas["recipe/mirrored_2"]
     np.testing.assert_allclose(
-        flat(one, "weights", "averages"), flat(four, "weights", "averages"), atol=1e-6
+        flat(one, "weights", "averages"), flat(two, "weights", "averages"), atol=1e-6
     )
 
 
-@pytest.mark.parametrize("strategy", ["default", "mirrored_4"])
+@pytest.mark.parametrize("strategy", ["default", "mirrored_2"])
 def test_weight_decay_exclusion_holds_on_replicas(replicas, strategy):
     result = replicas[f"decay/{strategy}"]
     for path, before, after in zip(
@@ -357,9 +357,9 @@ def test_weight_decay_exclusion_holds_on_replicas(replicas, strategy):
         np.testing.assert_allclose(after, np.asarray(before) * factor, rtol=1e-6, err_msg=path)
 
 
-@pytest.mark.parametrize("strategy", ["default", "mirrored_4"])
+@pytest.mark.parametrize("strategy", ["default", "mirrored_2"])
 def test_l2_weight_decay_is_the_l2_loss_of_a_tf1_program(replicas, strategy):
-    """SGD with Nesterov momentum and l2_weight_decay on 1 or 4 replicas takes the steps of
+    """SGD with Nesterov momentum and l2_weight_decay on 1 or 2 replicas takes the steps of
     plain SGD on the loss + l2 x sum(tf.nn.l2_loss(kernel)) (resnet_main.py's): the term
     goes through the momentum, and the biases are not decayed."""
     np.testing.assert_allclose(
