@@ -211,10 +211,25 @@ def test_a_nonsense_value_is_refused_with_its_range(tpurun_cli, tmp_path, flag, 
     assert not (tmp_path / "m").exists()
 
 
-# A pod's batch past 2^20 (2,097,152 on a v4-4096) is sized, not refused: what a slice holds
-# is check --target's answer, not a constant's (test_device_data.py's
-# test_check_target_on_a_pod_sizes_its_tf_data_step_at_a_batch_past_2_20, whose check also
-# sizes a multi-host slice's tf.data step).
+@pytest.mark.slow
+def test_a_pod_batch_past_2_20_is_sized_not_refused(tpurun_cli, tmp_path):
+    """A v4-4096 (2,048 replicas) at 1,024 per replica: 2,097,152, a real pod job; what a
+    slice holds is check --target's answer, not a constant's."""
+    result = tpurun_cli(
+        "check",
+        "--config=iris",  # a tiny model: the check compiles its steps in seconds
+        "--target=v4-4096",
+        "--batch_size=2097152",
+        "--eval_batch_size=16384",
+        "--predict_batch_size=16384",
+        "--input_check=false",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert "must be a positive integer" not in result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if line.strip().startswith("batch per")]
+    assert row.split()[3] == "1024", result.stdout  # the train step, sized at 1,024 per replica
+    assert "a TPU with 2048 replicas (a v4-4096)" in result.stdout
 
 
 # --- predict input: one output per data row -------------------------------------------
