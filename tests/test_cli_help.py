@@ -166,35 +166,6 @@ def run_record(model_dir: Path) -> dict:
     return json.loads(records[0].read_text())
 
 
-@pytest.mark.slow
-def test_flagfile_and_override_land_in_the_run_record(tpurun_cli, tmp_path):
-    """A --flagfile's flags and a --config.<key> override, in the run record with the versions.
-    (The override before or after --config: test_an_override_before_or_after_config_applies.)"""
-    model_dir = tmp_path / "model"
-    flagfile = tmp_path / "iris.flags"
-    flagfile.write_text(
-        "--config=iris\n--train_steps=20\n--iterations=10\n--use_tpu=false\n"
-        f"--model_dir={model_dir}\n"
-    )
-    override = "--config.optimizer.learning_rate=0.05"
-    assert_ok(tpurun_cli("train", f"--flagfile={flagfile}", override, cwd=tmp_path))
-    assert sorted(p.name for p in model_dir.glob("ckpt-*.index")) == ["ckpt-20.index"]
-    record = run_record(model_dir)
-    run_config = record["run_config"]
-    assert run_config["config_name"] == "iris"
-    assert run_config["config"]["train"]["steps"] == 20
-    assert run_config["config"]["train"]["iterations"] == 10
-    optimizer = run_config["config"]["optimizer"]
-    assert (optimizer["name"], optimizer["learning_rate"]) == ("adagrad", 0.05)
-    versions = record["versions"]
-    assert set(versions) == {"tensorflow", "tpurun", "python"}
-    assert versions["tensorflow"].startswith("2.")
-    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
-    from tpurun import __version__
-
-    assert versions["tpurun"] == __version__
-
-
 @pytest.mark.parametrize(
     "args",
     [
@@ -234,18 +205,40 @@ def write_my_config(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_config_file_outside_the_repo(tpurun_cli, tmp_path):
+def test_flagfile_override_and_config_file_outside_the_repo_land_in_the_run_record(
+    tpurun_cli, tmp_path
+):
+    """One training for three things: a config file outside the repo (its name is the
+    config's and, without --model_dir, the model_dir's), a --flagfile's flags and a
+    --config.<key> override, all in the run record with the versions. (The override before or
+    after --config: test_an_override_before_or_after_config_applies.)"""
     config_file, workdir = write_my_config(tmp_path)
-    result = assert_ok(
-        tpurun_cli("train", f"--config={config_file}", "--use_tpu=false", cwd=workdir)
+    flagfile = tmp_path / "iris.flags"
+    # Not the file's 20 steps in loops of 10: the flagfile's own, in the record.
+    flagfile.write_text(
+        f"--config={config_file}\n--train_steps=10\n--iterations=5\n--use_tpu=false\n"
     )
+    override = "--config.optimizer.learning_rate=0.05"
+    result = assert_ok(tpurun_cli("train", f"--flagfile={flagfile}", override, cwd=workdir))
     # No --model_dir: it defaults to ./<config file name>.
     model_dir = workdir / "my_iris"
     assert f"--model_dir not set, using {model_dir}" in result.stderr
-    assert (model_dir / "ckpt-20.index").exists()
-    record = run_record(model_dir)["run_config"]
-    assert record["config_name"] == "my_iris"
-    assert record["config"]["hidden_units"] == [16, 16]
+    assert sorted(p.name for p in model_dir.glob("ckpt-*.index")) == ["ckpt-10.index"]
+    record = run_record(model_dir)
+    run_config = record["run_config"]
+    assert run_config["config_name"] == "my_iris"
+    assert run_config["config"]["hidden_units"] == [16, 16]
+    assert run_config["config"]["train"]["steps"] == 10
+    assert run_config["config"]["train"]["iterations"] == 5
+    optimizer = run_config["config"]["optimizer"]
+    assert (optimizer["name"], optimizer["learning_rate"]) == ("adagrad", 0.05)
+    versions = record["versions"]
+    assert set(versions) == {"tensorflow", "tpurun", "python"}
+    assert versions["tensorflow"].startswith("2.")
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    from tpurun import __version__
+
+    assert versions["tpurun"] == __version__
 
 
 def test_config_file_outside_the_repo_with_an_argument(tmp_path, monkeypatch):

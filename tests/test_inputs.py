@@ -27,6 +27,9 @@ def features_and_labels(rows: int, batch: int, as_dict: bool = False) -> tf.data
     return tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch)
 
 
+# Each case's batches are read by the four tests below: made once (an 8-replica padding is a
+# tf.data pipeline of a few maps; nothing here changes the arrays it returns).
+@functools.cache
 def padded(rows: int, batch: int, replicas: int, as_dict: bool = False) -> list[tuple]:
     dataset = inputs.pad_batches(features_and_labels(rows, batch, as_dict), batch, replicas)
     return list(dataset.as_numpy_iterator())
