@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import forked
 import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, RUN_FAILURE, assert_fails, tensorboard_scalars, tpurun_in_process
@@ -263,13 +262,12 @@ main()
 
 class Supervised:
     """`tpurun train --max_restarts=...` in a process of its own (restarting after a
-    first backoff of 0.05 s), forked from one that imported tpurun already (tests/forked:
-    the supervisor imports no TensorFlow, its trainers are fresh interpreters as ever);
-    its stderr (and its trainers', which share it) read as it comes."""
+    first backoff of 0.05 s); its stderr (and its trainers', which share it) read as it
+    comes."""
 
     def __init__(self, *args: str, env: dict | None = None):
         self.began = time.monotonic()
-        self.process = forked.Popen(
+        self.process = subprocess.Popen(
             [sys.executable, "-c", SHORT_BACKOFF, "0.05", "train", *args],
             env={**os.environ, **OFFLINE_ENV, **(env or {})},
             stdout=subprocess.DEVNULL,
