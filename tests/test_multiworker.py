@@ -91,7 +91,8 @@ def wait_for_line(started: tuple[forked.Popen, Path], text: str, timeout: float 
 
 @pytest.fixture(scope="module")
 def preempted_then_chief_lost(tmp_path_factory) -> dict:
-    """One cluster's life: two workers train (evaluating every 20 steps, on both); one
+    """One cluster's life: two workers train (saving every 20 steps, evaluating every 40,
+    on both: the first evaluation traces the eval step, each costs seconds); one
     SIGTERMed (a preemption) stops both, each saving its weights where its training ended;
     the job restarted at the same addresses resumes, trains on, and loses its chief
     (SIGKILL, without notice). What each test below asserts on."""
@@ -114,7 +115,7 @@ def preempted_then_chief_lost(tmp_path_factory) -> dict:
 
     evaluating = (
         "--save_checkpoints_steps=20",
-        "--eval_every=20",
+        "--eval_every=40",
         "--keep_checkpoint_max=1000",  # ckpt-40 kept, evaluated again by the test
     )
     first = [start(i, 0, *evaluating, weights=tmp_path / f"weights-{i}.npz") for i in range(2)]
@@ -202,16 +203,17 @@ def test_two_workers_train_to_identical_weights_and_eval_exactly(
 
 
 def test_a_chief_alone_gives_up_after_the_start_timeout_and_removes_its_model_dir(tmp_path):
-    """TensorFlow alone waits forever for a worker that never comes (one that failed at start)."""
+    """TensorFlow alone waits forever for a worker that never comes (one that failed at start).
+    (It never comes, so how long the chief waits does not change what happens: 1 s.)"""
     model_dir = tmp_path / "model"
     workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     chief = start_worker(
-        workers, 0, tmp_path / "chief.log", f"--model_dir={model_dir}", "--tpu_init_timeout=3"
+        workers, 0, tmp_path / "chief.log", f"--model_dir={model_dir}", "--tpu_init_timeout=1"
     )
     assert wait_all([chief], timeout=300) == [RUN_FAILURE]
     log = chief[1].read_text()
     (line,) = [line for line in log.splitlines() if ": error: " in line]
-    assert "worker-0 waited 3s for the other workers of TF_CONFIG" in line, log[-3000:]
+    assert "worker-0 waited 1s for the other workers of TF_CONFIG" in line, log[-3000:]
     assert all(address in line for address in workers) and "--tpu_init_timeout" in line
     assert "Traceback" not in log
     assert not model_dir.exists()

@@ -60,14 +60,17 @@ def latest(model_dir: Path) -> Path:
     return Path(path)
 
 
-# How far each reference trains: 300 steps on 1 replica (the runs killed below resume to
-# it), 150 on 2 (their loop is not compiled by XLA, each step costs more).
-REFERENCE_STEPS = {"1": 300, "2": 150}
+# How far each reference trains: 100 steps on 1 replica (the runs killed below resume to
+# it: 10 saves, each a large part of a step's time), 50 on 2 (each of their steps costs
+# more). (tests/test_recipes.py and tests/test_gcs_life.py train
+# KILLED's 300 steps below.)
+STEPS = 100
+REFERENCE_STEPS = {"1": STEPS, "2": STEPS // 2}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, Path]:
-    """Uninterrupted runs: 300 steps on 1 replica, 150 on 2."""
+    """Uninterrupted runs: 100 steps on 1 replica, 50 on 2."""
     runs = {}
     for shards, steps in REFERENCE_STEPS.items():
         model_dir = tmp_path_factory.mktemp(f"reference-{shards}")
@@ -86,8 +89,9 @@ def reference(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("shards", ["1", "2"])
 def test_stopping_and_resuming_gives_bit_identical_weights(tpurun_cli, tmp_path, reference, shards):
-    # Stops off the loop boundary (73: a short last loop) and on it (150).
-    stops = [73, 150, 300][: 3 if shards == "1" else 2]
+    # Stops off the loop boundary (23: a short last loop), then ends the run (on 1 replica at
+    # 100; on 2 at 50). (Resumes on the loop boundary: each resume of the tests below.)
+    stops = [23, REFERENCE_STEPS[shards]]
     for steps in stops:
         result = assert_ok(
             tpurun_cli(
@@ -99,10 +103,10 @@ def test_stopping_and_resuming_gives_bit_identical_weights(tpurun_cli, tmp_path,
             )
         )
         saved = re.findall(r"Saved checkpoint \S+ckpt-(\d+)\.", result.stderr)
-        if steps == 150:
-            # Resumed at 73, the loops end at 83, 93, ...: each passes a multiple of
-            # the cadence (10) and saves, as the uninterrupted run did at 80, 90, ...
-            assert saved == [str(s) for s in range(83, 150, 10)] + ["150"], saved
+        if steps != 23:
+            # Resumed at 23, the loops end at 33, 43, ...: each passes a multiple of the
+            # cadence (10) and saves, as the uninterrupted run did at 30, 40, ...
+            assert saved == [str(s) for s in range(33, steps, 10)] + [str(steps)], saved
     assert "Resuming from" in result.stderr and f"ckpt-{stops[-2]}" in result.stderr
     assert_bit_identical(tmp_path / f"ckpt-{stops[-1]}", reference[shards])
 
@@ -147,13 +151,18 @@ def group_survivors(process: forked.Popen) -> bool:
 SAVING = re.compile(r"\] step (\d+)/\d+ .*  saving ckpt-(\d+)")
 
 
+# The runs killed inside a save (killed_inside_a_save), and the one that ends their work:
+# KILLED's flags, to the reference's STEPS.
+KILLED_INSIDE = (*IRIS, f"--train_steps={STEPS}", "--keep_checkpoint_max=3")
+
+
 def killed_inside_a_save(model_dir: Path, point: str, nth: str) -> tuple[int, str, int]:
-    """A train_process run, in its own process group, that SIGKILLs itself (the tpurun
-    process) at `point` of its `nth` save (tests/kill_inside_save.py), run to its end:
+    """A run with KILLED_INSIDE's flags, in its own process group, that SIGKILLs itself (the
+    tpurun process) at `point` of its `nth` save (tests/kill_inside_save.py), run to its end:
     its exit code, stderr and pid; nothing of its group may survive it."""
     process = forked.Popen(
         [sys.executable, str(REPO / "tests" / "kill_inside_save.py"), point, nth, "train",
-         *KILLED, f"--model_dir={model_dir}"],
+         *KILLED_INSIDE, f"--model_dir={model_dir}"],
         env={**os.environ, **OFFLINE_ENV},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -173,8 +182,8 @@ def newest_complete(model_dir: Path) -> int:
 
 def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference):
     """Three runs, one after the other in one model_dir, each resuming what the one before
-    left and then SIGKILLed: inside its 6th save's merge, inside its 6th state-file update
-    (one per save), inside its 6th old-checkpoint deletion (tests/kill_inside_save.py).
+    left and then SIGKILLed: inside its 3rd save's merge, inside its 3rd state-file update
+    (one per save), inside its 3rd old-checkpoint deletion (tests/kill_inside_save.py).
     Each leaves what its point leaves, the next resumes from the newest complete checkpoint
     and takes over the dead trainer's lease, and the last resume (in this process) ends
     bit-identical to an uninterrupted run with nothing of a save left over. (Killed by the
@@ -182,7 +191,7 @@ def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference)
     disk, tests/test_gcs_life.py's on gs://, which also kills inside a save's upload.)"""
     complete, dead = None, None
     for point in ("merge", "state", "delete"):
-        code, stderr, pid = killed_inside_a_save(tmp_path, point, "6")
+        code, stderr, pid = killed_inside_a_save(tmp_path, point, "3")
         assert code == -signal.SIGKILL, stderr
         if complete is not None:  # the newest complete one the kill before left, its lease
             assert f"Resuming from {tmp_path / f'ckpt-{complete}'} " in stderr
@@ -199,13 +208,14 @@ def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference)
         else:
             data, indexes = tmp_path.glob("ckpt-*.data-*"), tmp_path.glob("ckpt-*.index")
             assert len(list(data)) > len(list(indexes))
-    err = resume_in_process(tmp_path).stderr
+    err = assert_ok(tpurun_in_process("train", *KILLED_INSIDE, f"--model_dir={tmp_path}")).stderr
     assert f"Resuming from {tmp_path / f'ckpt-{complete}'} " in err
     assert re.search(rf"Took over the lease of host \S+, pid {dead}, .* is gone", err)
     assert not (tmp_path / lease.FILE).exists()  # released at the run's end
-    # Iris trains on device data, its 300 steps on the plain loop (config.train.xla="auto").
+    # Iris trains on device data: a run this short on the plain loop, untimed, whatever the
+    # machine's load (config.train.xla="auto"), so the runs and their reference choose alike.
     assert "Training data on the device" in err and "too few for XLA's compile" in err
-    assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
+    assert_bit_identical(tmp_path / f"ckpt-{STEPS}", reference["1"])
     assert not [p for p in tmp_path.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
     assert len(list(tmp_path.glob("ckpt-*.data-*"))) == len(list(tmp_path.glob("ckpt-*.index")))
 
@@ -230,22 +240,24 @@ def damage_index(path: Path) -> None:
 def test_damaged_newest_checkpoints_are_moved_aside_and_the_one_before_used(
     tpurun_cli, tmp_path, reference
 ):
-    """In a copy of the 300-step reference (checkpoints 260..300), the three newest
+    """In a copy of the 100-step reference (checkpoints 60..100), the three newest
     checkpoints each damaged a way of their own (each fails a read of its own kind), and the
     state file garbled: every damaged one is moved aside, the checkpoints are found from
     their files, and the run resumes from the newest intact one."""
     shutil.copytree(reference["1"].parent, tmp_path, dirs_exist_ok=True)
-    damages = {300: damage_truncate, 290: damage_flip_bytes, 280: damage_index}
+    damages = {100: damage_truncate, 90: damage_flip_bytes, 80: damage_index}
     for step, damage in damages.items():
         damage(tmp_path / f"ckpt-{step}")
     (tmp_path / "checkpoint").write_text("model_checkpoint_path: \x00garbage {{{")
-    resumed = assert_ok(tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"))
+    resumed = assert_ok(
+        tpurun_cli("train", *IRIS, f"--train_steps={STEPS}", f"--model_dir={tmp_path}")
+    )
     for step in damages:
         assert f"Checkpoint {tmp_path / f'ckpt-{step}'} is damaged" in resumed.stderr
         assert (tmp_path / "damaged" / f"ckpt-{step}.index").exists()
-    assert f"Resuming from {tmp_path / 'ckpt-270'} " in resumed.stderr
-    assert_bit_identical(tmp_path / "ckpt-300", reference["1"])
-    assert latest(tmp_path).name == "ckpt-300"
+    assert f"Resuming from {tmp_path / 'ckpt-70'} " in resumed.stderr
+    assert_bit_identical(tmp_path / "ckpt-100", reference["1"])
+    assert latest(tmp_path).name == "ckpt-100"
 
 
 def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path, reference):
@@ -253,7 +265,7 @@ def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path, refer
     for index in tmp_path.glob("ckpt-*.index"):
         index.write_bytes(b"junk")
     assert_fails(
-        tpurun_cli("train", *IRIS, "--train_steps=300", f"--model_dir={tmp_path}"),
+        tpurun_cli("train", *IRIS, f"--train_steps={STEPS}", f"--model_dir={tmp_path}"),
         1,
         "no checkpoint in",
         "can be restored",
@@ -261,39 +273,12 @@ def test_every_checkpoint_damaged_is_one_clear_error(tpurun_cli, tmp_path, refer
     )
 
 
-def test_a_dropout_and_batchnorm_model_reading_tfrecords_resumes_bit_identically(
-    tpurun_cli, tmp_path
-):
-    """fashion_mnist: Dropout's random state is checkpointed, and its TFRecord input (which
-    does not seek) is skipped forward to the step. The run that resumes does so from the
-    uninterrupted run's ckpt-15, in a copy of its model_dir without what came later."""
-    from synthetic_images import write_digit_records
-
-    data = write_digit_records(tmp_path / "data", train=200, test=20)
-    common = (
-        "--config=fashion_mnist",
-        "--use_tpu=false",
-        f"--data_dir={data}",
-        "--config.conv_filters=(4, 4, 4)",
-        "--config.hidden_units=8",
-        "--batch_size=16",
-        "--iterations=5",
-        "--save_checkpoints_steps=15",
-        "--train_steps=30",
-    )
-    assert_ok(tpurun_cli("train", *common, f"--model_dir={tmp_path / 'a'}"))
-    stopped = tmp_path / "b"
-    shutil.copytree(tmp_path / "a", stopped)
-    for path in stopped.glob("ckpt-30.*"):
-        path.unlink()
-    tf.compat.v1.train.update_checkpoint_state(str(stopped), str(stopped / "ckpt-15"))
-    resumed = assert_ok(tpurun_cli("train", *common, f"--model_dir={stopped}"))
-    assert f"Resuming from {stopped / 'ckpt-15'} " in resumed.stderr
-    assert "Skipping 15 batches" in resumed.stderr
-    # Every model variable, the dropout layers' seed_generator_state among them.
-    saved = [n for n in weights(tmp_path / "a" / "ckpt-30") if n.startswith("model_variables/")]
-    assert len(saved) == 26, saved  # weights, BatchNorm statistics, 4 dropout RNG states
-    assert_bit_identical(stopped / "ckpt-30", tmp_path / "a" / "ckpt-30")
+# (A model with Dropout and BatchNorm reading TFRecords, which do not seek, resumed
+# bit-identically from a checkpoint of its uninterrupted run: mnist's dropout and input
+# skipped forward in tests/test_datasets.py's test_a_resumed_run_is_bit_identical_to_an_
+# uninterrupted_one; resnet50's BatchNorm and TFRecords, killed, in
+# tests/test_models_resnet50.py's test_sigkill_then_resume_with_the_jpeg_pipeline_is_bit_
+# identical; the dropout state under XLA in tests/test_device_data.py.)
 
 
 # --- a full disk, and saves the loop waits for -------------------------------------------
@@ -345,7 +330,7 @@ def test_a_full_disk_in_a_background_save_is_one_line_keeps_the_maximum_and_resu
     """The save of ckpt-60 fails as a full disk does while its tensors are written, then, in
     the run that resumes, while its state file is: each time one line, the model_dir as before
     the save; once the disk has room, the run resumes and ends as an uninterrupted one."""
-    common = (*IRIS, "--train_steps=300", "--keep_checkpoint_max=3")
+    common = KILLED_INSIDE
     model_dir = tmp_path / "async"
     for where in ("tensors", "state"):
         with monkeypatch.context() as patch:
@@ -370,9 +355,9 @@ def test_a_full_disk_in_a_background_save_is_one_line_keeps_the_maximum_and_resu
         assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tmp", p.name)]
     resumed = assert_ok(tpurun_cli("train", *common, f"--model_dir={model_dir}"))
     assert f"Resuming from {model_dir / 'ckpt-50'} " in resumed.stderr
-    assert checkpoint_steps(model_dir) == [280, 290, 300]
-    assert latest(model_dir).name == "ckpt-300"
-    assert_bit_identical(model_dir / "ckpt-300", reference["1"])
+    assert checkpoint_steps(model_dir) == [80, 90, 100]
+    assert latest(model_dir).name == "ckpt-100"
+    assert_bit_identical(model_dir / "ckpt-100", reference["1"])
 
 
 def test_async_checkpoint_false_waits_for_every_save_and_writes_the_same_checkpoints(
@@ -382,7 +367,7 @@ def test_async_checkpoint_false_waits_for_every_save_and_writes_the_same_checkpo
         tpurun_cli(
             "train",
             *IRIS,
-            "--train_steps=300",
+            f"--train_steps={STEPS}",
             "--config.train.async_checkpoint=false",
             f"--model_dir={tmp_path}",
         )
@@ -390,7 +375,7 @@ def test_async_checkpoint_false_waits_for_every_save_and_writes_the_same_checkpo
     saved = re.findall(
         r"Saved checkpoint \S+ckpt-(\d+)\. \(written in \S+ while training waited\)", result.stderr
     )
-    assert saved == [str(step) for step in range(10, 301, 10)], result.stderr
+    assert saved == [str(step) for step in range(10, STEPS + 1, 10)], result.stderr
     assert "saving ckpt-" not in result.stderr and "in the background" not in result.stderr
     # The same values as the background saves of the reference run, save counter included.
     assert checkpoint_steps(tmp_path) == checkpoint_steps(reference["1"].parent)
@@ -442,7 +427,7 @@ def _unwritable(directory: Path, writable: bool = False) -> None:
         pytest.skip(f"chattr +i does not work on {directory}'s file system")
 
 
-# (where the model_dir is, what happens to it as ckpt-150 is about to be written, what the
+# (where the model_dir is, what happens to it as ckpt-50 is about to be written, what the
 # line says, how the cause goes away)
 BROKEN_STORAGE = {
     "the disk fills": (
@@ -464,7 +449,7 @@ BROKEN_STORAGE = {
 def test_storage_that_breaks_under_a_background_save_is_one_line_and_a_rerun_resumes(
     tpurun_cli, request, reference, monkeypatch, case
 ):
-    """The save of ckpt-150, in the background, meets a full disk or a model_dir it may no
+    """The save of ckpt-50, in the background, meets a full disk or a model_dir it may no
     longer write (for real): the line names the model_dir, the cause, its fix and the last
     good checkpoint; nothing of the save is left; once the cause is gone the rerun resumes
     from that checkpoint and ends bit-identical to an uninterrupted run."""
@@ -473,11 +458,11 @@ def test_storage_that_breaks_under_a_background_save_is_one_line_and_a_rerun_res
     where, breaks, says, mend = BROKEN_STORAGE[case]
     disk = request.getfixturevalue(where)
     model_dir = disk / "model"
-    common = (*IRIS, "--train_steps=300", "--keep_checkpoint_max=3", f"--model_dir={model_dir}")
+    common = (*KILLED_INSIDE, f"--model_dir={model_dir}")
     commit = checkpoints.Saver.commit
 
     def breaking(self, snapshot):
-        if snapshot.path.endswith("/ckpt-150"):
+        if snapshot.path.endswith("/ckpt-50"):
             breaks(disk)
         return commit(self, snapshot)
 
@@ -487,26 +472,26 @@ def test_storage_that_breaks_under_a_background_save_is_one_line_and_a_rerun_res
             line = assert_fails(tpurun_cli("train", *common), 1, f"--model_dir={model_dir}", *says)
     finally:
         mend(disk)
-    assert "could not save ckpt-150" in line
+    assert "could not save ckpt-50" in line
     assert (
-        "the last good checkpoint is ckpt-140 (intact: nothing of the failed save is left)" in line
+        "the last good checkpoint is ckpt-40 (intact: nothing of the failed save is left)" in line
     )
-    assert checkpoint_steps(model_dir) == [120, 130, 140]
+    assert checkpoint_steps(model_dir) == [20, 30, 40]
     assert not [p for p in model_dir.rglob("*") if re.search(r"_temp|tempstate|tpurun-tmp", p.name)]
     resumed = assert_ok(tpurun_cli("train", *common))
-    assert f"Resuming from {model_dir / 'ckpt-140'} " in resumed.stderr
-    assert_bit_identical(model_dir / "ckpt-300", reference["1"])
+    assert f"Resuming from {model_dir / 'ckpt-40'} " in resumed.stderr
+    assert_bit_identical(model_dir / "ckpt-100", reference["1"])
 
 
 def test_a_model_dir_removed_under_a_background_save_is_one_line(tpurun_cli, tmp_path, monkeypatch):
     from tpurun.storage import checkpoints
 
     model_dir = tmp_path / "model"
-    common = (*IRIS, "--train_steps=300", f"--model_dir={model_dir}")
+    common = (*IRIS, f"--train_steps={STEPS}", f"--model_dir={model_dir}")
     commit = checkpoints.Saver.commit
 
     def removing(self, snapshot):
-        if snapshot.path.endswith("/ckpt-150"):
+        if snapshot.path.endswith("/ckpt-50"):
             shutil.rmtree(model_dir)
         return commit(self, snapshot)
 
@@ -515,7 +500,7 @@ def test_a_model_dir_removed_under_a_background_save_is_one_line(tpurun_cli, tmp
         assert_fails(
             tpurun_cli("train", *common),
             1,
-            f"could not save ckpt-150 in --model_dir={model_dir}: the model_dir is gone",
+            f"could not save ckpt-50 in --model_dir={model_dir}: the model_dir is gone",
             "rerun the same command to train from step 0",
         )
     assert not model_dir.exists()  # nothing made again by the failed run

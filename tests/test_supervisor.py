@@ -245,14 +245,30 @@ pytestmark_slow = pytest.mark.slow
 STARTED = re.compile(r"trainer started \(pid (\d+)")
 
 
+# `python -m tpurun` with the supervisor's first backoff (tpurun.supervisor.BACKOFF, 1 s:
+# BACKOFF * 2^(k-1) before restart k) set to argv[1] seconds: the restarts below are
+# about what ends and resumes, not about how long the supervisor waits (the backoff a
+# SIGTERM interrupts: test_a_sigterm_during_the_backoff_ends_with_one_line_and_exit_75).
+SHORT_BACKOFF = """
+import sys
+import tpurun.supervisor
+tpurun.supervisor.BACKOFF = float(sys.argv.pop(1))
+sys.argv[0] = "tpurun"
+from tpurun.__main__ import main
+
+main()
+"""
+
+
 class Supervised:
-    """`tpurun train --max_restarts=...` in a process of its own; its stderr (and its
-    trainers', which share it) read as it comes."""
+    """`tpurun train --max_restarts=...` in a process of its own (restarting after a
+    first backoff of 0.05 s); its stderr (and its trainers', which share it) read as it
+    comes."""
 
     def __init__(self, *args: str, env: dict | None = None):
         self.began = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tpurun", "train", *args],
+            [sys.executable, "-c", SHORT_BACKOFF, "0.05", "train", *args],
             env={**os.environ, **OFFLINE_ENV, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -2,8 +2,10 @@
 
 The unit tests feed tpurun.cli.terminal real lines of TensorFlow 2.21 (copied from
 a CPU machine's terminal) mixed with lines that must stay; the slow ones run
-`tpurun train` in a subprocess, on a pipe (on a pseudo-terminal: the one run of
-test_train_monitors.py's test_on_a_terminal_a_live_progress_line).
+`tpurun train` in a fresh interpreter, on a pipe. (The window hides the same lines
+whatever fd 2 is, a pipe or a terminal: it makes fd 2 a pipe of its own. The live
+progress line on a pseudo-terminal is test_train_monitors.py's
+test_on_a_terminal_a_live_progress_line, in a forked process.)
 """
 
 from __future__ import annotations
@@ -222,7 +224,3 @@ def test_verbosity_1_shows_tensorflow_lines(tmp_path):
     # Twice: libtensorflow_framework and the profiler plugin each link their own absl.
     assert result.stderr.count(TENSORFLOW_MARKERS[0]) == 2, result.stderr
     assert TENSORFLOW_MARKERS[-1] in result.stderr, result.stderr
-
-
-# On a pseudo-terminal (the progress line, no TensorFlow lines): one run, of
-# test_train_monitors.py's test_on_a_terminal_a_live_progress_line.
