@@ -197,8 +197,9 @@ def test_storage_gone_past_hang_timeout_ends_the_run_with_exit_3(bucket, gcs):
 
     4 s is past a host loop here, but the first one also traces the step: on a machine
     too busy to do that in 4 s the watchdog ends the run before its first save, and it
-    runs once more with time for that."""
-    for attempt, hang_timeout in enumerate((4, 60)):
+    runs again with more time for that (15 s, then 60 s under a heavy load: each wait is
+    spent in full once storage hangs, so the shortest that works is tried first)."""
+    for attempt, hang_timeout in enumerate((4, 15, 60)):
         code, stderr = storage_gone_after_the_first_save(
             f"{bucket}/iris{attempt}", gcs, hang_timeout
         )
