@@ -189,6 +189,15 @@ def test_a_short_run_runs_the_plain_loop_untimed_and_its_resume_keeps_it(tpurun_
     assert [name for name in a if not np.array_equal(a[name], b[name])] == []
 
 
+def iris_trainer(model_dir, **train) -> Trainer:
+    """A Trainer of Iris's config on 1 CPU replica, with `train`'s config.train keys set."""
+    source = config_files.resolve("iris")
+    config = config_files.load(source)
+    config.train.update(train)
+    run = RunConfig("train", source.name, merge_flags(config, {}), str(model_dir), use_tpu=False)
+    return Trainer(run, strategy.build(run), model_lib.create(run.config))
+
+
 @pytest.mark.parametrize(
     "run_steps, timed", [(SHORT_RUN_STEPS, False), (SHORT_RUN_STEPS + 1, True)]
 )
@@ -200,11 +209,7 @@ def test_auto_times_the_loops_only_for_a_run_longer_than_short(
         return LoopTimes.measured(None, TINY_STEP_S / 2, 8)
 
     monkeypatch.setattr(DeviceLoop, "time_both", time_both)
-    source = config_files.resolve("iris")
-    config = config_files.load(source)
-    config.train.steps = run_steps
-    run = RunConfig("train", source.name, merge_flags(config, {}), str(tmp_path), use_tpu=False)
-    trainer = Trainer(run, strategy.build(run), model_lib.create(run.config))
+    trainer = iris_trainer(tmp_path, steps=run_steps)
     trainer.start_input(lambda: None)  # a fresh run: no record
     expected = (
         LoopTimes.measured(None, TINY_STEP_S / 2, 8) if timed else LoopTimes.short_run(run_steps)
@@ -219,11 +224,7 @@ def test_the_users_choice_is_kept_untimed(xla, monkeypatch, tmp_path):
         raise AssertionError("timed although config.train.xla was given")
 
     monkeypatch.setattr(DeviceLoop, "time_both", not_timed)
-    source = config_files.resolve("iris")
-    config = config_files.load(source)
-    config.train.xla = xla
-    run = RunConfig("train", source.name, merge_flags(config, {}), str(tmp_path), use_tpu=False)
-    trainer = Trainer(run, strategy.build(run), model_lib.create(run.config))
+    trainer = iris_trainer(tmp_path, xla=xla)
     trainer.start_input(lambda: LoopTimes.measured(1.0, 1.0, 1))  # a record, not read
     loop = trainer._loop
     assert isinstance(loop, DeviceLoop) and loop.compiled is xla
