@@ -138,8 +138,10 @@ class LoopTimes:
             and isinstance(times.xla_error, str)
             and (times.xla is not None or not times.use_xla)  # XLA's only if it compiled
             and isinstance(times.run_steps, int)
-            # neither timed: XLA failed, or the run was short
-            and (bool(timed) or bool(times.xla_error) or 0 < times.run_steps <= SHORT_RUN_STEPS)
+            and times.run_steps >= 0
+            # neither timed: XLA failed, or the run was short (by the rule of the tpurun
+            # that chose: kept even where this one's SHORT_RUN_STEPS differs)
+            and (bool(timed) or bool(times.xla_error) or times.run_steps > 0)
         )
         return times if valid else None
 
