@@ -275,14 +275,13 @@ class Trainer:
             first = f"as this model_dir's first run chose it ({kept.shown()}; {auto})"
             why = f"{_loop_name(kept)}, {first}"
             return DeviceLoop(parts, data, step, kept.use_xla, why)
+        loop = DeviceLoop(parts, data, step, False, "")
         run_steps = self.run.train_steps - step
         if run_steps <= host_loops.SHORT_RUN_STEPS:
-            self.loop_times = LoopTimes.short_run(run_steps)
-            why = f"{_loop_name(self.loop_times)}: {self.loop_times.shown()} ({auto})"
-            return DeviceLoop(parts, data, step, False, why)
-        loop = DeviceLoop(parts, data, step, False, "")
-        times = self.loop_times = loop.time_both()
-        self._compiled = True  # the loop chosen was, to time it
+            times = self.loop_times = LoopTimes.short_run(run_steps)
+        else:
+            times = self.loop_times = loop.time_both()
+            self._compiled = True  # the loop chosen was, to time it
         loop.why = f"{_loop_name(times)}: {times.shown()} ({auto})"
         return loop
 
