@@ -382,11 +382,14 @@ def test_every_shipped_config_passes_check_in_mixed_bfloat16(tpurun_cli, tmp_pat
     mnist's config is in mixed_bfloat16 already, and fashion_mnist and shakespeare are
     sized in it: their checks are in test_check_preflight.py (BFLOAT16_CHECKED); iris's,
     sized on a v5e-8, is test_device_data.py's
-    test_check_target_counts_the_arrays_as_the_train_steps_input."""
+    test_check_target_counts_the_arrays_as_the_train_steps_input. On 2 replicas: a check
+    traces the step once per replica, and what bfloat16 makes of an op (its dtype, its XLA
+    kernel) is the same on each (test_check.py's rule cases check on 1)."""
     result = tpurun_cli(
         "check",
         f"--config={name}",
         "--precision=mixed_bfloat16",
+        "--num_shards=2",
         *shipped_config_args(name, tmp_path / "data"),
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
