@@ -438,10 +438,15 @@ def get_config():
 @needs_xla_cpu
 def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, tmp_path):
     """Dropout's random state (a variable) is drawn in the compiled loop, accumulating 2
-    micro-batches, and checkpointed: resumed off a loop boundary (at 15 of loops of 10),
-    the run ends bit-identical to an uninterrupted one. (On 2 replicas the loop is not
+    micro-batches, and checkpointed: resumed off a loop boundary (at 15, in loops of 10),
+    the run ends bit-identical to an uninterrupted one. The uninterrupted run (loops of 5)
+    saves ckpt-15 on its way: the resumed run starts from a copy of its model_dir cut
+    back to that checkpoint, one XLA compile of the loop less than a run stopped at 15
+    (on one compile a run: the loop's length is not in it). (On 2 replicas the loop is not
     compiled; their exact resume: test_resume.py's 2-replica cases, and their accumulated
     batches at a resumed step: test_device_data_gives_each_replica_tf_datas_batches.)"""
+    from tpurun.storage import checkpoints
+
     (tmp_path / "dropout_arrays.py").write_text(DROPOUT_MODEL)
     (tmp_path / "dropout_config.py").write_text(DROPOUT_CONFIG)
     common = (
@@ -452,17 +457,30 @@ def test_dropout_and_accumulation_under_xla_resume_bit_identically(tpurun_cli, t
         "--config.train.xla=true",
         "--config.train.accumulate_steps=2",
         "--batch_size=16",
+        "--train_steps=30",
     )
     whole = assert_ok(
-        tpurun_cli("train", *common, "--train_steps=30", f"--model_dir={tmp_path / 'a'}")
+        tpurun_cli(
+            "train",
+            *common,
+            "--iterations=5",
+            "--save_checkpoints_steps=5",
+            f"--model_dir={tmp_path / 'a'}",
+        )
     )
     assert "the host loop is compiled by XLA" in whole.stderr
-    assert_ok(tpurun_cli("train", *common, "--train_steps=15", f"--model_dir={tmp_path / 'b'}"))
-    resumed = assert_ok(
-        tpurun_cli("train", *common, "--train_steps=30", f"--model_dir={tmp_path / 'b'}")
-    )
-    assert "Resuming from" in resumed.stderr and "Training data on the device" in resumed.stderr
-    first, second = weights(tmp_path / "a", 30), weights(tmp_path / "b", 30)
+    # The uninterrupted run's model_dir as a run stopped at 15 leaves it.
+    cut = shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for later in cut.glob("ckpt-*"):
+        if int(later.name[len("ckpt-") :].split(".")[0]) > 15:
+            later.unlink()
+    checkpoints.write_state(str(cut), [str(cut / f"ckpt-{step}") for step in (10, 15)])
+    resumed = assert_ok(tpurun_cli("train", *common, f"--model_dir={cut}"))  # loops of 10
+    assert f"Resuming from {cut / 'ckpt-15'} " in resumed.stderr
+    assert "Training data on the device" in resumed.stderr
+    assert "the host loop is compiled by XLA" in resumed.stderr
+    assert "step 25/30 " in resumed.stderr and "step 30/30 " in resumed.stderr
+    first, second = weights(tmp_path / "a", 30), weights(cut, 30)
     assert first.keys() == second.keys()
     assert [n for n in first if not np.array_equal(first[n], second[n])] == []
 
