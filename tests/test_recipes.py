@@ -379,8 +379,8 @@ def test_sigkill_with_every_recipe_on_then_resume_is_bit_identical(tpurun_cli, t
 def test_every_shipped_config_passes_check_in_mixed_bfloat16(tpurun_cli, tmp_path, name):
     """bfloat16 activations keep every shipped model's steps TPU-clean (warnings allowed).
 
-    mnist's config is in mixed_bfloat16 already, and fashion_mnist and shakespeare are
-    sized in it: their checks are in test_check_preflight.py (BFLOAT16_CHECKED); iris's,
+    mnist's config is in mixed_bfloat16 already; fashion_mnist is checked in it and
+    shakespeare sized in it by test_check_preflight.py (BFLOAT16_CHECKED); iris's,
     sized on a v5e-8, is test_device_data.py's
     test_check_target_counts_the_arrays_as_the_train_steps_input. On 2 replicas: a check
     traces the step once per replica, and what bfloat16 makes of an op (its dtype, its XLA
