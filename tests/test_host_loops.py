@@ -162,10 +162,16 @@ def test_auto_records_its_choice_and_a_resume_keeps_it_bit_identically(
     assert [name for name in a if not np.array_equal(a[name], b[name])] == []
 
 
-def test_a_short_run_runs_the_plain_loop_untimed_and_its_resume_keeps_it(tpurun_cli, tmp_path):
+def test_a_short_run_runs_the_plain_loop_untimed_and_its_resume_keeps_it(
+    tpurun_cli, tmp_path, monkeypatch
+):
     """A run of at most SHORT_RUN_STEPS compiles only the plain loop, says why, and records
     it; resumed with more steps than that, it keeps the plain loop, bit-identical to a
     run forcing it."""
+    # A threshold of 20 steps: the first run's 20 are short, the resume's 30 are not (it
+    # would time both loops but for the record); 500's runs would be 25x longer.
+    monkeypatch.setattr(host_loops, "SHORT_RUN_STEPS", 20)
+    short = host_loops.SHORT_RUN_STEPS
     auto = (*IRIS, f"--model_dir={tmp_path / 'auto'}")
     first = assert_ok(tpurun_cli("train", *auto, "--train_steps=20"))
     assert "to time it" not in first.stderr and "with XLA" not in first.stderr
@@ -175,15 +181,15 @@ def test_a_short_run_runs_the_plain_loop_untimed_and_its_resume_keeps_it(tpurun_
     )
     record = json.loads((tmp_path / "auto" / "train_config.json").read_text())
     assert LoopTimes.from_record(record["__loop_times__"]) == LoopTimes.short_run(20)
-    longer = f"--train_steps={SHORT_RUN_STEPS + 20}"
+    longer = f"--train_steps={short + 30}"
     resumed = assert_ok(tpurun_cli("train", *auto, longer))
     assert "Resuming from" in resumed.stderr and "to time it" not in resumed.stderr
     assert "as this model_dir's first run chose it (the run's 20 steps" in loop_line(resumed.stderr)
     plain = (*IRIS, f"--model_dir={tmp_path / 'plain'}", "--config.train.xla=false")
     assert_ok(tpurun_cli("train", *plain, longer))
     a, b = (
-        weights(tmp_path / "auto", SHORT_RUN_STEPS + 20),
-        weights(tmp_path / "plain", SHORT_RUN_STEPS + 20),
+        weights(tmp_path / "auto", short + 30),
+        weights(tmp_path / "plain", short + 30),
     )
     assert [name for name in a if not np.array_equal(a[name], b[name])] == []
 

@@ -12,15 +12,16 @@ from tpurun.models.fashion_mnist import CLASS_NAMES
 @pytest.mark.slow
 def test_fashion_mnist_trains_to_090_on_synthetic_digits_and_predicts_and_exports(tmp_path):
     # The example's network with fewer filters (8/16/16, 64 units) and BatchNorm
-    # momentum 0.9 (eval uses the moving statistics, which must catch up in 150
-    # steps): >= 0.9 on the 100 synthetic test digits.
+    # momentum 0.9 (eval uses the moving statistics, which must catch up in 100
+    # steps): >= 0.9 on the 100 synthetic test digits (1.0 in 100 steps, as in 150;
+    # 0.93 in 50).
     overrides = (
         "--config.conv_filters=(8, 16, 16)",
         "--config.hidden_units=64",
         "--config.bn_momentum=0.9",
         "--config.optimizer.learning_rate=0.003",
         "--batch_size=32",
-        "--train_steps=150",
+        "--train_steps=100",
         "--iterations=50",
         "--eval_batch_size=32",
         "--predict_batch_size=32",

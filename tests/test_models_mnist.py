@@ -119,7 +119,9 @@ def test_mnist_trains_to_090_on_synthetic_digits_and_predicts_exports_and_resume
         "--eval_batch_size=32",
         "--predict_batch_size=32",
     )
+    # The resume: one host loop of 10 steps, all that resuming from the last checkpoint
+    # needs (the loop's step count is a tensor: no retrace for a shorter loop).
     accuracy = check_image_model(
-        "mnist", tmp_path, overrides, min_accuracy=0.9, num_shards=2, resume_to=90
+        "mnist", tmp_path, overrides, min_accuracy=0.9, num_shards=2, resume_to=70
     )
     print(f"mnist accuracy on the synthetic test digits: {accuracy:.4f}")
