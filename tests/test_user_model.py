@@ -4,7 +4,8 @@ The two files are taken from the manual's code blocks (those starting with
 `# my_project/<file>.py`, tests/manual.py), so the documented example cannot rot: it is written
 into a directory of its own, and tpurun runs from there: the training as the
 installed command (a process of its own, which does not put the working directory
-on sys.path), the rest in-process (nor does the test process). Then a model trained with
+on sys.path; forked from a process that imported TensorFlow already, tests/forked), the
+rest in-process (nor does the test process). Then a model trained with
 an architecture override: eval, predict and export build it from the model_dir's trained
 config without the override, and refuse one that does not fit its checkpoint in one line.
 """
@@ -12,11 +13,14 @@ config without the override, and refuse one that does not fit its checkpoint in 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
+import forked
 import manual
 import pytest
-from conftest import REPO, USAGE, assert_fails, assert_ok, run_tpurun, tpurun_in_process
+from conftest import OFFLINE_ENV, REPO, USAGE, assert_fails, assert_ok, tpurun_in_process
 
 CONFIG = "--config=my_project/my_config.py"
 
@@ -34,8 +38,21 @@ def tpurun(*args: str, cwd: Path):
 
 
 def installed_tpurun(*args: str, cwd: Path):
-    """The `tpurun` console script, in a process of its own."""
-    return assert_ok(run_tpurun(*args, cwd=cwd, console_script=True))
+    """The `tpurun` console script, in a process of its own: the script file run as
+    `python SCRIPT` runs it (its directory, not the working directory, first on
+    sys.path), forked (tests/forked) rather than a fresh interpreter: its start-up is not
+    the subject."""
+    script = Path(sys.executable).with_name("tpurun")
+    return assert_ok(
+        forked.run(
+            [sys.executable, str(script), *args],
+            cwd=cwd,
+            env={**os.environ, **OFFLINE_ENV},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    )
 
 
 def test_list_shows_the_users_config(tmp_path):
