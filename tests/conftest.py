@@ -60,6 +60,14 @@ os.environ.update(FRESH_GCS_READS)
 # The FLOPs of a train's step are counted at its end (an XLA compile: a second or more);
 # the suite trains hundreds of times, and only tests/test_supervisor.py asks for them.
 os.environ["TPURUN_COUNT_FLOPS"] = "0"
+# XLA's CPU compiles (check's XLA rules and memory estimate, the XLA host loop) with LLVM at
+# -O0: the suite's programs run a few steps at most, and LLVM's optimisation is much of such
+# a compile (12% of the CPU of test_check_preflight, test_device_data and test_check_memory
+# together). The estimates they pin to the byte are the same at -O0. A user's XLA_FLAGS
+# are kept, and every process a test starts inherits them.
+os.environ["XLA_FLAGS"] = " ".join(
+    filter(None, (os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"))
+)
 
 if TYPE_CHECKING:
     from fake_gcs.server import GcsServer
