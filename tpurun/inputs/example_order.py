@@ -105,6 +105,10 @@ def _encrypt(value: tf.Tensor, keys: list[tf.Tensor], word: int) -> tf.Tensor:
     return tf.bitwise.bitwise_or(tf.bitwise.left_shift(left, tf.constant(word, value.dtype)), right)
 
 
+# do_not_convert: autograph leaves the function as written (it has no tensor-dependent
+# Python control flow and calls no user code); autograph's conversions cost a process
+# ~0.1 CPU-s a function at its first trace: a third of its first Iris training's CPU.
+@tf.autograph.experimental.do_not_convert
 def index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, count: int) -> tf.Tensor:
     """tf.random.experimental.index_shuffle(index, [seed, epoch, 0], count - 1, rounds=4), in
     ops XLA compiles; int32 example indices in [0, count) for int64 `index`, `epoch`."""
@@ -127,6 +131,7 @@ def index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, count: int) -> 
     return tf.cast(value, tf.int32)
 
 
+@tf.autograph.experimental.do_not_convert
 def op_index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, count: int) -> tf.Tensor:
     """`index_shuffle` by TensorFlow's own op (no XLA kernel): int32 example indices."""
     flat, epoch = tf.reshape(index, [-1]), tf.reshape(epoch, [-1])  # the op takes vectors
@@ -167,6 +172,7 @@ class ExampleOrder:
         small = count > 1 and encryptions > TABLE_ABOVE_ENCRYPTIONS  # one example: always 0
         self.table = _table(count, seed) if small else None
 
+    @tf.autograph.experimental.do_not_convert
     def rows(self, positions: tf.Tensor, table: Any = None, compiled: bool = False) -> tf.Tensor:
         """The example (int32) at each int64 stream position.
 
@@ -182,6 +188,7 @@ class ExampleOrder:
         flat = tf.math.floormod(epoch, period) * self.count + offset
         return tf.gather(tf.reshape(table, [-1]), flat)
 
+    @tf.autograph.experimental.do_not_convert
     def batch_rows(
         self,
         first_batch: Any,
@@ -198,6 +205,7 @@ class ExampleOrder:
         return self.rows(positions, table, compiled)
 
 
+@tf.autograph.experimental.do_not_convert
 def batch_positions(
     first_batch: Any, num_batches: int, batch_size: int, pipelines: int = 1, pipeline: Any = 0
 ) -> tf.Tensor:
