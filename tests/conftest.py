@@ -79,24 +79,26 @@ IN_PROCESS_REPLICAS = 8
 _EXIT_STATUS: list[int] = []
 
 # The files that take longest (seconds of wall time each in a 3-worker run, measured with
-# `pytest --durations=0` summed per file, 2026-11), started first: `--dist loadfile` hands
+# each test's wall time summed per file, idle, 2026-11-28), started first: `--dist loadfile` hands
 # files to the workers in collection order, so a long file collected last (the alphabet
 # puts test_user_gan there) keeps one worker busy while the others have ended. Longest
 # first, the workers end nearly together. A file not listed keeps its place after these.
 LONGEST_FILES = (
-    "test_gcs_life.py",  # 240 s
-    "test_user_gan.py",  # 190
-    "test_multiworker.py",  # 180
-    "test_resume.py",  # 170
-    "test_check_preflight.py",  # 165
-    "test_check_tpu_compiler.py",  # 155
-    "test_models_resnet50.py",  # 135
-    "test_device_data.py",  # 130
-    "test_models_wgan_gp.py",  # 130
-    "test_terminal.py",  # 95
-    "test_supervisor.py",  # 90
-    "test_train_monitors.py",  # 85
-    "test_recipes.py",  # 85
+    "test_check_preflight.py",  # 146 s before its fashion_mnist run stopped sizing (-20)
+    "test_check_tpu_compiler.py",  # 115
+    "test_models_resnet50.py",  # 115
+    "test_user_gan.py",  # 110
+    "test_gcs_life.py",  # 96
+    "test_device_data.py",  # 77
+    "test_recipes.py",  # 66
+    "test_models_wgan_gp.py",  # 64
+    "test_multiworker.py",  # 59
+    "test_supervisor.py",  # 59
+    "test_gcs_failures.py",  # 58
+    "test_resume.py",  # 56
+    "test_check.py",  # 49
+    "test_datasets.py",  # 45
+    "test_terminal.py",  # 42
 )
 
 
