@@ -105,9 +105,8 @@ def _encrypt(value: tf.Tensor, keys: list[tf.Tensor], word: int) -> tf.Tensor:
     return tf.bitwise.bitwise_or(tf.bitwise.left_shift(left, tf.constant(word, value.dtype)), right)
 
 
-# do_not_convert: autograph leaves the function as written (it has no tensor-dependent
-# Python control flow and calls no user code); autograph's conversions cost a process
-# ~0.1 CPU-s a function at its first trace: a third of its first Iris training's CPU.
+# do_not_convert (here and below): no tensor-dependent Python control flow, no user
+# code; why it pays, at tpurun.precision.float32.
 @tf.autograph.experimental.do_not_convert
 def index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, count: int) -> tf.Tensor:
     """tf.random.experimental.index_shuffle(index, [seed, epoch, 0], count - 1, rounds=4), in

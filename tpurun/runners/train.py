@@ -133,9 +133,8 @@ class Trainer:
             scalars = self.model.train_step(step, features, labels)
         return self._checked_scalars(scalars)
 
-    # do_not_convert: autograph leaves the function as written (it has no tensor-dependent
-    # Python control flow and calls no user code); autograph's conversions cost a process
-    # ~0.1 CPU-s a function at its first trace: a third of its first Iris training's CPU.
+    # do_not_convert (here and below): no tensor-dependent Python control flow, no user
+    # code; why it pays, at tpurun.precision.float32.
     @tf.autograph.experimental.do_not_convert
     def _rows_of(self, features: Any) -> int:
         """This replica's (micro-)batch size, from its static shape (`tpurun check` compiles

@@ -75,9 +75,8 @@ def name_word(name: str) -> int:
     return zlib.crc32(name.encode("utf-8"))
 
 
-# do_not_convert: autograph leaves the function as written (it has no tensor-dependent
-# Python control flow and calls no user code); autograph's conversions cost a process
-# ~0.1 CPU-s a function at its first trace: a third of its first Iris training's CPU.
+# do_not_convert (here and below): no tensor-dependent Python control flow, no user
+# code; why it pays, at tpurun.precision.float32.
 @tf.autograph.experimental.do_not_convert
 def bits(
     seed: int, step: Any, rows: tf.Tensor, size: int, name: str, words: Sequence[Any] = ()
