@@ -463,8 +463,8 @@ def iris_on_v5e(tmp_path_factory):
     result = run_tpurun(
         "check",
         "--config=iris",
-        # 4 replicas, not a v5e-8's 8 (a check traces the step once per replica): more than
-        # one, so the CPU split that bug hid is still needed.
+        # Traced on 2 logical CPU devices (as every check): more than one, so the CPU split
+        # that bug hid is still needed.
         "--target=v5e-4",
         "--train_epochs=1000",  # 120 examples, 32 a step: 3750 steps
         "--price_per_chip_hour=2",

@@ -522,18 +522,8 @@ def test_a_bad_xla_value_is_a_one_line_usage_error(tpurun_cli, tmp_path, value):
     assert list(tmp_path.iterdir()) == []
 
 
-def trace_two_replicas(patch: pytest.MonkeyPatch) -> None:
-    """A --target check traces its slice's steps on 2 logical CPU replicas, not 8: each is
-    traced once per replica, and what these tests read (the per-replica batch, the arrays
-    each replica holds, the sizing by the target's compiler, the hosts' input) is the
-    target's whatever the traced count (StepChecker's `replicas`: the slice's)."""
-    import tpurun.check
-
-    patch.setattr(tpurun.check, "MAX_TRACED_REPLICAS", 2)
-
-
 @needs_xla_cpu
-def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path, monkeypatch):
+def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp_path):
     """--target estimates the device-data train step: its input is the arrays and the
     order's table each replica holds (no prefetched batch). In mixed_bfloat16 (the arrays
     keep their dtype) on a v5e-8: this is also iris's seed-config check (its bfloat16 check,
@@ -544,7 +534,6 @@ def test_check_target_counts_the_arrays_as_the_train_steps_input(tpurun_cli, tmp
     iris = model_lib.create(config_files.load(config_files.resolve("iris")))
     arrays = iris.train_arrays()
     held = device_data.nbytes(arrays, ExampleOrder(arrays.num_examples, 0))
-    trace_two_replicas(monkeypatch)
     report, work = tmp_path / "report.json", tmp_path / "work"
     work.mkdir()
     result = tpurun_cli(
@@ -581,9 +570,8 @@ def test_check_target_on_a_multi_host_slice_sizes_the_tf_data_step(
 ):
     """A v4-16 is 2 hosts: training there keeps tf.data, and so does its estimate; that
     input (one of the 2 hosts' pipelines) is measured against the train step's bound. (The
-    smallest multi-host v4; its 8 replicas traced on 2: trace_two_replicas.)"""
+    smallest multi-host v4; its 8 replicas traced on 2, as every check traces.)"""
     short_input_check(monkeypatch)
-    trace_two_replicas(monkeypatch)
     report = tmp_path / "v4-16.json"
     batches = [f"--{flag}=128" for flag in ("batch_size", "eval_batch_size", "predict_batch_size")]
     result = tpurun_cli(
