@@ -175,6 +175,81 @@ def test_a_sigterm_that_c_code_prints_is_not_printed_and_others_still_are():
         sys.excepthook = previous
 
 
+def test_what_tensorflow_drops_after_swallowing_a_sigterm_is_not_printed():
+    """Seen under load (test_durability, SIGTERM before the model is built): a SIGTERM inside
+    nest.flatten's C++ type checks, which call Python (the ABCs' __instancecheck__), is
+    swallowed there and TensorFlow goes on with a TypeError of its own left set; its next
+    import drops CPython's SystemError ("... returned a result with an exception set")
+    through PyErr_WriteUnraisable(NULL), chained to that TypeError, not to the
+    StoppedBySigterm (errors.caused_by_sigterm). Here the handler runs at every Python call
+    such a flatten makes, in turn, as a signal landing there would: nothing is printed. The
+    same SystemError without a SIGTERM before still is."""
+    import signal
+    import sys
+
+    from tensorflow.python.util import _pywrap_utils, nest
+
+    from tpurun import errors
+
+    class Finalised:
+        def __init__(self, error: BaseException):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    utils = _pywrap_utils.__name__  # the module of flatten's C++ (Flatten)
+    dropped: list[BaseException] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: dropped.append(unraisable.exc_value)
+    handler = signal.getsignal(signal.SIGTERM)
+    moment = 0
+    try:
+        errors.stop_at_sigterm()
+        while moment < 60:  # each moment of one flatten, until its Python calls run out
+            moment += 1
+            calls = inside = 0
+
+            def profile(frame, event, arg, moment=moment):
+                nonlocal calls, inside
+                if event in ("c_call", "c_return", "c_exception"):
+                    if getattr(arg, "__module__", None) == utils:
+                        inside += 1 if event == "c_call" else -1
+                elif event == "call" and inside:
+                    calls += 1
+                    if calls == moment:
+                        sys.setprofile(None)
+                        signal.raise_signal(signal.SIGTERM)
+
+            class Fresh:  # a type flatten has not checked yet: its checks call Python
+                pass
+
+            sys.setprofile(profile)
+            try:
+                nest.flatten([Fresh(), Fresh()])
+            except (errors.StoppedBySigterm, Exception):  # raised, not printed: not here
+                pass
+            finally:
+                sys.setprofile(None)
+            if calls < moment:
+                break
+        assert moment > 10 and errors.sigterm_seen()  # the handler ran inside flatten
+        assert [f"{type(e).__name__}: {e}" for e in dropped] == []
+
+        errors._SIGTERM_SEEN.clear()  # noqa: SLF001 - no SIGTERM came: a real error prints
+        left_set = SystemError(
+            "<built-in function __import__> returned a result with an exception set"
+        )
+        left_set.__cause__ = TypeError("")
+        Finalised(left_set)
+        assert dropped == [left_set]
+    finally:
+        sys.setprofile(None)
+        signal.signal(signal.SIGTERM, handler)
+        sys.unraisablehook = previous
+        errors._SIGTERM_SEEN.clear()  # noqa: SLF001 - the next tests' runs are not stopped
+
+
 # --- nonsense values: one line with the allowed range --------------------------------
 
 

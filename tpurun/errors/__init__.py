@@ -110,14 +110,30 @@ def stop_at_sigterm() -> object:
     return signal.signal(signal.SIGTERM, _stop)
 
 
+# CPython's SystemError for C code that called into Python with an exception still set.
+_LEFT_SET = "returned a result with an exception set"
+
+
 def caused_by_sigterm(error: BaseException | None) -> bool:
     """Whether `error` is StoppedBySigterm or was raised because of it: raised while C code
     ran (an import, a TensorFlow call), it comes back as the SystemError that code raised,
-    with StoppedBySigterm as its cause."""
+    with StoppedBySigterm as its cause.
+
+    Or, once a SIGTERM came, CPython's SystemError for an exception left set (`_LEFT_SET`):
+    C code that swallowed the StoppedBySigterm may go on with its work half done and leave
+    a later error set, which is not chained to the StoppedBySigterm. Seen in TensorFlow's
+    nest.flatten: its C++ type checks import the type each time (ImportTypeFromModule) and
+    drop a failed import through PyErr_WriteUnraisable(NULL), then PyErr_Clear. A SIGTERM
+    inside one check (Python's ABC __instancecheck__) leaves StoppedBySigterm set; the next
+    check's import drops it (hidden by `_unraisable`), the object is then walked as a
+    sequence, which sets a TypeError, and the import after drops a SystemError chained to
+    that TypeError only: printed as a traceback of one frame (`_tf_core_flatten`)."""
     for _ in range(20):  # a chain's length; a cycle ends here too
         if error is None:
             return False
         if isinstance(error, StoppedBySigterm):
+            return True
+        if isinstance(error, SystemError) and _LEFT_SET in str(error) and sigterm_seen():
             return True
         error = error.__cause__ or error.__context__
     return False
@@ -140,10 +156,9 @@ _previous_excepthook = sys.__excepthook__  # the hook `_excepthook` wraps
 
 def _excepthook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
     """C code that catches a Python error and goes on prints it through sys.excepthook
-    (`PyErr_Print`): a StoppedBySigterm raised under it (seen under load, inside
-    TensorFlow's nest flattening during the restore) is not printed either, as in
-    `_unraisable`. tpurun's own last line of defence (`cli`, `__main__`) catches before
-    this hook would see an error that ends the process."""
+    (`PyErr_Print`; pybind11_protobuf's does): a StoppedBySigterm raised under it is not
+    printed either, as in `_unraisable`. tpurun's own last line of defence (`cli`,
+    `__main__`) catches before this hook would see an error that ends the process."""
     if caused_by_sigterm(error):
         return
     _previous_excepthook(kind, error, trace)
