@@ -118,7 +118,7 @@ def test_a_sigterm_raised_inside_c_code_still_exits_75_with_its_line(
 def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
     """Where Python drops an exception (a __del__, a weakref callback, the garbage
     collector's finaliser), a StoppedBySigterm is not printed as a traceback: it was seen,
-    and the run stops at its first host loop. Any other dropped exception still is (by
+    and the run stops before its restore. Any other dropped exception still is (by
     the hook there was before: here a recorder in place of Python's printer)."""
     import signal
     import sys
@@ -150,8 +150,8 @@ def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
 
 def test_a_sigterm_that_c_code_prints_is_not_printed_and_others_still_are():
     """C code that catches a Python error and goes on prints it through sys.excepthook
-    (PyErr_Print): a StoppedBySigterm under it is not printed (the run stops at its first
-    host loop with its line), any other error still is, by the hook there was before."""
+    (PyErr_Print): a StoppedBySigterm under it is not printed (the run stops before its
+    restore, with its line), any other error still is, by the hook there was before."""
     import signal
     import sys
 
@@ -388,3 +388,26 @@ def test_predictions_are_strict_json_even_when_not_finite():
     line = json_line({"logits": np.array([1.0, np.nan, -np.inf], np.float32), "id": np.int32(2)})
     assert json.loads(line) == {"logits": [1.0, None, None], "id": 2}
     assert "NaN" not in line and "Infinity" not in line
+
+
+def test_a_sigterm_swallowed_at_start_up_ends_the_run_before_it_trains(
+    tpurun_cli, tmp_path, monkeypatch
+):
+    """A SIGTERM whose StoppedBySigterm C code swallowed at start-up (seen: `sigterm_seen`)
+    ends the run as one stopped at start-up does, before the restore: TensorFlow may have
+    gone on with its work half done, so nothing built then is trained or saved."""
+    import threading
+
+    from tpurun import errors
+
+    seen = threading.Event()
+    seen.set()
+    monkeypatch.setattr(errors, "_SIGTERM_SEEN", seen)
+    model_dir = tmp_path / "model"
+    result = tpurun_cli("train", "--config=iris", "--train_steps=20", f"--model_dir={model_dir}")
+    assert result.returncode == errors.EXIT_PREEMPTED, result.stderr
+    assert [line for line in result.stderr.splitlines() if ": error: " in line] == [
+        f"tpurun train: error: {errors.StoppedBySigterm()}"
+    ]
+    assert "Training from step" not in result.stderr, result.stderr
+    assert not list(model_dir.glob("ckpt-*")) and not list(model_dir.glob("checkpoint"))

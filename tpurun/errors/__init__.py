@@ -145,7 +145,8 @@ _previous_unraisable = sys.__unraisablehook__  # the hook `_unraisable` wraps
 def _unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
     """Where Python drops an exception it cannot raise (a `__del__`, a weakref callback, a
     finaliser the garbage collector ran), a StoppedBySigterm raised there is not printed as
-    a traceback: it was seen (`sigterm_seen`), and the run stops at its first host loop."""
+    a traceback: it was seen (`sigterm_seen`), and the run stops before its restore
+    (`controller.sigterm_notice`), having trained and saved nothing."""
     if caused_by_sigterm(unraisable.exc_value):
         return
     _previous_unraisable(unraisable)

@@ -41,9 +41,13 @@ def sigterm_notice() -> Iterator[threading.Event]:
     The loop finishes its current host loop, saves a checkpoint at that step and
     exits with Preempted.exit_code, so a restart loses no step.
     """
+    if errors.sigterm_seen():
+        # One came at start-up and C code swallowed its StoppedBySigterm (TensorFlow's
+        # nest.flatten, then going on with its work half done: it once dropped an element
+        # of what it flattened). Nothing is restored, trained or saved from a state built
+        # that way: the run ends here as one stopped at start-up does.
+        raise errors.StoppedBySigterm()
     event = threading.Event()
-    if errors.sigterm_seen():  # one came at start-up and its exit was swallowed: stop now
-        event.set()
     if threading.current_thread() is not threading.main_thread():
         yield event  # signal handlers can only be installed from the main thread
         return
