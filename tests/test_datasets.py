@@ -3,7 +3,7 @@
 The dataset is TFDS's `mnist` as `tfds build` lays it out, written by TFDS's own
 builder API from the synthetic digits (tests/tfds_data.py), once per module into a
 local data_dir and, for the gs:// test, onto the tests' GCS server. The model is
-the shipped `mnist:tfds`, shrunk. One run is a fresh process (on gs://, watched for
+the shipped `mnist:tfds`, shrunk. One run is a process of its own (on gs://, watched for
 any connection that leaves 127.0.0.1); the rest run in this process.
 """
 
@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -297,10 +298,16 @@ def test_a_name_not_prepared_says_how_to_prepare_it_and_downloads_nothing(
     assert not any(empty.iterdir())  # nothing downloaded or prepared into it
 
 
-# --- gs://: a fresh process, TensorFlow's own client, nothing beyond 127.0.0.1 ------------
+# --- gs://: a process of its own, TensorFlow's own client, nothing beyond 127.0.0.1 -------
 
 
-def test_a_fresh_process_reads_the_dataset_from_gcs_with_tensorflows_client(gcs, bucket, tmp_path):
+def test_a_process_of_its_own_reads_the_dataset_from_gcs_with_tensorflows_client(
+    gcs, bucket, tmp_path
+):
+    """Forked (tests/forked), not a new interpreter: a process that never touched gs:// or
+    TFDS (this one did, preparing the data), whose whole run is watched, TFDS's import with
+    it. What it does not watch is the import of TensorFlow, Keras and tpurun, done once in
+    the forking server: no gs:// path is known then, and it is every run's."""
     data_dir = f"{bucket}/tensorflow_datasets"
     prepare_mnist(data_dir, train=64, test=16, files=2)
     gcs.reset_requests()
@@ -308,7 +315,7 @@ def test_a_fresh_process_reads_the_dataset_from_gcs_with_tensorflows_client(gcs,
     env = {**os.environ, **OFFLINE_ENV, **gcs.env}
     # Plain http too through the proxy, which logs (and refuses) any host but storage's.
     env.update(http_proxy=gcs.env["https_proxy"], HTTP_PROXY=gcs.env["https_proxy"])
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(WATCHED),

@@ -2,9 +2,10 @@
 
     python tests/watched_tpurun.py LOG ARGS...
 
-A Python audit hook, set before anything is imported, writes one line to LOG for
-each `socket.getaddrinfo` (the host) and `socket.connect` (the address) of the
-process: Google's libraries, gcsfs, requests and TFDS all connect through Python
+A Python audit hook, set before tpurun runs (and, in a new interpreter, before anything
+is imported; forked from tests/forked, after the server's imports of TensorFlow, Keras
+and tpurun), writes one line to LOG for each `socket.getaddrinfo` (the host) and
+`socket.connect` (the address) of the process: Google's libraries, gcsfs, requests and TFDS all connect through Python
 sockets. TensorFlow's own gs:// client (libcurl) does not: tests point it at the
 GCS server's proxy, which logs every request it gets.
 """
@@ -25,6 +26,6 @@ sys.addaudithook(_watch)
 _LOG.write("watching\n")
 sys.argv = ["tpurun", *sys.argv[2:]]
 
-from tpurun.cli import run  # noqa: E402 - after the hook: its imports are watched too
+from tpurun.cli import run  # noqa: E402 - after the hook: its imports are watched too (if new)
 
 run()
