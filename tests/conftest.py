@@ -122,6 +122,9 @@ def pytest_unconfigure(config) -> None:
     controller waits for it to finish properly) nor when pytest.main() was called by
     another program (it gets control back).
     """
+    # Whatever else ends it (an xdist worker ends normally): Python's last garbage
+    # collection would walk every object the session's runs left, for nothing.
+    gc.freeze()
     command = os.path.basename(sys.argv[0]) if sys.argv else ""
     invoked = command in ("pytest", "py.test") or sys.argv[0].endswith("pytest/__main__.py")
     if not invoked or hasattr(config, "workerinput") or not _EXIT_STATUS:
