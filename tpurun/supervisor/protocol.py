@@ -25,10 +25,12 @@ def kernel_start() -> float:
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        # The boot time from the uptime (hundredths of a second), not /proc/stat's btime:
+        # whole seconds, which put every start up to a second early.
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
