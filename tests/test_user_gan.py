@@ -238,6 +238,9 @@ def test_the_nan_guard_names_the_scalar(project, tmp_path):
 
 
 def test_check_names_an_op_no_tpu_runs_inside_the_step(project):
+    # The model declares arrays: the check traces and compiles its train step through
+    # tf.data and on device data (as `tpurun train` runs it), the own step's only check on
+    # device data (test_check_target_sizes_the_step sizes the tf.data one).
     result = tpurun("check", "--config=my_gan/bad_op_config.py", "--num_shards=1", cwd=project)
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
     found = [
@@ -248,13 +251,24 @@ def test_check_names_an_op_no_tpu_runs_inside_the_step(project):
 
 
 def test_check_target_sizes_the_step(project, tmp_path):
-    """On one chip: a check traces the step once per replica (a v5e-4's took 29 CPU-s, this
-    15), and the sizing compiles one replica's step whatever the slice; the batch split over
-    a slice's replicas is test_check_preflight.py's mnist on a v5e-4, this step on 2 replicas
-    test_1_and_2_replicas_reach_the_same_weights."""
+    """On one chip: a check traces the step once per replica (a v5e-4's took 29 CPU-s), and
+    the sizing compiles one replica's step whatever the slice; the batch split over a
+    slice's replicas is test_check_preflight.py's mnist on a v5e-4, this step on 2 replicas
+    test_1_and_2_replicas_reach_the_same_weights. The own step through tf.data
+    (config.train.device_data=false): sizing its device-data variant cost ~4 CPU-s here
+    and ~6 in the TPU compiler's child, and nothing asserted below depends on it; a
+    device-data step sized (the arrays as its input) is test_device_data.py's
+    test_check_target_counts_the_arrays_as_the_train_steps_input, this own step traced and
+    compiled on device data test_check_names_an_op_no_tpu_runs_inside_the_step."""
     report = tmp_path / "report.json"
     result = tpurun(
-        "check", CONFIG, "--target=v5e-1", f"--report={report}", "--input_check=false", cwd=project
+        "check",
+        CONFIG,
+        "--target=v5e-1",
+        f"--report={report}",
+        "--input_check=false",
+        "--config.train.device_data=false",
+        cwd=project,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert "Memory per replica on a v5litepod-1" in result.stdout
