@@ -32,6 +32,8 @@ import threading
 import traceback
 import warnings
 
+from forked.server import exit_code  # the interpreter's, as a forked child's
+
 import tpurun.supervisor
 
 
@@ -111,7 +113,7 @@ def _trainer(args: list[str], env: dict, new_session: bool, preexec_fn) -> int:
             runpy.run_module("tpurun", run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
-            code = _exit_code(e)
+            code = exit_code(e)
         except BaseException:  # noqa: BLE001 - as the interpreter: the traceback, exit 1
             traceback.print_exc()
         threading._shutdown()  # noqa: SLF001 - the interpreter's join of non-daemon threads
@@ -127,16 +129,6 @@ def _trainer(args: list[str], env: dict, new_session: bool, preexec_fn) -> int:
     return code
 
 
-def _exit_code(stop: SystemExit) -> int:
-    """The exit code the interpreter gives for `stop` (printing a message, as it does)."""
-    if stop.code is None:
-        return 0
-    if isinstance(stop.code, int):
-        return stop.code & 0xFF
-    print(stop.code, file=sys.stderr)
-    return 1
-
-
 if __name__ == "__main__":
     tpurun.supervisor.BACKOFF = float(sys.argv.pop(1))
     tpurun.supervisor.subprocess = type(
@@ -149,7 +141,7 @@ if __name__ == "__main__":
         main()
         code = 0
     except SystemExit as e:
-        code = _exit_code(e)
+        code = exit_code(e)
     # Ends as the real supervisor, which has no TensorFlow to tear down, ends: at once (a
     # finalisation of this process's imports takes seconds, not the run's).
     sys.stdout.flush()
