@@ -115,6 +115,16 @@ def test_a_sigterm_raised_inside_c_code_still_exits_75_with_its_line(
     assert not errors.caused_by_sigterm(SystemError("a SystemError of its own"))
 
 
+class Finalised:
+    """Raises `error` from its __del__: an exception Python drops (sys.unraisablehook)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __del__(self):
+        raise self.error
+
+
 def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
     """Where Python drops an exception (a __del__, a weakref callback, the garbage
     collector's finaliser), a StoppedBySigterm is not printed as a traceback: it was seen,
@@ -124,13 +134,6 @@ def test_a_sigterm_python_cannot_raise_is_not_printed_and_others_still_are():
     import sys
 
     from tpurun import errors
-
-    class Finalised:
-        def __init__(self, error: BaseException):
-            self.error = error
-
-        def __del__(self):
-            raise self.error
 
     dropped: list[BaseException] = []
     previous = sys.unraisablehook
@@ -190,13 +193,6 @@ def test_what_tensorflow_drops_after_swallowing_a_sigterm_is_not_printed():
     from tensorflow.python.util import _pywrap_utils, nest
 
     from tpurun import errors
-
-    class Finalised:
-        def __init__(self, error: BaseException):
-            self.error = error
-
-        def __del__(self):
-            raise self.error
 
     utils = _pywrap_utils.__name__  # the module of flatten's C++ (Flatten)
     dropped: list[BaseException] = []
