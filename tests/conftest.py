@@ -24,6 +24,7 @@ test may leave a process it started running (`no_process_left_behind`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging as std_logging
 import os
@@ -112,8 +113,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     _EXIT_STATUS.append(int(exitstatus))
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_unconfigure(config) -> Iterator[None]:
     """Ends the `pytest` process at once, once pytest has reported everything.
 
     Python's shutdown then tears down every TensorFlow object the in-process runs
@@ -122,9 +123,12 @@ def pytest_unconfigure(config) -> None:
     controller waits for it to finish properly) nor when pytest.main() was called by
     another program (it gets control back).
     """
-    # Whatever else ends it (an xdist worker ends normally): Python's last garbage
-    # collection would walk every object the session's runs left, for nothing.
+    # First, whatever ends the process: a garbage collection would walk every object the
+    # session's runs left, for nothing: pytest's unraisable-exception plugin collects as it
+    # ends (about 3 CPU-seconds at the end of an xdist worker, py-spy), and Python again
+    # at exit. What a finaliser raises during a test is still reported with that test.
     gc.freeze()
+    yield
     command = os.path.basename(sys.argv[0]) if sys.argv else ""
     invoked = command in ("pytest", "py.test") or sys.argv[0].endswith("pytest/__main__.py")
     if not invoked or hasattr(config, "workerinput") or not _EXIT_STATUS:
@@ -145,9 +149,21 @@ def _split_cpu() -> None:
     assert len(tf.config.list_logical_devices("CPU")) == IN_PROCESS_REPLICAS
 
 
-_split_cpu()
+@pytest.hookimpl(trylast=True)  # after xdist's, which registers the controller's dsession
+def pytest_configure(config) -> None:
+    """Splits the CPU in every process that runs tests, before their collection.
+
+    Not in xdist's controller: it hands the tests to its workers and runs none, and
+    TensorFlow's import there (7 CPU-seconds) delayed the workers' start by as much.
+    """
+    config.addinivalue_line(
+        "markers", "needs_xla_cpu: compiles XLA for the CPU (skipped on tensorflow-tpu 2.20)"
+    )
+    if not config.pluginmanager.has_plugin("dsession"):
+        _split_cpu()
 
 
+@functools.cache
 def _xla_cpu_missing() -> str | None:
     from tpurun.check import xla
 
@@ -156,10 +172,14 @@ def _xla_cpu_missing() -> str | None:
 
 # Tests of what XLA compiles for the CPU (check's estimate, the compiled host loop, bit-for-bit
 # twins): tensorflow-tpu 2.20 (`make test-tpu-wheel`) compiles XLA for the TPU only, and
-# tpurun says so there instead (tests/test_tpu_vm_installed.py).
-needs_xla_cpu = pytest.mark.skipif(
-    _xla_cpu_missing() is not None, reason=f"{_xla_cpu_missing()}: tested by `make test`"
-)
+# tpurun says so there instead (tests/test_tpu_vm_installed.py). Asked when such a test
+# starts, not when this module is imported: xdist's controller never imports TensorFlow.
+needs_xla_cpu = pytest.mark.needs_xla_cpu
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_xla_cpu") and (missing := _xla_cpu_missing()):
+        pytest.skip(f"{missing}: tested by `make test`")
 
 
 def _is_users_module(module) -> bool:
@@ -280,10 +300,18 @@ def _running_children() -> set[int]:
 
 
 def _children(process: str) -> set[int]:
+    """The children of every thread of `process`, read before and after every test: with
+    plain os calls, as pathlib's glob took 2.6x the CPU (2% of the xdist workers' time)."""
     pids: set[int] = set()
-    for children in Path(f"/proc/{process}/task").glob("*/children"):
+    tasks = f"/proc/{process}/task"
+    try:
+        threads = os.listdir(tasks)
+    except OSError:  # the process ended meanwhile
+        return pids
+    for thread in threads:
         try:
-            pids.update(int(pid) for pid in children.read_text().split())
+            with open(f"{tasks}/{thread}/children", "rb") as children:
+                pids.update(map(int, children.read().split()))
         except OSError:  # the thread ended meanwhile
             continue
     return pids
