@@ -156,9 +156,6 @@ def pytest_configure(config) -> None:
     Not in xdist's controller: it hands the tests to its workers and runs none, and
     TensorFlow's import there (7 CPU-seconds) delayed the workers' start by as much.
     """
-    config.addinivalue_line(
-        "markers", "needs_xla_cpu: compiles XLA for the CPU (skipped on tensorflow-tpu 2.20)"
-    )
     if not config.pluginmanager.has_plugin("dsession"):
         _split_cpu()
 
