@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tpurun import inputs
 from tpurun.errors import RunError
-from tpurun.model import InputParams, Mode, Model
+from tpurun.model import InputParams, Mode, Model, TrainArrays
 
 
 def features_and_labels(rows: int, batch: int, as_dict: bool = False) -> tf.data.Dataset:
@@ -209,6 +209,24 @@ def test_seekable_batches_share_the_epochs_between_pipelines_without_overlap():
     single = np.concatenate(take(seekable(12, 6), 2))
     np.testing.assert_array_equal(single[0::2], first)  # pipeline p takes every 2nd position
     np.testing.assert_array_equal(single[1::2], second)
+
+
+@pytest.mark.parametrize("with_batch_function", [False, True], ids=["rows", "windows"])
+def test_a_batch_spec_of_arrays_is_the_element_spec_of_their_stream(with_batch_function):
+    """TrainArrays.batch_spec (what the TensorBoard graph and `tpurun check` trace the step
+    on) is what seekable_batches yields, read off the specs without building a dataset."""
+    text = np.arange(40, dtype=np.int32)
+
+    def windows(arrays, rows):  # examples that are not rows: windows of 5 and their next
+        starts = rows[:, None] + tf.range(5)
+        return {"tokens": tf.gather(arrays, starts)}, tf.gather(arrays, rows + 5)
+
+    if with_batch_function:
+        arrays = TrainArrays(text, count=35, batch=windows)
+    else:
+        arrays = TrainArrays(({"x": text.reshape(20, 2).astype(np.float64)}, text[:20]))
+    params = InputParams(4, 8, 2, 0, 2, 7, 0)
+    assert arrays.batch_spec(4) == inputs.seekable_batches(arrays, params).element_spec
 
 
 def test_a_resumed_stream_of_a_model_that_does_not_seek_is_skipped_forward():

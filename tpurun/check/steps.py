@@ -225,14 +225,14 @@ class StepChecker:
     def per_replica_spec(self, mode: Mode, per_replica: int) -> Any:
         """What one replica receives per step, as `tpurun.inputs.distribute` builds it.
 
-        TRAIN: the input function's dataset as is; EVAL/PREDICT: after the launcher's
-        padding, so (features, labels, mask) / (features, mask).
+        TRAIN: the input function's dataset as is, or a batch of the training arrays;
+        EVAL/PREDICT: after the launcher's padding, so (features, labels, mask) /
+        (features, mask).
         """
         params = self.input_params(mode, per_replica)
-        if mode is Mode.TRAIN:
-            with symbolic(self.arrays, self.run.seed) as arrays:
-                dataset = inputs.train_dataset(self.model, params, arrays)
-                return dataset.element_spec
+        if mode is Mode.TRAIN and self.arrays is not None:
+            # From the arrays' specs (check_distribute builds the dataset of them).
+            return self.arrays.batch_spec(params.batch_size)
         dataset = self.model.input_fn(mode, params)
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"returned {type(dataset).__name__}; return a tf.data.Dataset")

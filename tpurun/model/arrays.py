@@ -95,6 +95,23 @@ class TrainArrays:
         flat = self.batch(arrays, tf.reshape(rows, [-1]))
         return tf.nest.map_structure(lambda t: tf.reshape(t, [*rows.shape, *t.shape[1:]]), flat)
 
+    def batch_spec(self, batch_size: int) -> Any:
+        """The `(features, labels)` of `batch_size` examples as `tf.TensorSpec`s: what a
+        training step gets from these arrays, through tf.data or from device data.
+
+        Read off the specs, without building the arrays or a dataset of them: a `batch`
+        function is traced on them, not run.
+        """
+        if self.batch is None:
+            return tf.nest.map_structure(
+                lambda spec: tf.TensorSpec([batch_size, *spec.shape[1:]], spec.dtype), self.specs
+            )
+        rows = tf.TensorSpec([batch_size], tf.int32)
+        traced = tf.function(self.examples, autograph=False).get_concrete_function(self.specs, rows)
+        return tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype), traced.structured_outputs
+        )
+
 
 def _as_spec(spec: Any) -> tf.TensorSpec:
     if isinstance(spec, tf.TensorSpec):

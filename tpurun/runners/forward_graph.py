@@ -20,7 +20,10 @@ def forward_graph(trainer: Trainer) -> tf.Graph:
     else:
         ctx = tf.distribute.InputContext(num_replicas_in_sync=trainer.strategy.num_replicas_in_sync)
         params = inputs.input_params(ctx, trainer.global_batch, trainer.run.seed)
-        features_spec, _ = inputs.train_dataset(trainer.model, params, trainer.arrays).element_spec
+        if trainer.arrays is not None:  # from their specs: no second dataset of them
+            features_spec, _ = trainer.arrays.batch_spec(params.batch_size)
+        else:
+            features_spec, _ = inputs.train_dataset(trainer.model, params).element_spec
         if isinstance(features_spec, dict):  # the graph's inputs named after the features
             features_spec = {
                 k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
