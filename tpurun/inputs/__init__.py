@@ -279,11 +279,9 @@ def pad_batches(dataset: tf.data.Dataset, batch_size: int, replicas: int) -> tf.
     """Pads every batch to `batch_size` rows and appends a mask; groups batches by replica."""
 
     def pad_one(*element: Any) -> tuple[Any, ...]:
-        first = tf.nest.flatten(element)[0]
-        real = tf.shape(first)[0]
-        mask = tf.concat([tf.ones([real]), tf.zeros([batch_size - real])], axis=0)
-        mask.set_shape([batch_size])  # concat of two dynamic lengths has no static size
-        padded = tf.nest.map_structure(lambda t: _pad_rows(t, batch_size), element)
+        real = tf.shape(tf.nest.flatten(element)[0])[0]
+        rows, mask = _padding(real, batch_size)
+        padded = tf.nest.map_structure(lambda t: _take_rows(t, rows, batch_size), element)
         return (*padded, mask)
 
     dataset = dataset.map(pad_one, num_parallel_calls=tf.data.AUTOTUNE)
@@ -292,20 +290,26 @@ def pad_batches(dataset: tf.data.Dataset, batch_size: int, replicas: int) -> tf.
         # top it up with copies of a real batch whose mask is all zeros.
         def pad_group(*group: Any) -> tuple[Any, ...]:
             *tensors, mask = group
-            real = tf.shape(mask)[0]
-            padded = tf.nest.map_structure(lambda t: _pad_rows(t, replicas), tuple(tensors))
-            mask = tf.concat([mask, tf.zeros([replicas - real, batch_size])], axis=0)
-            return (*padded, mask)
+            rows, real_batches = _padding(tf.shape(mask)[0], replicas)
+            padded = tf.nest.map_structure(lambda t: _take_rows(t, rows, replicas), tuple(tensors))
+            return (*padded, _take_rows(mask, rows, replicas) * real_batches[:, None])
 
         dataset = dataset.batch(replicas).map(pad_group).unbatch()
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _pad_rows(tensor: tf.Tensor, size: int) -> tf.Tensor:
-    """Fills dimension 0 up to `size` by repeating row 0; gives it the static size."""
-    real = tf.shape(tensor)[0]
-    indices = tf.concat([tf.range(real), tf.zeros([size - real], tf.int32)], axis=0)
-    padded = tf.gather(tensor, indices)
+def _padding(real: tf.Tensor, size: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The rows that fill `real` rows up to `size` (0..real-1, then row 0 again), and the
+    float32 mask of the real ones. Made once for every tensor of an element: a map's trace
+    costs by its ops, and an eval or predict traces these maps at every pass."""
+    positions = tf.range(size)
+    is_real = positions < real
+    return tf.where(is_real, positions, 0), tf.cast(is_real, tf.float32)
+
+
+def _take_rows(tensor: tf.Tensor, rows: tf.Tensor, size: int) -> tf.Tensor:
+    """`tensor`'s `rows` (from `_padding`), with the static size `size` in dimension 0."""
+    padded = tf.gather(tensor, rows)
     padded.set_shape([size, *tensor.shape[1:]])
     return padded
 
