@@ -28,6 +28,27 @@ def test_an_examples_values_do_not_depend_on_the_rows_drawn_with_it():
     np.testing.assert_array_equal(whole, np.concatenate(halves))
 
 
+@pytest.mark.parametrize(
+    "seed, step, name, words, drawn",
+    [
+        # Python ints up to the rows: the chain absorbed in Python.
+        (7, 12, "noise", (), [[2616203074, 1299319243], [3047735590, 203240742]]),
+        # A tensor step: the chain in ops from there, a Python and a tensor word after it.
+        (2**40 + 5, "99", "drop", (0, "5"), [[2010441054, 229766190], [9820757, 397941713]]),
+    ],
+    ids=["python_key", "tensor_step"],
+)
+def test_the_draws_are_a_fixed_function_of_their_keys(seed, step, name, words, drawn):
+    """Pinned values: a run resumed by another tpurun release draws what the first drew
+    (rows 3 and 4, two words each; a key given as text is that value as a tensor)."""
+
+    def key(value):
+        return tf.constant(int(value), tf.int64) if isinstance(value, str) else value
+
+    got = keyed_random.bits(seed, key(step), rows(3, 5), 2, name, [key(w) for w in words])
+    assert got.numpy().tolist() == drawn
+
+
 @needs_xla_cpu
 def test_xla_computes_the_same_bits():
     def draw():

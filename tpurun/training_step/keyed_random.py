@@ -47,23 +47,47 @@ def _u32(value: Any) -> tf.Tensor:
     return tf.constant(value & 0xFFFFFFFF, tf.uint32)
 
 
-def _fmix(h: tf.Tensor) -> tf.Tensor:
-    """murmur3's 32-bit finalizer: a bijection whose every input bit flips half the output."""
-    shift = tf.bitwise.right_shift
-    h = tf.bitwise.bitwise_xor(h, shift(h, _u32(16))) * _u32(_M1)
-    h = tf.bitwise.bitwise_xor(h, shift(h, _u32(13))) * _u32(_M2)
-    return tf.bitwise.bitwise_xor(h, shift(h, _u32(16)))
+def _fmix_int(h: int) -> int:
+    """`_Hash.fmix` on a Python int: the same uint32 arithmetic, no op made."""
+    h ^= h >> 16
+    h = (h * _M1) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * _M2) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
-def _absorb(h: tf.Tensor, word: tf.Tensor) -> tf.Tensor:
-    """The chain state after one more 32-bit word (uint32, broadcast against `h`)."""
-    return _fmix(tf.bitwise.bitwise_xor(h, _fmix(word + _u32(_GOLDEN))))
+def _absorb_int(h: int, word: int) -> int:
+    return _fmix_int(h ^ _fmix_int((word + _GOLDEN) & 0xFFFFFFFF))
 
 
-def _words(value: Any) -> list[tf.Tensor]:
-    """An integer (Python or tensor, up to 64 bits) as its low and high 32-bit words."""
+class _Hash:
+    """The chain's steps in uint32 ops, with their constants made once per `bits` call.
+
+    A trace costs by the ops it makes, and every draw of a step is traced: with its
+    constants shared, an absorbed word is 18 ops, not 29.
+    """
+
+    def __init__(self) -> None:
+        self._16, self._13 = _u32(16), _u32(13)
+        self._m1, self._m2, self._golden = _u32(_M1), _u32(_M2), _u32(_GOLDEN)
+
+    def fmix(self, h: tf.Tensor) -> tf.Tensor:
+        """murmur3's 32-bit finalizer: a bijection whose every input bit flips half the output."""
+        xor, shift = tf.bitwise.bitwise_xor, tf.bitwise.right_shift
+        h = xor(h, shift(h, self._16)) * self._m1
+        h = xor(h, shift(h, self._13)) * self._m2
+        return xor(h, shift(h, self._16))
+
+    def absorb(self, h: tf.Tensor, word: tf.Tensor) -> tf.Tensor:
+        """The chain state after one more 32-bit word (uint32, broadcast against `h`)."""
+        return self.fmix(tf.bitwise.bitwise_xor(h, self.fmix(word + self._golden)))
+
+
+def _words(value: Any) -> list[Any]:
+    """An integer (Python or tensor, up to 64 bits) as its low and high 32-bit words
+    (Python ints for a Python int)."""
     if isinstance(value, int):
-        return [_u32(value), _u32(value >> 32)]
+        return [value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF]
     value = tf.cast(value, tf.int64)
     low = tf.cast(tf.bitwise.bitwise_and(value, 0xFFFFFFFF), tf.uint32)
     high = tf.cast(tf.bitwise.right_shift(value, 32), tf.uint32)  # arithmetic: -1 -> all ones
@@ -86,18 +110,23 @@ def bits(
     The key: the seed, the step, the name, then `words` (ints or integer tensors,
     e.g. a draw counter or a loop index), then the example's row and the word's
     position in it. Everything before the row is one scalar chain, shared by the
-    rows; each row then costs two words, each element one.
+    rows; each row then costs two words, each element one. The chain's words up to
+    the first tensor are absorbed in Python (the same values, no ops).
     """
-    h = _u32(_START)
-    for word in [*_words(seed), *_words(step), _u32(name_word(name))]:
-        h = _absorb(h, word)
+    key = [*_words(seed), *_words(step), name_word(name)]
     for value in words:
-        for word in _words(value):
-            h = _absorb(h, word)
+        key.extend(_words(value))
+    h: Any = _START
+    while key and isinstance(key[0], int):
+        h = _absorb_int(h, key.pop(0))
+    chain = _Hash()
+    h = _u32(h)
+    for word in key:
+        h = chain.absorb(h, _u32(word) if isinstance(word, int) else word)
     low, high = _words(rows)
-    per_row = _absorb(_absorb(h, low), high)  # [n]
+    per_row = chain.absorb(chain.absorb(h, low), high)  # [n]
     positions = tf.range(size, dtype=tf.int32)
-    return _absorb(per_row[:, None], tf.cast(positions, tf.uint32)[None, :])
+    return chain.absorb(per_row[:, None], tf.cast(positions, tf.uint32)[None, :])
 
 
 def _unit(words: tf.Tensor) -> tf.Tensor:
