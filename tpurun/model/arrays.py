@@ -100,14 +100,14 @@ class TrainArrays:
         training step gets from these arrays, through tf.data or from device data.
 
         Read off the specs, without building the arrays or a dataset of them: a `batch`
-        function is traced on them, not run.
+        function is traced on them (as training traces it, with autograph), not run.
         """
         if self.batch is None:
             return tf.nest.map_structure(
                 lambda spec: tf.TensorSpec([batch_size, *spec.shape[1:]], spec.dtype), self.specs
             )
         rows = tf.TensorSpec([batch_size], tf.int32)
-        traced = tf.function(self.examples, autograph=False).get_concrete_function(self.specs, rows)
+        traced = tf.function(self.examples).get_concrete_function(self.specs, rows)
         return tf.nest.map_structure(
             lambda t: tf.TensorSpec(t.shape, t.dtype), traced.structured_outputs
         )
