@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tpurun import inputs
-from tpurun.errors import RunError
+from tpurun.errors import RunError, tf_errors
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 
 
@@ -127,6 +127,21 @@ def test_dict_features_are_padded_key_by_key(replicas):
         assert np.all(features["x"] != 0)
     real = np.concatenate([f["x"][m == 1] for f, _, m in batches])
     np.testing.assert_array_equal(real, np.arange(1, 8))
+
+
+def test_batches_larger_than_a_replicas_are_refused_not_cut():
+    """Padding would keep a replica's rows of a larger batch and drop the rest, and the
+    eval count the rest as never seen: refused, when the static size says so at once."""
+    static = features_and_labels(30, 6).rebatch(6, drop_remainder=True)
+    with pytest.raises(RunError, match=r"batches of 6 rows, more than the 4 of a replica: batch"):
+        inputs.pad_batches(static, 4, 1)
+    dynamic = inputs.pad_batches(features_and_labels(30, 6), 4, 2)  # batches of [None] rows
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        list(dynamic.as_numpy_iterator())
+    assert tf_errors.describe(raised.value)[0] == (
+        "InvalidArgumentError: the input yields a batch of 6 rows, more than the 4 of a replica: "
+        "batch it with params.batch_size (the per-replica batch), not params.global_batch_size"
+    )
 
 
 def test_predict_elements_without_labels_get_a_mask_too():

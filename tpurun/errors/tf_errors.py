@@ -19,6 +19,8 @@ _GRAPH_NOISE = ("Graph execution error:", "Detected at node", "File ", "<stack t
 _DATASET_PREFIX = re.compile(r"^Error in user-defined function passed to .*? with iterator: \S+: ")
 # Before the message of an error an eager op raised: "{{function_node __wrapped__<op>...}} ".
 _FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
+# A failed tf.debugging.Assert whose data is one text: "assertion failed: [<text>]".
+_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]$")
 
 
 # TensorFlow's errors for what passes by itself (a lost TPU worker or peer, a deadline, an
@@ -96,9 +98,11 @@ def op_error_line(message: str) -> str:
     """
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [""]
     if lines[0] != "Graph execution error:":
-        return _FUNCTION_NODE.sub("", lines[0])
-    meaningful = [line for line in lines if not line.startswith(_GRAPH_NOISE)]
-    return _DATASET_PREFIX.sub("", meaningful[-1]) if meaningful else lines[0]
+        line = _FUNCTION_NODE.sub("", lines[0])
+    else:
+        meaningful = [line for line in lines if not line.startswith(_GRAPH_NOISE)]
+        line = _DATASET_PREFIX.sub("", meaningful[-1]) if meaningful else lines[0]
+    return _ASSERTION.sub(r"\1", line)
 
 
 def lost_worker_reason(error: tf.errors.UnavailableError) -> str | None:

@@ -276,11 +276,28 @@ def check_static_batch(dataset: tf.data.Dataset, batch_size: int, model_name: st
 
 
 def pad_batches(dataset: tf.data.Dataset, batch_size: int, replicas: int) -> tf.data.Dataset:
-    """Pads every batch to `batch_size` rows and appends a mask; groups batches by replica."""
+    """Pads every batch to `batch_size` rows and appends a mask; groups batches by replica.
+
+    A batch of more rows is refused (padding would cut it): when its static size says
+    so, here; else as the batch is read.
+    """
+    fix = "batch it with params.batch_size (the per-replica batch), not params.global_batch_size"
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if spec.shape.rank and spec.shape[0] is not None and spec.shape[0] > batch_size:
+            raise RunError(
+                f"the input yields batches of {spec.shape[0]} rows, more than the {batch_size} "
+                f"of a replica: {fix}"
+            )
+    # As the batch is read (no static size): the text of TensorFlow's error.
+    too_large = (
+        f"the input yields a batch of {{}} rows, more than the {batch_size} of a replica: {fix}"
+    )
 
     def pad_one(*element: Any) -> tuple[Any, ...]:
         real = tf.shape(tf.nest.flatten(element)[0])[0]
-        rows, mask = _padding(real, batch_size)
+        fits = tf.debugging.Assert(real <= batch_size, [tf.strings.format(too_large, real)])
+        with tf.control_dependencies([fits]):
+            rows, mask = _padding(real, batch_size)
         padded = tf.nest.map_structure(lambda t: _take_rows(t, rows, batch_size), element)
         return (*padded, mask)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tpurun import inputs
-from tpurun.model import has_own_train_step
+from tpurun.model import Mode, has_own_train_step
 from tpurun.runners.train import Trainer
 
 
@@ -23,7 +23,7 @@ def forward_graph(trainer: Trainer) -> tf.Graph:
         if trainer.arrays is not None:  # from their specs: no second dataset of them
             features_spec, _ = trainer.arrays.batch_spec(params.batch_size)
         else:
-            features_spec, _ = inputs.train_dataset(trainer.model, params).element_spec
+            features_spec, _ = trainer.model.input_fn(Mode.TRAIN, params).element_spec
         if isinstance(features_spec, dict):  # the graph's inputs named after the features
             features_spec = {
                 k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
