@@ -35,6 +35,15 @@ GRAPH_ERRORS = {
         "service.\nAdditional GRPC error information",
         "Collective ops is aborted by: Failed to send RPC to coordination service.",
     ),
+    # A tf.debugging.Assert of one text reads as the text; of several values, as written.
+    "an_assertion_of_one_text": (
+        "assertion failed: [the input yields a batch of 6 rows]\n\t [[{{node Assert}}]]",
+        "the input yields a batch of 6 rows",
+    ),
+    "an_assertion_of_several_values": (
+        "assertion failed: [x <= y did not hold] [x = ] [6]\n\t [[{{node Assert}}]]",
+        "assertion failed: [x <= y did not hold] [x = ] [6]",
+    ),
 }
 
 

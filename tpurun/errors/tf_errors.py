@@ -19,8 +19,9 @@ _GRAPH_NOISE = ("Graph execution error:", "Detected at node", "File ", "<stack t
 _DATASET_PREFIX = re.compile(r"^Error in user-defined function passed to .*? with iterator: \S+: ")
 # Before the message of an error an eager op raised: "{{function_node __wrapped__<op>...}} ".
 _FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
-# A failed tf.debugging.Assert whose data is one text: "assertion failed: [<text>]".
-_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]$")
+# A failed tf.debugging.Assert whose data is one text: "assertion failed: [<text>]" (not one
+# of several values, "[a] [b]", which stays as TensorFlow wrote it).
+_ASSERTION = re.compile(r"^assertion failed: \[([^\[\]]*)\]$")
 
 
 # TensorFlow's errors for what passes by itself (a lost TPU worker or peer, a deadline, an
