@@ -282,21 +282,26 @@ def pad_batches(dataset: tf.data.Dataset, batch_size: int, replicas: int) -> tf.
     so, here; else as the batch is read.
     """
     fix = "batch it with params.batch_size (the per-replica batch), not params.global_batch_size"
-    for spec in tf.nest.flatten(dataset.element_spec):
+    leaves = tf.nest.flatten(dataset.element_spec)
+    for spec in leaves:
         if spec.shape.rank and spec.shape[0] is not None and spec.shape[0] > batch_size:
             raise RunError(
                 f"the input yields batches of {spec.shape[0]} rows, more than the {batch_size} "
                 f"of a replica: {fix}"
             )
-    # As the batch is read (no static size): the text of TensorFlow's error.
+    static_rows = leaves[0].shape[0] if leaves[0].shape.rank else None  # what pad_one reads
+    # As the batch is read (no static size): the text of TensorFlow's error. Not asked of
+    # every batch when the static size says it fits.
     too_large = (
         f"the input yields a batch of {{}} rows, more than the {batch_size} of a replica: {fix}"
     )
 
     def pad_one(*element: Any) -> tuple[Any, ...]:
         real = tf.shape(tf.nest.flatten(element)[0])[0]
-        fits = tf.debugging.Assert(real <= batch_size, [tf.strings.format(too_large, real)])
-        with tf.control_dependencies([fits]):
+        checks = []
+        if static_rows is None:
+            checks = [tf.debugging.Assert(real <= batch_size, [tf.strings.format(too_large, real)])]
+        with tf.control_dependencies(checks):
             rows, mask = _padding(real, batch_size)
         padded = tf.nest.map_structure(lambda t: _take_rows(t, rows, batch_size), element)
         return (*padded, mask)
