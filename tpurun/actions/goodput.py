@@ -21,7 +21,7 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats, Saved
-from tpurun.report.run_records import record_name
+from tpurun.layout import names
 from tpurun.storage.background import Writer
 from tpurun.supervisor.protocol import (
     PREVIOUS_DEATH_ENV,
@@ -144,7 +144,7 @@ class GoodputRecord(Action):
             # the whole account under a new name, so the report sees how it ended.
             lost, self._path = (
                 self._path,
-                storage.join(self._path.rsplit("/", 1)[0], record_name("train")),
+                storage.join(self._path.rsplit("/", 1)[0], names.run_record_name("train")),
             )
             self._write(now=True, wait=True)
             logging.warning(

@@ -14,6 +14,7 @@ import json
 import sys
 
 from tpurun.errors import RunError
+from tpurun.layout.names import RUNS_DIR
 from tpurun.report.goodput import CATEGORIES, Report, account
 from tpurun.report.run_records import time_accounts
 
@@ -35,7 +36,7 @@ def main(model_dir: str, as_json: bool = False) -> str:
     if not report.processes:
         skipped = f" ({len(accounts.skipped)} skipped: see above)" if accounts.skipped else ""
         raise RunError(
-            f"no train run record with a time account in {model_dir}/runs{skipped}: train there "
+            f"no train run record with a time account in {model_dir}/{RUNS_DIR}{skipped}: train there "
             "with tpurun 0.2 or later first (tpurun train --model_dir=...)"
         )
     if as_json:

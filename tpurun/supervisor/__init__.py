@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from tpurun.errors import EXIT_PREEMPTED
+from tpurun.layout import names
 from tpurun.report import run_records
 from tpurun.run_config import RunConfig
 from tpurun.supervisor import post_mortem, protocol, tpu_wait
@@ -107,7 +108,7 @@ class Supervisor:
                 died = time.time()
                 mine = self._records_of(restarts)
                 at, newest = self._where_it_stopped(mine)
-                latest = f"ckpt-{newest}" if newest else "none (nothing saved)"
+                latest = names.checkpoint_name(newest) if newest else "none (nothing saved)"
                 if self.stop.is_set() and ending.returncode >= 0:
                     return ending.exit_code  # it ended by itself (75: saved at the forwarded stop)
                 if not ending.restartable(asked_to_stop=False) and not self.stop.is_set():
@@ -126,7 +127,7 @@ class Supervisor:
                     )
                     return ending.exit_code
                 restarts += 1
-                resume = f"resuming from ckpt-{newest}" if newest else "starting from scratch"
+                resume = f"resuming from {latest}" if newest else "starting from scratch"
                 say(f"restart {restarts}/{self.max_restarts}: {ending.what()}{at}; {resume}")
                 if not self._wait_before(restarts):
                     if self.stop.is_set():
