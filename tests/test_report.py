@@ -9,7 +9,9 @@ import pytest
 from conftest import assert_fails, assert_ok, error_lines
 
 from tpurun import report
-from tpurun.report.goodput import CATEGORIES, account
+from tpurun.layout.time_account import from_json
+from tpurun.report import goodput as arithmetic
+from tpurun.report.goodput import CATEGORIES
 
 STEP = 0.01  # seconds a steady step takes in these records
 
@@ -71,6 +73,11 @@ def process(
     if restart is not None:
         record["restart"] = restart
     return record
+
+
+def account(records: list[dict]) -> report.Report:
+    """The report of run records' accounts, given as their JSON."""
+    return arithmetic.account([from_json(r) for r in records])
 
 
 def total(r: report.Report) -> float:

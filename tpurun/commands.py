@@ -24,7 +24,7 @@ from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster, is_chief_process, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
-from tpurun.layout import names
+from tpurun.layout import names, time_account
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
 from tpurun.run_config.trained_keys import Difference, conflicts
@@ -103,11 +103,9 @@ def _run(run: RunConfig) -> None:
             record, written = write_record(run)
             if run.command == "train" and cluster is not None:
                 account = GoodputRecord(record, written)
-                account.account["cluster_ready"] = cluster_ready
-                account.account["device"] = {
-                    "kind": cluster.device_kind or "CPU",
-                    "replicas": cluster.num_replicas,
-                }
+                account.cluster_ready(
+                    cluster_ready, cluster.device_kind or "CPU", cluster.num_replicas
+                )
         tf.keras.utils.set_random_seed(run.seed)
         # A checkpoint that does not fit the model the command line's overrides built: exit 2.
         with precision.policy(run.config.precision), conflicts(run.model_dir, overridden):
@@ -118,7 +116,7 @@ def _run(run: RunConfig) -> None:
                 # Under the run's policy: the estimate builds the model as the run did.
                 check.record_memory(record, run, cluster, model)
     except BaseException as e:
-        if account is not None and "end" not in account.account:
+        if account is not None and not account.has_end:
             run_account.end_quietly(account, e)
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
@@ -439,7 +437,7 @@ def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
     path = storage.join(runs, names.run_record_name(run.command))
     record = json.loads(run.record(tf.__version__))
     if run.command == "train":
-        record["goodput"] = initial_account()
-    storage.write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
+        record[time_account.KEY] = initial_account()
+    storage.write_atomically(path, time_account.record_text(record))
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
     return path, record

@@ -1,7 +1,8 @@
 """`tpurun report`: where a model_dir's training time went, from its run records alone.
 
-* `records`: the train run records read back (local or gs://), without TensorFlow,
-  each checked by `validation` (one that does not hold is skipped, with its line);
+* `run_records`: the train run records read back (local or gs://), without TensorFlow,
+  each checked by `tpurun.layout.time_account.check` (one that does not hold is
+  skipped, with its line);
 * `goodput`: the arithmetic: goodput and badput by category, disruptions, restarts,
   FLOPs per step, achieved FLOP/s and MFU (`account` -> `Report`).
 

@@ -2,7 +2,7 @@
 
 `runs/<time>-train.json` on a local disk or gs:// (`tpurun.layout.plain_files`, as
 the lease reads it). Each record's time account is checked field by field
-(`validation`) before it is counted: a record that is not a
+(`tpurun.layout.time_account.check`) before it is counted: a record that is not a
 file, not UTF-8, not JSON, or holds a field of the wrong type or outside physical
 bounds is skipped with one line naming the file and the field (`Accounts.skipped`). A
 model_dir or `runs/` that is not a directory is a RunError. Records are written
@@ -17,15 +17,15 @@ import os
 from typing import Any
 
 from tpurun.errors import RunError
-from tpurun.layout import names, plain_files
-from tpurun.report.validation import BadField, check
+from tpurun.layout import names, plain_files, time_account
+from tpurun.layout.time_account import BadField, TimeAccount
 
 
 @dataclasses.dataclass(frozen=True)
 class Accounts:
     """The train records' time accounts that hold, oldest first, and those skipped."""
 
-    found: list[tuple[str, dict[str, Any]]]  # (the record's file name, its checked `goodput`)
+    found: list[tuple[str, TimeAccount]]  # (the record's file name, its checked account)
     skipped: list[str]  # one line per record not counted: its path, the field, why
 
 
@@ -73,7 +73,7 @@ def _listdir(directory: str) -> list[str]:
 
 
 def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
-    """The checked time accounts (`goodput`) of model_dir's train records, oldest first.
+    """The checked time accounts of model_dir's train records, oldest first.
 
     A record without one (written before tpurun 0.2) is neither counted nor skipped."""
     directory = names.runs_dir(model_dir)
@@ -87,8 +87,8 @@ def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
                 continue
             if not isinstance(record, dict):
                 raise _Skip("is not a run record (a JSON object)")
-            if record.get("goodput") is not None:
-                found.append((name, check(record["goodput"], now)))
+            if record.get(time_account.KEY) is not None:
+                found.append((name, time_account.check(record[time_account.KEY], now)))
         except _Skip as e:
             skipped.append(f"{path} {e}")
         except BadField as e:

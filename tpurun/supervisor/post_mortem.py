@@ -13,17 +13,17 @@ left it). TensorFlow-free, as the supervisor is: a local disk, or gs:// through 
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import dataclasses
 
-from tpurun.layout import names, plain_files
+from tpurun.layout import names, plain_files, time_account
+from tpurun.layout.time_account import TimeAccount
 
 
-def write(model_dir: str, goodput: dict[str, Any], cause: str) -> str | None:
-    """Writes a run record holding `goodput` for a trainer that left none; its path, or None
+def write(model_dir: str, account: TimeAccount, cause: str) -> str | None:
+    """Writes a run record holding `account` for a trainer that left none; its path, or None
     where there is no runs/ directory to write it into (or it could not be written)."""
-    goodput = {**goodput, "unrecorded": f"{cause}; recorded by its supervisor"}
-    text = json.dumps({"run_config": None, "goodput": goodput}, indent=2) + "\n"
-    name = names.run_record_name("train", float(goodput["process_start"]))
+    account = dataclasses.replace(account, unrecorded=f"{cause}; recorded by its supervisor")
+    text = time_account.record_text({"run_config": None, time_account.KEY: account})
+    name = names.run_record_name("train", float(account.process_start))
     path = names.join(names.runs_dir(model_dir), name)
     return path if plain_files.create_new(path, text) else None
