@@ -322,6 +322,16 @@ HOSTILE = {
     "NaN": (_with(_set("end.t", float("nan"))), "goodput.end.t is nan"),
     "infinity": (_with(_set("updated", float("inf"))), "goodput.updated is inf"),
     "1.7e308": (_with(_set("end.t", 1.7e308)), "goodput.end.t is 1.7e+308"),
+    # An integer that no float holds: counted, it would end the report in OverflowError.
+    "10**400": (_with(_set("end.t", 10**400)), "goodput.end.t is an integer of 401 digits"),
+    "10**400 FLOPs": (
+        _with(_set("model_flops_per_step", 10**400)),
+        "goodput.model_flops_per_step is an integer of 401 digits",
+    ),
+    "a number past Python's digits": (
+        b'{"goodput": {"process_start": ' + b"9" * 5000 + b"}}",
+        "holds a number too long to read, not a record",
+    ),
     "loops longer than the process": (_with(_set("loops.seconds", 1e6)), "goodput.loops.seconds"),
     "a save outside the process": (
         _with(lambda g: g["saves"].append({"step": 7, "t": 1e9, "blocking_s": 0.0})),

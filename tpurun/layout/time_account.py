@@ -298,14 +298,24 @@ def _value(where: str, value: Any, kind: str, now: float) -> None:
         ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
     else:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = number and math.isfinite(value) and value >= 0
+        ok = number and _finite(value) and value >= 0
         if ok and kind == TIME:
             ok = value <= now + FUTURE_SLACK
     if not ok:
         raise BadField(where, f"is {_shown(value)}, not {_WHAT[kind]}")
 
 
+def _finite(number: float) -> bool:
+    """Whether `number` is a finite float: an integer too large for one is not."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and not _finite(value):
+        return f"an integer of {len(str(abs(value)))} digits"  # not one that fits a float
     return repr(value) if isinstance(value, (int, float, bool)) else _kind(value)
 
 

@@ -52,6 +52,8 @@ def _parse(data: bytes) -> Any:
         raise _Skip(f"is not JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
         raise _Skip("is nested too deeply to be a record") from None
+    except ValueError:  # an integer of more digits than Python reads (4,300)
+        raise _Skip("holds a number too long to read, not a record") from None
 
 
 def _listdir(directory: str) -> list[str]:
