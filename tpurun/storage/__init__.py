@@ -23,7 +23,7 @@ What must work without TensorFlow (the supervisor, `tpurun report`, the lease's
 object on gs://) reads and writes through `tpurun.layout.plain_files`, by the same
 rules. The modules of this package:
 
-* `paths`: inside the model_dir or not, joined, made, listed strictly;
+* `paths`: inside the model_dir or not, made, listed strictly (joined by `layout.names`);
 * `writes`: exclusive creation, atomic replacement, renames;
 * `removals`: removal by exact name, the leftovers of dead processes;
 * `records`: records read back, or DamagedRecord;
