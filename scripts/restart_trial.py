@@ -88,7 +88,7 @@ def main() -> None:
     print(f"sum of goodput and badput: {data['goodput_s'] + sum(bad.values()):.1f} s")
     # What the two restarts added: every trainer's startup and compile but the first's,
     # the progress lost and the downtime; per restart.
-    accounts = [r["goodput"] for _, r in run_records.train_records(model_dir)]
+    accounts = [account for _, account in run_records.time_accounts(model_dir).found]
     first = goodput.account(accounts[:1]).badput_s
     added = {
         "startup": bad["startup"] - first["startup"],

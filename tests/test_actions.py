@@ -621,7 +621,8 @@ def test_a_finished_run_whose_record_cannot_be_rewritten_records_its_end_under_a
     """Another file in its record's place at the end: the account goes to a new record, so
     the report counts a run that finished, not a disruption."""
     from tpurun import report
-    from tpurun.actions.goodput import GoodputRecord, initial_account, record_name
+    from tpurun.actions.goodput import GoodputRecord, initial_account
+    from tpurun.layout.names import run_record_name as record_name
 
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 from conftest import RUN_FAILURE, assert_fails, assert_ok
 
+from tpurun.layout.plain_files import GcsObjects
 from tpurun.storage import checkpoints, lease
 
 IRIS = ("--config=iris", "--use_tpu=false", "--iterations=10")
@@ -77,7 +78,7 @@ def test_the_lease_is_released_only_after_the_last_background_save_is_written(
 def lease_exists(path: str) -> bool:
     """Asked through gcsfs: TensorFlow's stat cache would answer from before a release."""
     if path.startswith("gs://"):
-        return lease._GcsClient().read(path) is not None
+        return GcsObjects().read(path) is not None
     return os.path.exists(path)
 
 

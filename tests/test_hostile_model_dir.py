@@ -18,7 +18,7 @@ import pytest
 from conftest import RUN_FAILURE, USAGE, assert_fails, assert_ok, tpurun_in_process
 from test_resume import assert_bit_identical
 
-from tpurun import storage
+from tpurun.layout import names
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,8 @@ def train_to_30(tpurun_cli, model_dir: Path, *extra: str):
 # runs left. Each test below asserts on that one run.
 LINKED_SCRATCH = ("ckpt-30_temp", "ckpt-20_temp", "ckpt-5_temp")
 LOOK_ALIKES = ("ckpt-old_temp.csv", "ckpt-3.data-of-mine")
-DEAD_TEMPORARY = f".train_config.json.tpurun-tmp-{storage._HOST}-4999999-0123abcd"
-KILLED_EXPORT = f"export/.17000.tpurun-tmp-{storage._HOST}-4999998-0123abcd"
+DEAD_TEMPORARY = f".train_config.json.tpurun-tmp-{names.HOST}-4999999-0123abcd"
+KILLED_EXPORT = f"export/.17000.tpurun-tmp-{names.HOST}-4999998-0123abcd"
 KILLED_SAVE = "ckpt-25_temp"  # a save killed before its merge (its step: any)
 
 

@@ -9,7 +9,9 @@ import pytest
 from conftest import assert_fails, assert_ok, error_lines
 
 from tpurun import report
-from tpurun.report.goodput import CATEGORIES, account
+from tpurun.layout.time_account import from_json
+from tpurun.report import goodput as arithmetic
+from tpurun.report.goodput import CATEGORIES
 
 STEP = 0.01  # seconds a steady step takes in these records
 
@@ -71,6 +73,11 @@ def process(
     if restart is not None:
         record["restart"] = restart
     return record
+
+
+def account(records: list[dict]) -> report.Report:
+    """The report of run records' accounts, given as their JSON."""
+    return arithmetic.account([from_json(r) for r in records])
 
 
 def total(r: report.Report) -> float:
@@ -315,6 +322,16 @@ HOSTILE = {
     "NaN": (_with(_set("end.t", float("nan"))), "goodput.end.t is nan"),
     "infinity": (_with(_set("updated", float("inf"))), "goodput.updated is inf"),
     "1.7e308": (_with(_set("end.t", 1.7e308)), "goodput.end.t is 1.7e+308"),
+    # An integer that no float holds: counted, it would end the report in OverflowError.
+    "10**400": (_with(_set("end.t", 10**400)), "goodput.end.t is an integer of 401 digits"),
+    "10**400 FLOPs": (
+        _with(_set("model_flops_per_step", 10**400)),
+        "goodput.model_flops_per_step is an integer of 401 digits",
+    ),
+    "a number past Python's digits": (
+        b'{"goodput": {"process_start": ' + b"9" * 5000 + b"}}",
+        "holds a number too long to read, not a record",
+    ),
     "loops longer than the process": (_with(_set("loops.seconds", 1e6)), "goodput.loops.seconds"),
     "a save outside the process": (
         _with(lambda g: g["saves"].append({"step": 7, "t": 1e9, "blocking_s": 0.0})),

@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from tpurun import storage
 from tpurun.errors import RunError
-from tpurun.storage import records
+from tpurun.layout import names as layout
+from tpurun.storage import records, removals, writes
 
 
 @pytest.fixture
@@ -46,12 +47,12 @@ def assert_untouched(outside) -> None:
 @pytest.mark.parametrize(
     "name, pattern, removed",
     [
-        ("ckpt-12_temp", storage.CHECKPOINT_TEMP, True),
-        ("ckpt-notes_template", storage.CHECKPOINT_TEMP, False),
-        ("ckpt-12_temp.csv", storage.CHECKPOINT_TEMP, False),
-        ("ckpt-7.data-00000-of-00001", storage.CHECKPOINT_DATA, True),
-        ("ckpt-old.data-00000-of-00001", storage.CHECKPOINT_DATA, False),
-        ("ckpt-7.data-notes", storage.CHECKPOINT_DATA, False),
+        ("ckpt-12_temp", layout.CHECKPOINT_TEMP, True),
+        ("ckpt-notes_template", layout.CHECKPOINT_TEMP, False),
+        ("ckpt-12_temp.csv", layout.CHECKPOINT_TEMP, False),
+        ("ckpt-7.data-00000-of-00001", layout.CHECKPOINT_DATA, True),
+        ("ckpt-old.data-00000-of-00001", layout.CHECKPOINT_DATA, False),
+        ("ckpt-7.data-notes", layout.CHECKPOINT_DATA, False),
     ],
 )
 def test_remove_takes_only_names_matching_in_full(model_dir, name, pattern, removed):
@@ -72,7 +73,7 @@ def test_remove_refuses_a_path_outside_the_model_dir(model_dir, outside, target)
 def test_a_link_in_the_way_is_removed_as_a_link_and_its_target_kept(model_dir, outside):
     link = model_dir / "ckpt-5_temp"
     link.symlink_to(outside, target_is_directory=True)
-    assert storage.remove(str(model_dir), str(link), storage.CHECKPOINT_TEMP)
+    assert storage.remove(str(model_dir), str(link), layout.CHECKPOINT_TEMP)
     assert not link.exists() and not link.is_symlink()
     assert_untouched(outside)
 
@@ -83,7 +84,7 @@ def test_a_tree_is_removed_without_following_the_links_inside_it(model_dir, outs
     (tree / "sub" / "part").write_text("x")
     (tree / "sub" / "to_outside").symlink_to(outside, target_is_directory=True)
     (tree / "file_link").symlink_to(outside / "sentinel.txt")
-    assert storage.remove(str(model_dir), str(tree), storage.CHECKPOINT_TEMP)
+    assert storage.remove(str(model_dir), str(tree), layout.CHECKPOINT_TEMP)
     assert not tree.exists()
     assert_untouched(outside)
 
@@ -94,10 +95,8 @@ def test_remove_on_ram_takes_exact_names_only():
         tf.io.gfile.makedirs(f"{model_dir}/{name.split('/')[0]}")
         with tf.io.gfile.GFile(f"{model_dir}/{name}", "w") as f:
             f.write("x")
-    assert storage.remove(model_dir, f"{model_dir}/ckpt-3_temp", storage.CHECKPOINT_TEMP)
-    assert not storage.remove(
-        model_dir, f"{model_dir}/ckpt-notes_template", storage.CHECKPOINT_TEMP
-    )
+    assert storage.remove(model_dir, f"{model_dir}/ckpt-3_temp", layout.CHECKPOINT_TEMP)
+    assert not storage.remove(model_dir, f"{model_dir}/ckpt-notes_template", layout.CHECKPOINT_TEMP)
     assert tf.io.gfile.exists(f"{model_dir}/ckpt-notes_template/part")
     assert not tf.io.gfile.exists(f"{model_dir}/ckpt-3_temp/part")
 
@@ -115,9 +114,9 @@ def test_write_atomically_replaces_a_link_not_its_target(model_dir, outside):
 
 
 def test_temporaries_are_unique_per_call_and_process(model_dir):
-    names = {storage.temporary_path(str(model_dir / "best")) for _ in range(100)}
+    names = {layout.temporary_path(str(model_dir / "best")) for _ in range(100)}
     assert len(names) == 100
-    match = storage.TEMPORARY.fullmatch(os.path.basename(names.pop()))
+    match = layout.TEMPORARY.fullmatch(os.path.basename(names.pop()))
     assert match and match.group("name") == "best" and int(match.group("pid")) == os.getpid()
 
 
@@ -125,11 +124,11 @@ def test_a_temporary_is_created_exclusively_and_never_through_a_link(model_dir, 
     taken = model_dir / "taken"
     taken.write_text("someone's")
     with pytest.raises(FileExistsError):
-        storage._create(str(taken), "mine")
+        writes.create(str(taken), "mine")
     link = model_dir / "link"
     link.symlink_to(outside / "new.txt")
     with pytest.raises(OSError):
-        storage._create(str(link), "mine")
+        writes.create(str(link), "mine")
     assert taken.read_text() == "someone's" and not (outside / "new.txt").exists()
 
 
@@ -155,7 +154,7 @@ def test_rename_dir_moves_everything_on_ram():
 # --- leftovers of processes that died ---------------------------------------------------
 
 
-def leftover(directory, pid: int, host: str = storage._HOST) -> os.PathLike:
+def leftover(directory, pid: int, host: str = layout.HOST) -> os.PathLike:
     path = directory / f".train_config.json.tpurun-tmp-{host}-{pid}-0123abcd"
     path.write_text("{")
     return path
@@ -183,7 +182,7 @@ def test_leftovers_of_dead_processes_go_and_live_ones_stay(model_dir):
     foreign_fresh = leftover(model_dir, 1, host="other-vm")
     foreign_old = model_dir / ".best.tpurun-tmp-other-vm-1-0123abcd"
     foreign_old.mkdir()
-    old = time.time() - storage.FOREIGN_TEMPORARY_AGE - 60
+    old = time.time() - removals.FOREIGN_TEMPORARY_AGE - 60
     os.utime(foreign_old, (old, old))
     removed = storage.remove_leftovers(str(model_dir))
     assert sorted(removed) == sorted(map(str, (dead, dead_in_eval, dead_in_split, foreign_old)))

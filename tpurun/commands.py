@@ -24,8 +24,8 @@ from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster, is_chief_process, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
+from tpurun.layout import names, time_account
 from tpurun.model import Mode, Model, TrainArrays
-from tpurun.report.run_records import record_name
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
 from tpurun.run_config.trained_keys import Difference, conflicts
 from tpurun.runners import sidecar
@@ -103,11 +103,9 @@ def _run(run: RunConfig) -> None:
             record, written = write_record(run)
             if run.command == "train" and cluster is not None:
                 account = GoodputRecord(record, written)
-                account.account["cluster_ready"] = cluster_ready
-                account.account["device"] = {
-                    "kind": cluster.device_kind or "CPU",
-                    "replicas": cluster.num_replicas,
-                }
+                account.cluster_ready(
+                    cluster_ready, cluster.device_kind or "CPU", cluster.num_replicas
+                )
         tf.keras.utils.set_random_seed(run.seed)
         # A checkpoint that does not fit the model the command line's overrides built: exit 2.
         with precision.policy(run.config.precision), conflicts(run.model_dir, overridden):
@@ -118,7 +116,7 @@ def _run(run: RunConfig) -> None:
                 # Under the run's policy: the estimate builds the model as the run did.
                 check.record_memory(record, run, cluster, model)
     except BaseException as e:
-        if account is not None and "end" not in account.account:
+        if account is not None and not account.has_end:
             run_account.end_quietly(account, e)
         # Nothing half-written left behind: unless a train saved a checkpoint (or a
         # sidecar evaluated one), a run that fails (no TPU, bad data, bad config,
@@ -128,7 +126,7 @@ def _run(run: RunConfig) -> None:
             held.release()
             held = None
         if _outputs(run) == outputs_before and is_chief_process():
-            _undo(run.model_dir if created_dir else None, record)
+            _undo(run.model_dir, created_dir, record)
         raise
     if held is not None:
         held.release()
@@ -168,10 +166,9 @@ def _outputs(run: RunConfig) -> object:
         return checkpoints.latest(run.model_dir)
     if run.command == "eval" and run.continuous:
         found = []
-        # eval/<split>/results-*, and eval/results-* of the default split.
-        for pattern in ("results-*.json", "*/results-*.json"):
+        for pattern in names.eval_results_globs(run.model_dir):
             try:
-                found += tf.io.gfile.glob(storage.join(run.model_dir, "eval", pattern))
+                found += tf.io.gfile.glob(pattern)
             except tf.errors.NotFoundError:
                 pass
         return sorted(found)
@@ -265,13 +262,13 @@ def diagnose_data(run: RunConfig, model: Model, error: Exception) -> str | None:
         return None
 
 
-def _undo(created_dir: str | None, record: str | None) -> None:
-    """Removes the model_dir this run created, else this run's record; never raises."""
+def _undo(model_dir: str, created: bool, record: str | None) -> None:
+    """Removes model_dir if this run created it, else this run's record; never raises."""
     try:
-        if created_dir:
-            storage.remove_tree(created_dir)
-        elif record and tf.io.gfile.exists(record):
-            tf.io.gfile.remove(record)
+        if created:
+            storage.remove_tree(model_dir)
+        elif record:
+            storage.remove_file(model_dir, record, names.RUN_RECORD)
     except (tf.errors.OpError, OSError) as e:
         logging.warning("Could not clean up after the failed run: %s", e)
 
@@ -436,11 +433,11 @@ def prepare_model_dir(run: RunConfig) -> bool:
 def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
     """The run record: run config and versions, one JSON file per run under model_dir/runs
     (a train's also the start of its time account: `actions.goodput`). Its path and content."""
-    runs = storage.make_dir(run.model_dir, storage.join(run.model_dir, "runs"))
-    path = storage.join(runs, record_name(run.command))
+    runs = storage.make_dir(run.model_dir, names.runs_dir(run.model_dir))
+    path = storage.join(runs, names.run_record_name(run.command))
     record = json.loads(run.record(tf.__version__))
     if run.command == "train":
-        record["goodput"] = initial_account()
-    storage.write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
+        record[time_account.KEY] = initial_account()
+    storage.write_atomically(path, time_account.record_text(record))
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)
     return path, record

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 import tensorflow as tf
 from absl import logging
@@ -17,15 +16,16 @@ from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster
 from tpurun.errors import Preempted, caused_by_sigterm
 from tpurun.errors.tf_errors import one_line
+from tpurun.layout.time_account import ERROR, FINISHED, INTERRUPTED, PREEMPTED
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
 
 
 def end_quietly(account: GoodputRecord, error: BaseException) -> None:
     """The account's end for a run that failed: preempted (SIGTERM), interrupted, or error."""
-    reasons = {Preempted: "preempted", KeyboardInterrupt: "interrupted"}
+    reasons = {Preempted: PREEMPTED, KeyboardInterrupt: INTERRUPTED}
     # StoppedBySigterm, or the SystemError it comes back as from C code, is a preemption too.
-    reason = "preempted" if caused_by_sigterm(error) else reasons.get(type(error), "error")
+    reason = PREEMPTED if caused_by_sigterm(error) else reasons.get(type(error), ERROR)
     try:
         account.finish(reason)
     except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
@@ -41,30 +41,27 @@ def finish(run: RunConfig, cluster: Cluster, model: Model, account: GoodputRecor
     """A finished train: the step's FLOPs and the device's peak into the account (counted now,
     after training: never on a step's time), the report's line and TensorBoard scalars, then
     the account's end. Never raises: the training succeeded."""
-    fields: dict[str, Any] = {}
-    trained = "training_start" in account.account  # not "already at step N"
-    if trained and os.environ.get(COUNT_FLOPS_ENV, "1") == "0":
-        fields["peak_why"] = f"{COUNT_FLOPS_ENV}=0: the FLOPs of the step were not counted"
-    elif trained:
+    if account.trained and os.environ.get(COUNT_FLOPS_ENV, "1") == "0":
+        account.step_costs(peak_why=f"{COUNT_FLOPS_ENV}=0: the FLOPs of the step were not counted")
+    elif account.trained:
+        flops = None
         try:
-            fields["model_flops_per_step"] = check.train_step_flops(run, cluster, model)
+            flops = check.train_step_flops(run, cluster, model)
         except Exception as e:  # noqa: BLE001 - a report without FLOPs is still a report
             logging.warning("Could not count the FLOPs of the train step: %s", one_line(e, 300))
         peak, why = check.peak_flops(cluster)
-        fields["peak_flops_per_s"] = peak
-        if why:
-            fields["peak_why"] = why
+        account.step_costs(flops, peak, why or None)
     try:
-        if trained:
+        if account.trained:
             mine = storage.basename(account.path)
             accounts = report.run_records.time_accounts(run.model_dir)
             for line in accounts.skipped:
                 logging.warning("Not in the time account: %s.", line)
             others = [goodput for name, goodput in accounts.found if name != mine]
-            summary = report.account([*others, account.ended("finished", **fields)])
+            summary = report.account([*others, account.ended(FINISHED)])
             print(f"tpurun train: {report.summary_line(summary)}", file=sys.stderr)
             _write_scalars(run.model_dir, summary)
-        account.finish("finished", **fields)
+        account.finish(FINISHED)
     except Exception as e:  # noqa: BLE001
         logging.warning("Could not write the run's time account: %s", one_line(e, 300))
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import storage
+from tpurun.layout import names
 from tpurun.run_config import RunConfig, splits
 from tpurun.run_config.splits import Splits
 from tpurun.storage import best
@@ -24,7 +25,7 @@ Evaluate = Callable[[str, str], dict[str, float]]  # checkpoint path, split -> e
 def summaries_dir(model_dir: str, split: str) -> str:
     """eval_<split>, so TensorBoard shows each split as a run of its own (eval_val, eval_test);
     the default split of a model that declares none keeps the old eval/."""
-    return storage.join(model_dir, "eval" if split == splits.LEGACY else f"eval_{split}")
+    return names.eval_summaries_dir(model_dir, None if split == splits.LEGACY else split)
 
 
 class EvalSummaries:

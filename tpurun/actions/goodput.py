@@ -1,17 +1,17 @@
 """The run record's time account: what this train process did and when, written as it goes.
 
-`tpurun report` reads it (`tpurun.report.goodput` documents the fields); a process
-that is killed leaves its account up to its last write. The record is rewritten
-whole through the run's background writer (only the newest version of a path is
-written, so a fast loop costs a dict update), at most every WRITE_EVERY seconds for
-the loops and at once for a save, an evaluation and the first loop; the end is
-written before the process exits.
+`tpurun report` reads it (`tpurun.layout.time_account` names and checks its fields); a
+process that is killed leaves its account up to its last write. The record is
+rewritten whole through the run's background writer (only the newest version of a
+path is written, so a fast loop costs an update of the account), at most every
+WRITE_EVERY seconds for the loops and at once for a save, an evaluation and the first
+loop; the end is written before the process exits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -21,7 +21,18 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.actions.base import Action, LoopStats, Saved
-from tpurun.report.run_records import record_name
+from tpurun.layout import names, time_account
+from tpurun.layout.time_account import (
+    Device,
+    End,
+    Evaluation,
+    FirstLoop,
+    Last,
+    Loops,
+    Save,
+    TimeAccount,
+    TrainingStart,
+)
 from tpurun.storage.background import Writer
 from tpurun.supervisor.protocol import (
     PREVIOUS_DEATH_ENV,
@@ -34,20 +45,19 @@ from tpurun.supervisor.protocol import (
 WRITE_EVERY = 2.0  # seconds between writes of the loops' progress
 
 
-def initial_account() -> dict[str, Any]:
+def initial_account() -> TimeAccount:
     """The account as the run record is first written: the process's start, and the death
     and restart number the supervisor passed on."""
-    account: dict[str, Any] = {"process_start": process_start(), "updated": time.time()}
+    account = TimeAccount(process_start=process_start(), updated=time.time())
     supervised = os.environ.get(SUPERVISED_ENV)
     if supervised:
-        account["restart"] = int(supervised.split("/")[0])
-        account["spawned_at"] = account["process_start"]
+        account.restart = int(supervised.split("/")[0])
+        account.spawned_at = account.process_start
         with contextlib.suppress(ValueError):  # which supervisor: its trainers' records say
-            account["supervisor_start"] = float(os.environ.get(SUPERVISOR_START_ENV, ""))
+            account.supervisor_start = float(os.environ.get(SUPERVISOR_START_ENV, ""))
     death = os.environ.get(PREVIOUS_DEATH_ENV)
     if death:
-        with contextlib.suppress(ValueError):
-            account["previous_death"] = json.loads(death)
+        account.previous_death = time_account.death_from_json(death)
     return account
 
 
@@ -65,25 +75,49 @@ def _progress_fd() -> int | None:
 
 
 class GoodputRecord(Action):
-    """Keeps the `goodput` object of the run record at `path` (`record`: the whole record as
-    written first) up to date: training start, loops, saves, evaluations, the end."""
+    """Keeps the time account of the run record at `path` (`record`: the whole record as
+    written first, its account under `time_account.KEY`) up to date: the cluster, training
+    start, loops, saves, evaluations, the end."""
 
     def __init__(self, path: str, record: dict[str, Any]):
         self._path = path
         self._record = record
-        self.account: dict[str, Any] = record.setdefault("goodput", initial_account())
-        self.account.setdefault("loops", {"count": 0, "steps": 0, "seconds": 0.0})
-        self.account["loops"].setdefault("input_seconds", 0.0)
-        self.account.setdefault("saves", [])
-        self.account.setdefault("evaluations", [])
+        account = record.get(time_account.KEY)
+        self.account = account if isinstance(account, TimeAccount) else initial_account()
+        record[time_account.KEY] = self.account
+        if self.account.loops is None:
+            self.account.loops = Loops(count=0, steps=0, seconds=0.0, input_seconds=0.0)
         self._writer: Writer | None = None
         self._written = 0.0
         self._progress_fd = _progress_fd()
         self._reached: dict[int, float] = {}  # recent host loops: step -> when it ended
 
-    def mark(self, name: str, **fields: Any) -> None:
-        """Records a moment of the start-up (`cluster_ready`): its time, and `fields`."""
-        self.account[name] = {"t": time.time(), **fields} if fields else time.time()
+    @property
+    def trained(self) -> bool:
+        """Whether training started (not "already at step N")."""
+        return self.account.training_start is not None
+
+    @property
+    def has_end(self) -> bool:
+        return self.account.end is not None
+
+    def cluster_ready(self, at: float, device_kind: str, replicas: int) -> None:
+        """The strategy was built at `at` (the TPU found and initialized), with `replicas`
+        replicas of `device_kind`: written with the training start."""
+        self.account.cluster_ready = at
+        self.account.device = Device(kind=device_kind, replicas=replicas)
+
+    def step_costs(
+        self,
+        model_flops_per_step: float | None = None,
+        peak_flops_per_s: float | None = None,
+        peak_why: str | None = None,
+    ) -> None:
+        """What is known only after training (the step's FLOPs, the device's peak, or why
+        not): written with the end."""
+        self.account.model_flops_per_step = model_flops_per_step
+        self.account.peak_flops_per_s = peak_flops_per_s
+        self.account.peak_why = peak_why
 
     @contextlib.contextmanager
     def writing_through(self, writer: Writer) -> Iterator[None]:
@@ -95,48 +129,46 @@ class GoodputRecord(Action):
             self._writer = None
 
     def start(self, step: int, last_step: int) -> None:
-        self.account["training_start"] = {"t": time.time(), "step": step}
-        self.account["last"] = {"step": step, "t": time.time()}
+        self.account.training_start = TrainingStart(t=time.time(), step=step)
+        self.account.last = Last(step=step, t=time.time())
         self._tell_supervisor(step)
         self._write(now=True)
 
     def after_loop(self, stats: LoopStats) -> None:
-        loops = self.account["loops"]
-        first = loops["count"] == 0
-        loops["count"] += 1
-        loops["steps"] += stats.num_steps
-        loops["seconds"] += stats.seconds
-        loops["input_seconds"] += stats.input_seconds
+        loops = self.account.loops
+        assert loops is not None
+        first = loops.count == 0
+        loops.count = (loops.count or 0) + 1
+        loops.steps = (loops.steps or 0) + stats.num_steps
+        loops.seconds = (loops.seconds or 0.0) + stats.seconds
+        loops.input_seconds = (loops.input_seconds or 0.0) + stats.input_seconds
         if first:
-            self.account["first_loop"] = {
-                "steps": stats.num_steps,
-                "seconds": stats.seconds,
-                "input_seconds": stats.input_seconds,
-            }
-        self.account["last"] = {"step": stats.step, "t": time.time()}
-        self._reached[stats.step] = self.account["last"]["t"]
+            self.account.first_loop = FirstLoop(
+                steps=stats.num_steps, seconds=stats.seconds, input_seconds=stats.input_seconds
+            )
+        now = time.time()
+        self.account.last = Last(step=stats.step, t=now)
+        self._reached[stats.step] = now
         if len(self._reached) > 64:  # a save is polled a few loops after its step at most
             del self._reached[min(self._reached)]
         self._tell_supervisor(stats.step)
         self._write(now=first)
 
     def saved(self, saved: Saved) -> None:
-        save = {"step": saved.step, "t": time.time(), "blocking_s": saved.waited}
-        if saved.step in self._reached:  # when the loop reached its step: a resume's point
-            save["reached_t"] = self._reached[saved.step]
-        self.account["saves"].append(save)
+        # reached_t: when the loop reached its step, a resume's point.
+        reached = self._reached.get(saved.step)
+        save = Save(step=saved.step, t=time.time(), blocking_s=saved.waited, reached_t=reached)
+        self.account.saves.append(save)
         self._write(now=True)
 
     def evaluated(self, step: int, seconds: float) -> None:
-        self.account["evaluations"].append({"step": step, "t": time.time(), "seconds": seconds})
+        self.account.evaluations.append(Evaluation(step=step, t=time.time(), seconds=seconds))
         self._write(now=True)
 
-    def finish(self, reason: str, **fields: Any) -> None:
-        """The end of the process (`reason`: finished, preempted, error, interrupted) and what
-        is known only then (the step's FLOPs, the device's peak), written now."""
-        self.account.update(fields)
-        last = self.account.get("last") or {}
-        self.account["end"] = {"t": time.time(), "reason": reason, "step": last.get("step")}
+    def finish(self, reason: str) -> None:
+        """The end of the process (`reason`: time_account.FINISHED, PREEMPTED, ERROR or
+        INTERRUPTED), written now."""
+        self.account.end = self._end(reason)
         try:
             self._write(now=True, wait=True)
         except Exception as e:  # noqa: BLE001 - storage's errors (OSError, TensorFlow's), others
@@ -144,7 +176,7 @@ class GoodputRecord(Action):
             # the whole account under a new name, so the report sees how it ended.
             lost, self._path = (
                 self._path,
-                storage.join(self._path.rsplit("/", 1)[0], record_name("train")),
+                storage.join(self._path.rsplit("/", 1)[0], names.run_record_name("train")),
             )
             self._write(now=True, wait=True)
             logging.warning(
@@ -154,12 +186,14 @@ class GoodputRecord(Action):
                 self._path,
             )
 
-    def ended(self, reason: str, **fields: Any) -> dict[str, Any]:
+    def ended(self, reason: str) -> TimeAccount:
         """This account as it would read if the process ended now (for the report `train`
         ends with, before the end is written)."""
-        last = self.account.get("last") or {}
-        ending = {"end": {"t": time.time(), "reason": reason, "step": last.get("step")}}
-        return {**self.account, **fields, **ending}
+        return dataclasses.replace(self.account, end=self._end(reason))
+
+    def _end(self, reason: str) -> End:
+        last = self.account.last or Last()
+        return End(t=time.time(), reason=reason, step=last.step)
 
     @property
     def path(self) -> str:
@@ -179,8 +213,8 @@ class GoodputRecord(Action):
         if not now and moment - self._written < WRITE_EVERY:
             return
         self._written = moment
-        self.account["updated"] = moment
-        text = json.dumps(self._record, indent=2, default=str) + "\n"
+        self.account.updated = moment
+        text = time_account.record_text(self._record)
         if self._writer is not None and not wait:
             self._writer.write(self._path, text)
         else:

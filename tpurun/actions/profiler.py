@@ -6,6 +6,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun.actions.base import Action, LoopStats
+from tpurun.layout import names
 
 
 class ProfileSteps(Action):
@@ -71,5 +72,5 @@ class ProfileSteps(Action):
             "shows them (pip install tensorboard-plugin-profile).",
             first,
             self._through,
-            self._model_dir.rstrip("/") + "/plugins/profile",
+            names.profile_dir(self._model_dir),
         )

@@ -17,6 +17,7 @@ import tqdm.contrib
 from absl import logging
 
 from tpurun.actions.base import Action, LoopStats, SaveState
+from tpurun.layout import names
 from tpurun.run_config.epochs import EpochCount
 
 # Above this share of a host loop spent waiting for input, the run is input-bound:
@@ -80,7 +81,7 @@ def saving(state: SaveState) -> str:
     """'saving ckpt-500' while a save is written in the background, else 'last save 2.41s'
     ('' before the first)."""
     if state.in_flight is not None:
-        return f"saving ckpt-{state.in_flight}"
+        return f"saving {names.checkpoint_name(state.in_flight)}"
     return "" if state.last_seconds is None else f"last save {state.last_seconds:.2f}s"
 
 

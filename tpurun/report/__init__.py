@@ -1,7 +1,8 @@
 """`tpurun report`: where a model_dir's training time went, from its run records alone.
 
-* `records`: the train run records read back (local or gs://), without TensorFlow,
-  each checked by `validation` (one that does not hold is skipped, with its line);
+* `run_records`: the train run records read back (local or gs://), without TensorFlow,
+  each checked by `tpurun.layout.time_account.check` (one that does not hold is
+  skipped, with its line);
 * `goodput`: the arithmetic: goodput and badput by category, disruptions, restarts,
   FLOPs per step, achieved FLOP/s and MFU (`account` -> `Report`).
 
@@ -14,6 +15,7 @@ import json
 import sys
 
 from tpurun.errors import RunError
+from tpurun.layout.names import RUNS_DIR
 from tpurun.report.goodput import CATEGORIES, Report, account
 from tpurun.report.run_records import time_accounts
 
@@ -35,7 +37,7 @@ def main(model_dir: str, as_json: bool = False) -> str:
     if not report.processes:
         skipped = f" ({len(accounts.skipped)} skipped: see above)" if accounts.skipped else ""
         raise RunError(
-            f"no train run record with a time account in {model_dir}/runs{skipped}: train there "
+            f"no train run record with a time account in {model_dir}/{RUNS_DIR}{skipped}: train there "
             "with tpurun 0.2 or later first (tpurun train --model_dir=...)"
         )
     if as_json:

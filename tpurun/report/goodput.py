@@ -1,15 +1,7 @@
 """Where a model_dir's training time went, from its run records: pure arithmetic, no I/O.
 
-Each train process writes, as it goes, a `goodput` object into its run record
-(`tpurun.actions.goodput.GoodputRecord`: the times are seconds since the epoch, the
-durations seconds):
-
-    process_start, spawned_at, supervisor_start, restart, previous_death {t, cause,
-    step, step_t}, cluster_ready,
-    training_start {t, step}, first_loop {steps, seconds, input_seconds},
-    loops {count, steps, seconds, input_seconds}, last {step, t}, saves [{step, t,
-    blocking_s}], evaluations [{step, t, seconds}], end {t, reason, step}, updated,
-    model_flops_per_step, peak_flops_per_s, device
+Each train process writes, as it goes, its time account into its run record
+(`tpurun.layout.time_account.TimeAccount`: each field and what it means).
 
 `account` splits the time from the first process's start to the last one's end into
 the categories below; they add up to `wall_s` by construction (`other` is what is
@@ -21,8 +13,19 @@ in its supervisor's restart numbers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from tpurun.layout.time_account import (
+    FINISHED,
+    PREEMPTED,
+    Death,
+    End,
+    FirstLoop,
+    Last,
+    Loops,
+    TimeAccount,
+)
 
 CATEGORIES = (
     "startup",  # process start to the first step: imports, cluster, TPU init, build, restore
@@ -34,7 +37,6 @@ CATEGORIES = (
     "downtime",  # from a death to the next start
     "other",  # the rest: the host between loops, the end of a run
 )
-FINISHED = "finished"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,22 +63,16 @@ class Report:
         return name, self.badput_s[name]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "wall_s": self.wall_s,
-            "goodput_s": self.goodput_s,
-            "badput_s": dict(self.badput_s),
-            "disruptions": self.disruptions,
-            "restarts": self.restarts,
-            "steps": self.steps,
-            "model_flops_per_step": self.model_flops_per_step,
-            "achieved_flops_per_s": self.achieved_flops_per_s,
-            "mfu": self.mfu,
-        }
+        """`tpurun report --json`: the fields above `processes`."""
+        fields = dataclasses.asdict(self)
+        for name in ("processes", "step_seconds", "mfu_why"):
+            del fields[name]
+        return fields
 
 
 @dataclasses.dataclass
 class _Process:
-    record: dict[str, Any]
+    record: TimeAccount
     start: float
     end: float = 0.0
     died: bool = False  # ended without saying how (killed): its end is the death's time
@@ -84,52 +80,62 @@ class _Process:
 
     @property
     def trained(self) -> bool:
-        return bool(self.record.get("training_start"))
+        return self.record.training_start is not None
 
     @property
     def first_step(self) -> int:
-        return int(self.record["training_start"]["step"])
+        assert self.record.training_start is not None
+        return int(self.record.training_start.step)
 
     @property
     def last_step(self) -> int:
-        last = self.record.get("last") or {}
-        return int(last.get("step", self.first_step))
+        last = self.record.last or Last()
+        return int(last.step if last.step is not None else self.first_step)
 
     @property
     def last_t(self) -> float:
-        return float(self.record.get("updated") or self.start)
+        return float(self.record.updated or self.start)
+
+    @property
+    def loops(self) -> Loops:
+        return self.record.loops or Loops()
+
+    @property
+    def first_loop(self) -> FirstLoop:
+        return self.record.first_loop or FirstLoop()
+
+    @property
+    def ending(self) -> End | None:
+        return self.record.end
 
 
-def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
-    """The train processes of `records` (each a run record's `goodput`), oldest first, with
+def processes(records: Sequence[TimeAccount]) -> list[_Process]:
+    """The train processes of `records` (each a run record's account), oldest first, with
     their ends: as recorded, else the death the next process was told of, else the last
     update."""
     # One process per start: a process whose record could not be rewritten at its end wrote
     # its account again under a new name (`GoodputRecord.finish`); the most complete counts.
-    newest: dict[float, dict[str, Any]] = {}
+    newest: dict[float, TimeAccount] = {}
     for g in records:
-        if g.get("process_start") is None:
-            continue
-        start = float(g["process_start"])
+        start = float(g.process_start)
         if start not in newest or _completeness(g) > _completeness(newest[start]):
             newest[start] = g
     found = sorted((_Process(g, start) for start, g in newest.items()), key=lambda p: p.start)
     for i, p in enumerate(found):
-        end = p.record.get("end")
-        if end:
-            p.end = float(end["t"])
+        if p.ending:
+            p.end = float(p.ending.t)
             continue
         p.died = True
         following = found[i + 1] if i + 1 < len(found) else None
-        death = (following.record.get("previous_death") or {}) if following else {}
-        if death.get("step_t") and p.trained and float(death["step_t"]) >= p.last_t:
+        death = (following.record.previous_death if following else None) or Death()
+        if death.step_t and p.trained and float(death.step_t) >= p.last_t:
             # The supervisor heard of its last step, and when: it trained until then (the
             # steps after its record's last write: lost progress, counted as time); what
             # follows (the loop it was in, its teardown) is downtime.
-            p.end = float(death["step_t"])
-            p.heard_step = int(death.get("step") or 0)
+            p.end = float(death.step_t)
+            p.heard_step = int(death.step or 0)
             continue
-        p.end = float(death["t"]) if death.get("t") else p.last_t
+        p.end = float(death.t) if death.t else p.last_t
         p.end = max(p.end, p.last_t)
     # Two trainers never run at once in one model_dir (the lease): one whose end the
     # records put after the next one's start (clocks that stepped, a --force_takeover of
@@ -139,8 +145,8 @@ def processes(records: Sequence[dict[str, Any]]) -> list[_Process]:
     return found
 
 
-def _completeness(goodput: dict[str, Any]) -> tuple[bool, float]:
-    return bool(goodput.get("end")), float(goodput.get("updated") or 0.0)
+def _completeness(goodput: TimeAccount) -> tuple[bool, float]:
+    return goodput.end is not None, float(goodput.updated or 0.0)
 
 
 def _unrecorded(found: Sequence[_Process]) -> tuple[int, int]:
@@ -150,15 +156,15 @@ def _unrecorded(found: Sequence[_Process]) -> tuple[int, int]:
     trainer were restarts."""
     numbers: dict[float, set[int]] = {}
     for p in found:
-        since, restart = p.record.get("supervisor_start"), p.record.get("restart")
+        since, restart = p.record.supervisor_start, p.record.restart
         if since is not None and restart is not None:
             numbers.setdefault(float(since), set()).add(int(restart))
     missing = [set(range(max(seen) + 1)) - seen for seen in numbers.values()]
     return sum(len(m) for m in missing), sum(len(m - {0}) for m in missing)
 
 
-def account(records: Sequence[dict[str, Any]]) -> Report:
-    """The report over the `goodput` objects of a model_dir's train run records."""
+def account(records: Sequence[TimeAccount]) -> Report:
+    """The report over the time accounts of a model_dir's train run records."""
     found = processes(records)
     badput = dict.fromkeys(CATEGORIES, 0.0)
     if not found:
@@ -169,9 +175,9 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
     disruptions, restarts = _unrecorded(found)
     for i, p in enumerate(found):
         later = found[i + 1 :]
-        if p.record.get("previous_death") and p.record.get("restart"):
+        if p.record.previous_death is not None and p.record.restart:
             restarts += 1
-        finished = (p.record.get("end") or {}).get("reason") == FINISHED
+        finished = p.ending is not None and p.ending.reason == FINISHED
         if (later and not finished) or (not later and p.died):
             disruptions += 1
         parts, kept_s, kept, step_time = _split(p, later)
@@ -183,8 +189,8 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
         if later:
             badput["downtime"] += max(0.0, later[0].start - p.end)
     wall = found[-1].end - found[0].start
-    flops = _newest(found, "model_flops_per_step")
-    peak = _newest(found, "peak_flops_per_s")
+    flops = _newest(found, lambda g: g.model_flops_per_step)
+    peak = _newest(found, lambda g: g.peak_flops_per_s)
     achieved = flops / step_seconds if flops and step_seconds else None
     mfu = achieved / peak if achieved and peak else None
     why = None
@@ -192,7 +198,7 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
         mfu, why = None, f"the records' FLOPs and step time give {mfu:.0%} of the peak, past 100%"
     elif mfu is None:
         why = (
-            (_newest(found, "peak_why") or "no peak FLOP/s known for this device")
+            (_newest(found, lambda g: g.peak_why) or "no peak FLOP/s known for this device")
             if flops
             else "the FLOPs of the train step were not counted (a run that finished counts them)"
         )
@@ -222,14 +228,14 @@ def _split(
     if not p.trained:
         parts["startup"] = duration
         return parts, 0.0, 0, None
-    parts["startup"] = max(0.0, float(p.record["training_start"]["t"]) - p.start)
-    loops = p.record.get("loops") or {}
-    first = p.record.get("first_loop") or {}
-    seconds = float(loops.get("seconds", 0.0))
-    waited = float(loops.get("input_seconds", 0.0))
-    steps = int(loops.get("steps", 0))
-    first_busy = float(first.get("seconds", 0.0)) - float(first.get("input_seconds", 0.0))
-    first_steps = int(first.get("steps", 0))
+    assert p.record.training_start is not None
+    parts["startup"] = max(0.0, float(p.record.training_start.t) - p.start)
+    loops, first = p.loops, p.first_loop
+    seconds = float(loops.seconds or 0.0)
+    waited = float(loops.input_seconds or 0.0)
+    steps = int(loops.steps or 0)
+    first_busy = float(first.seconds or 0.0) - float(first.input_seconds or 0.0)
+    first_steps = int(first.steps or 0)
     step_time: float | None = None
     if steps > first_steps:
         step_time = max(0.0, seconds - waited - first_busy) / (steps - first_steps)
@@ -239,8 +245,8 @@ def _split(
     busy = max(0.0, seconds - waited - compile_s)
     parts["compile"] = compile_s
     parts["input_wait"] = waited
-    parts["checkpoint"] = sum(float(s["blocking_s"]) for s in p.record.get("saves", []))
-    parts["evaluation"] = sum(float(e["seconds"]) for e in p.record.get("evaluations", []))
+    parts["checkpoint"] = sum(float(s.blocking_s) for s in p.record.saves)
+    parts["evaluation"] = sum(float(e.seconds) for e in p.record.evaluations)
     # A killed process's time after its last record was written: training (it was in a
     # host loop, most likely), up to the step its supervisor heard of last.
     tail = max(0.0, p.end - p.last_t) if p.died else 0.0
@@ -266,16 +272,19 @@ def _balanced(parts: dict[str, float], kept_s: float) -> float:
     first, then from the goodput, then from the other categories."""
     deficit = max(0.0, -parts["other"])
     parts["other"] = max(0.0, parts["other"])
-    for name in ("lost_progress", "goodput", *CATEGORIES):
-        if deficit <= 0:
-            break
-        taken = min(deficit, kept_s if name == "goodput" else parts[name])
-        if name == "goodput":
-            kept_s -= taken
-        else:
-            parts[name] -= taken
-        deficit -= taken
+    deficit = _take(parts, "lost_progress", deficit)
+    taken = min(deficit, kept_s) if deficit > 0 else 0.0  # then from the goodput
+    kept_s, deficit = kept_s - taken, deficit - taken
+    for name in CATEGORIES:
+        deficit = _take(parts, name, deficit)
     return kept_s
+
+
+def _take(parts: dict[str, float], name: str, deficit: float) -> float:
+    """Takes what it can of `deficit` from `parts[name]`; what is left of it."""
+    taken = min(deficit, parts[name]) if deficit > 0 else 0.0
+    parts[name] -= taken
+    return deficit - taken
 
 
 def _lost_by_the_clock(
@@ -285,18 +294,15 @@ def _lost_by_the_clock(
     the clock (the host between the loops too), less the saves' and evaluations' blocking
     time and the input wait in it; None when the moment of that step is not known."""
     if kept_to <= p.first_step:
-        reached = float(p.record["training_start"]["t"]) + compile_s
+        assert p.record.training_start is not None
+        reached = float(p.record.training_start.t) + compile_s
     else:
-        at = [s.get("reached_t") for s in p.record.get("saves", []) if int(s["step"]) == kept_to]
+        at = [s.reached_t for s in p.record.saves if int(s.step) == kept_to]
         if not at or at[-1] is None:
             return None
         reached = float(at[-1])
-    blocked = sum(
-        float(s["blocking_s"]) for s in p.record.get("saves", []) if float(s["t"]) > reached
-    )
-    blocked += sum(
-        float(e["seconds"]) for e in p.record.get("evaluations", []) if float(e["t"]) > reached
-    )
+    blocked = sum(float(s.blocking_s) for s in p.record.saves if float(s.t) > reached)
+    blocked += sum(float(e.seconds) for e in p.record.evaluations if float(e.t) > reached)
     input_share = waited * lost / trained if trained else 0.0
     return max(0.0, p.end - reached - blocked - input_share)
 
@@ -308,14 +314,15 @@ def _kept_to(p: _Process, later: Sequence[_Process]) -> int:
     restored = [q.first_step for q in later if q.trained]
     if restored:
         return min(restored)
-    if not p.died and (p.record.get("end") or {}).get("reason") in (FINISHED, "preempted"):
+    if not p.died and p.ending is not None and p.ending.reason in (FINISHED, PREEMPTED):
         return p.last_step
-    saves = [int(s["step"]) for s in p.record.get("saves", []) if int(s["step"]) <= p.last_step]
+    saves = [int(s.step) for s in p.record.saves if int(s.step) <= p.last_step]
     return max(saves, default=p.first_step)
 
 
-def _newest(found: Sequence[_Process], key: str) -> Any:
+def _newest(found: Sequence[_Process], field: Callable[[TimeAccount], Any]) -> Any:
+    """`field` of the newest record that has it."""
     for p in reversed(found):
-        if p.record.get(key) is not None:
-            return p.record[key]
+        if field(p.record) is not None:
+            return field(p.record)
     return None

@@ -1,90 +1,44 @@
 """A model_dir's train run records read back without TensorFlow (the supervisor imports none).
 
-`runs/<time>-train.json` on a local disk or gs:// (through gcsfs, as the lease reads
-it). Each record's time account is checked field by field (`validation`) before it is
-counted: a record that is not a file, not UTF-8, not JSON, or holds a field of the
-wrong type or outside physical bounds is skipped with one line naming the file and
-the field (`Accounts.skipped`). A model_dir or `runs/` that is not a directory is a
-RunError. Records are written atomically, so a half-written one is a foreign file.
+`runs/<time>-train.json` on a local disk or gs:// (`tpurun.layout.plain_files`, as
+the lease reads it). Each record's time account is checked field by field
+(`tpurun.layout.time_account.check`) before it is counted: a record that is not a
+file, not UTF-8, not JSON, or holds a field of the wrong type or outside physical
+bounds is skipped with one line naming the file and the field (`Accounts.skipped`). A
+model_dir or `runs/` that is not a directory is a RunError. Records are written
+atomically, so a half-written one is a foreign file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import logging as std_logging
 import os
-import re
-import stat
-import time
 from typing import Any
 
 from tpurun.errors import RunError
-from tpurun.report.validation import BadField, check
-
-RUNS = "runs"
-TRAIN_RECORD = re.compile(r"^\d{8}T\d{6}\.\d{6}Z-train\.json$")
-# A record is a few kB (a save adds ~80 bytes): anything this large is not one.
-MAX_RECORD_BYTES = 64 << 20
-_CHECKPOINT_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a pipe",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a device",
-    stat.S_IFBLK: "a device",
-}
+from tpurun.layout import names, plain_files, time_account
+from tpurun.layout.time_account import BadField, TimeAccount
 
 
 @dataclasses.dataclass(frozen=True)
 class Accounts:
     """The train records' time accounts that hold, oldest first, and those skipped."""
 
-    found: list[tuple[str, dict[str, Any]]]  # (the record's file name, its checked `goodput`)
+    found: list[tuple[str, TimeAccount]]  # (the record's file name, its checked account)
     skipped: list[str]  # one line per record not counted: its path, the field, why
-
-
-def record_name(command: str, at: float | None = None) -> str:
-    """A run record's name: `<UTC time to the microsecond>-<command>.json`, of now or of
-    `at` (epoch seconds); TRAIN_RECORD matches a train's."""
-    moment = datetime.datetime.fromtimestamp(
-        time.time() if at is None else at, datetime.timezone.utc
-    )
-    return f"{moment.strftime('%Y%m%dT%H%M%S.%fZ')}-{command}.json"
 
 
 class _Skip(Exception):
     pass
 
 
-def gcs() -> Any:
-    import gcsfs  # only for gs:// model_dirs: it brings aiohttp
-
-    std_logging.getLogger("gcsfs").setLevel(std_logging.CRITICAL)
-    emulated = bool(os.environ.get("STORAGE_EMULATOR_HOST"))
-    return gcsfs.GCSFileSystem(token="anon" if emulated else None)
-
-
 def _read(path: str) -> bytes | None:
     """A record's bytes (None: gone meanwhile); _Skip when it is no file tpurun wrote."""
     try:
-        if path.startswith("gs://"):
-            with gcs().open(path, "rb") as f:
-                data = f.read(MAX_RECORD_BYTES + 1)
-        else:
-            kind = stat.S_IFMT(os.stat(path).st_mode)  # through a link: what a read reaches
-            if kind != stat.S_IFREG:  # a pipe would block the read for ever
-                raise _Skip(f"is {_KINDS.get(kind, 'not a regular file')}, not a record")
-            with open(path, "rb") as f:
-                data = f.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise _Skip(f"cannot be read ({e.strerror or e})") from None
-    if len(data) > MAX_RECORD_BYTES:
-        raise _Skip(f"is larger than {MAX_RECORD_BYTES >> 20} MiB, not a record")
-    return data
+        return plain_files.read_record(path)
+    except plain_files.Unreadable as e:
+        raise _Skip(str(e)) from None
 
 
 def _parse(data: bytes) -> Any:
@@ -98,18 +52,13 @@ def _parse(data: bytes) -> Any:
         raise _Skip(f"is not JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
         raise _Skip("is nested too deeply to be a record") from None
+    except ValueError:  # an integer of more digits than Python reads (4,300)
+        raise _Skip("holds a number too long to read, not a record") from None
 
 
 def _listdir(directory: str) -> list[str]:
-    if directory.startswith("gs://"):
-        try:
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in gcs().ls(directory, refresh=True)]
-        except FileNotFoundError:
-            return []
     try:
-        return os.listdir(directory)
-    except FileNotFoundError:
-        return []
+        return plain_files.listdir(directory)
     except NotADirectoryError:
         model_dir = os.path.dirname(directory)
         if not os.path.isdir(model_dir):
@@ -126,13 +75,13 @@ def _listdir(directory: str) -> list[str]:
 
 
 def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
-    """The checked time accounts (`goodput`) of model_dir's train records, oldest first.
+    """The checked time accounts of model_dir's train records, oldest first.
 
     A record without one (written before tpurun 0.2) is neither counted nor skipped."""
-    directory = model_dir.rstrip("/") + "/" + RUNS
+    directory = names.runs_dir(model_dir)
     found, skipped = [], []
-    for name in sorted(n for n in _listdir(directory) if TRAIN_RECORD.match(n)):
-        path = directory + "/" + name
+    for name in sorted(n for n in _listdir(directory) if names.TRAIN_RECORD.fullmatch(n)):
+        path = names.join(directory, name)
         try:
             data = _read(path)
             record = _parse(data) if data is not None else None
@@ -140,8 +89,8 @@ def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
                 continue
             if not isinstance(record, dict):
                 raise _Skip("is not a run record (a JSON object)")
-            if record.get("goodput") is not None:
-                found.append((name, check(record["goodput"], now)))
+            if record.get(time_account.KEY) is not None:
+                found.append((name, time_account.check(record[time_account.KEY], now)))
         except _Skip as e:
             skipped.append(f"{path} {e}")
         except BadField as e:
@@ -154,8 +103,8 @@ def newest_checkpoint_step(model_dir: str) -> int | None:
     resumes from (`tpurun.storage.checkpoints.candidates`, which also checks it reads back whole);
     None if there is none or model_dir cannot be listed."""
     try:
-        names = _listdir(model_dir.rstrip("/"))
+        found = _listdir(model_dir.rstrip("/"))
     except RunError:
         return None
-    steps = [int(m.group(1)) for m in map(_CHECKPOINT_INDEX.match, names) if m]
+    steps = [int(m["step"]) for m in map(names.CHECKPOINT_INDEX.fullmatch, found) if m]
     return max(steps, default=None)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpurun.errors import UsageError
+from tpurun.layout import names
 from tpurun.run_config.bounds import (
     MAX_ACCUMULATE_STEPS,
     MAX_CHECKPOINTS_KEPT,
@@ -50,13 +51,13 @@ def parse_checkpoint(text: str | None) -> int | None:
     """--checkpoint=ckpt-N or --checkpoint=N as the step N (None: not given)."""
     if text is None:
         return None
-    match = re.fullmatch(r"\s*(?:ckpt-)?(\d+)\s*", text)
-    if not match:
+    step = names.step_argument(text)
+    if step is None:
         raise UsageError(
             f"--checkpoint={text} is not a checkpoint of model_dir; give ckpt-N or its step N "
             "(e.g. --checkpoint=ckpt-300 or --checkpoint=300)"
         )
-    return int(match.group(1))
+    return step
 
 
 def parse_step_range(text: str | None) -> tuple[int, int] | None:

@@ -35,6 +35,7 @@ from typing import Any
 import ml_collections
 
 from tpurun.errors import CheckpointMismatch, UsageError
+from tpurun.layout import names
 from tpurun.run_config import DATA_LOCATION_SUFFIXES
 
 # Keys, and sections (ending in "."), that say how the command runs: the command line's
@@ -127,7 +128,7 @@ def conflict(model_dir: str, overridden: tuple[Difference, ...], reason: str) ->
     return (
         f"the checkpoint in {model_dir} does not fit the model this command line builds "
         f"({listed}): {reason.rstrip('.')}. Drop the override (eval, predict and export build "
-        f"the model {model_dir}/train_config.json records), or train a model_dir with it"
+        f"the model {model_dir}/{names.TRAIN_CONFIG} records), or train a model_dir with it"
     )
 
 

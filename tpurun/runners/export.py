@@ -15,6 +15,7 @@ from absl import logging
 
 from tpurun import precision, storage
 from tpurun.errors import RunError, UsageError
+from tpurun.layout import names
 from tpurun.model import InputParams, Mode, Model, build_models
 from tpurun.run_config import RunConfig
 from tpurun.runners import restore
@@ -62,11 +63,11 @@ def target_dir(run: RunConfig) -> str:
                 f"--export_dir={run.export_dir} exists and is not empty; pick a new one"
             )
         return run.export_dir
-    base = storage.make_dir(run.model_dir, storage.join(run.model_dir, "export"))
+    storage.make_dir(run.model_dir, storage.join(run.model_dir, names.EXPORT_DIR))
     stamp = int(time.time())
-    while tf.io.gfile.exists(storage.join(base, str(stamp))):
+    while tf.io.gfile.exists(names.export_path(run.model_dir, stamp)):
         stamp += 1
-    return storage.join(base, str(stamp))
+    return names.export_path(run.model_dir, stamp)
 
 
 def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
@@ -95,7 +96,7 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
             input_signature=[spec],
         )
     final = target_dir(run)
-    tmp = storage.temporary_path(final)
+    tmp = names.temporary_path(final)
     try:
         tf.io.gfile.makedirs(final.rstrip("/").rpartition("/")[0] or ".")
         archive.write_out(tmp, verbose=False)

@@ -12,7 +12,6 @@ import dataclasses
 import io
 import math
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ import tensorflow as tf
 from tpurun import inputs, precision, storage
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError, UsageError
+from tpurun.layout import names
 from tpurun.model import Mode, Model, build_models, has_generate, json_line
 from tpurun.run_config import RunConfig
 from tpurun.runners import restore
-from tpurun.storage import checkpoints, lease, train_config
 
 
 class Predictor:
@@ -133,20 +132,6 @@ _REFUSED = {
     stat.S_IFSOCK: "a socket",
     stat.S_IFBLK: "a block device",
 }
-# The files tpurun keeps at a model_dir's top level (any directory in it is tpurun's
-# too: runs/, eval/, export/, best/, damaged/, plugins/): never an --output.
-_MODEL_DIR_FILES = re.compile(
-    "|".join(
-        (
-            re.escape(checkpoints.STATE_FILE),
-            r"ckpt-\d+.*",
-            re.escape(train_config.FILE),
-            re.escape(lease.FILE),
-            r"events\.out\.tfevents\..*",
-            r"\..*",  # temporaries, .scratch/, the best's leftovers
-        )
-    )
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +163,7 @@ class OutputTarget:
         except (OSError, tf.errors.OpError) as e:
             # The cause, without the name of tpurun's temporary file beside the path.
             cause = e.strerror if isinstance(e, OSError) and e.strerror else storage.failure(e)
-            cause = re.sub(r"\.([^/\s]+)\.tpurun-tmp-[A-Za-z0-9.-]+-\d+-[0-9a-f]{8}", r"\1", cause)
+            cause = names.without_temporaries(cause)
             raise RunError(f"cannot write --output={self.path}: {cause}") from None
 
     @property
@@ -267,7 +252,9 @@ def _kept_by_tpurun(path: str, model_dir: str) -> str | None:
     relative = path[len(model_dir.rstrip("/")) + 1 :].strip("/")
     if "/" in relative:
         return f"inside {relative.split('/')[0]}/, a directory"
-    return f"{relative!r}, a file" if _MODEL_DIR_FILES.fullmatch(relative) else None
+    # The files tpurun keeps at the top level (any directory in it is tpurun's too: runs/,
+    # eval/, export/, best/, damaged/, plugins/): never an --output.
+    return f"{relative!r}, a file" if names.TOP_LEVEL_FILE.fullmatch(relative) else None
 
 
 def stacked(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ from absl import logging
 from tpurun import optimization
 from tpurun.errors import CheckpointMismatch
 from tpurun.errors.tf_errors import one_line
+from tpurun.layout import names
 from tpurun.model import OPTIMIZER, Model
 from tpurun.storage.checkpoints import CheckpointGone
 
@@ -82,8 +83,8 @@ def mismatch(path: str, error: BaseException) -> CheckpointMismatch:
     reason = one_line(error, 300)
     return CheckpointMismatch(
         f"checkpoint {path} does not fit the model built to read it ({reason}); build it as "
-        "it was trained (model_dir/train_config.json holds that config: was the model's code "
-        "changed since?)",
+        f"it was trained (model_dir/{names.TRAIN_CONFIG} holds that config: was the model's "
+        "code changed since?)",
         reason,
     )
 

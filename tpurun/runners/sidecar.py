@@ -13,6 +13,7 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.errors import RunError
+from tpurun.layout import names
 from tpurun.run_config import RunConfig
 from tpurun.run_config.splits import Splits
 from tpurun.storage import checkpoints, records
@@ -47,7 +48,7 @@ class StateWatch:
 
     def __init__(self, model_dir: str):
         self._model_dir = model_dir
-        self._path = storage.join(model_dir, checkpoints.STATE_FILE)
+        self._path = storage.join(model_dir, names.STATE_FILE)
         self._seen: tuple[int, int] | None = None
         self._listed: list[str] = []
 
@@ -67,7 +68,8 @@ class StateWatch:
 
 def still_saved(path: str) -> bool:
     """Whether the checkpoint's files are all still there (keep_checkpoint_max deletes them)."""
-    return tf.io.gfile.exists(path + ".index") and bool(tf.io.gfile.glob(path + ".data-*"))
+    index, data = names.index_file(path), names.data_files_glob(path)
+    return tf.io.gfile.exists(index) and bool(tf.io.gfile.glob(data))
 
 
 def _nothing_appeared(run: RunConfig) -> RunError:

@@ -11,6 +11,7 @@ from absl import logging
 from tpurun import storage
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import one_line
+from tpurun.layout import names
 from tpurun.model import Model, build_keras_model
 from tpurun.run_config import RunConfig
 from tpurun.storage import checkpoints
@@ -33,9 +34,10 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
         path = checkpoints.latest(source)
         if path is None:
             raise UsageError(f"--warm_start_from={source} holds no checkpoint; pass a ckpt-N path")
-    elif not tf.io.gfile.exists(path + ".index"):
+    elif not tf.io.gfile.exists(names.index_file(path)):
         raise UsageError(
-            f"--warm_start_from={source} is neither a model_dir nor a checkpoint (no {path}.index)"
+            f"--warm_start_from={source} is neither a model_dir nor a checkpoint (no "
+            f"{names.index_file(path)})"
         )
     pattern_text = run.config.train.warm_start_vars
     try:

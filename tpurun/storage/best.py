@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Iterable
 
 import tensorflow as tf
@@ -29,21 +28,16 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.errors import RunError, UsageError
+from tpurun.layout import names
 from tpurun.run_config import RunConfig
 from tpurun.storage import checkpoints, records
 from tpurun.storage.eval_results import NOT_METRICS
 
-DIR = "best"
-RECORD = "best.json"
+DIR = names.BEST_DIR
+RECORD = names.BEST_RECORD
 # Where tpurun before 0.3 kept the old best while renaming the new one into place:
 # still read (a replacement killed between its renames), removed by the next update.
-_PREVIOUS = ".best.previous"
-_PREVIOUS_NAME = re.compile(re.escape(_PREVIOUS))
-_CHECKPOINT_FILE = re.compile(
-    f"(?:{storage.CHECKPOINT_INDEX.pattern})|(?:{storage.CHECKPOINT_DATA.pattern})"
-)
-# `eval --best --split=S` records its results beside the best: best/results-<S>.json.
-_RESULTS_FILE = re.compile(r"results-[A-Za-z0-9][A-Za-z0-9_.-]*\.json")
+_PREVIOUS = names.PREVIOUS_BEST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,12 +86,12 @@ def read(model_dir: str) -> Best | None:
         try:
             best = _parse(directory, records.read_json(record_path, _KEYS))
         except records.DamagedRecord as e:
-            moved_to = storage.move_into(model_dir, [record_path], storage.DAMAGED_DIR)
+            moved_to = storage.move_into(model_dir, [record_path], names.DAMAGED_DIR)
             logging.warning(
                 "%s; moved it to %s: the next evaluation keeps a new best.", e, moved_to
             )
             continue
-        if best is None or not tf.io.gfile.exists(best.path + ".index"):
+        if best is None or not tf.io.gfile.exists(names.index_file(best.path)):
             continue  # deleted by hand, or a rename of tpurun before 0.3 killed half-way
         return best
     return None
@@ -110,7 +104,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
     if record is None:
         return None
     name = record["checkpoint"]
-    if not isinstance(name, str) or not re.fullmatch(r"ckpt-\d+", name):
+    if not isinstance(name, str) or not names.CHECKPOINT.fullmatch(name):
         # Never a path: the best is a copy inside `directory`, whatever the record says.
         raise records.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
     try:
@@ -142,7 +136,7 @@ def require(run: RunConfig) -> Best:
 
 def results_path(model_dir: str, split: str) -> str:
     """Where `eval --best --split=S` records its results: best/results-<S>.json."""
-    return storage.join(model_dir, DIR, f"results-{split}.json")
+    return names.best_results_path(model_dir, split)
 
 
 def improves(value: float, best: Best | None, metric: str, mode: str, split: str = "") -> bool:
@@ -203,8 +197,10 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
     copied: list[str] = []
     try:
         files = checkpoints.files_of(checkpoint_path)  # ckpt-N.index, ckpt-N.data-*
-        if not any(f.endswith(".index") for f in files):
-            raise tf.errors.NotFoundError(None, None, f"{checkpoint_path}.index is gone")
+        if not any(names.is_index(f) for f in files):
+            raise tf.errors.NotFoundError(
+                None, None, f"{names.index_file(checkpoint_path)} is gone"
+            )
         if current is None or current.path != best.path:  # else: the same files are there
             for file in files:
                 copied.append(storage.join(directory, storage.basename(file)))
@@ -215,11 +211,11 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
         )
     except BaseException as e:
         for path in copied:
-            storage.remove_file_quietly(model_dir, path, _CHECKPOINT_FILE)
+            storage.remove_file_quietly(model_dir, path, names.CHECKPOINT_FILE)
         # A 404 can also be one failed request (GCS): only a checkpoint whose index is
         # really gone was deleted.
         if not isinstance(e, tf.errors.NotFoundError) or tf.io.gfile.exists(
-            checkpoint_path + ".index"
+            names.index_file(checkpoint_path)
         ):
             raise
         # A sidecar's checkpoint can be deleted by the trainer's keep_checkpoint_max
@@ -233,11 +229,12 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
     # The previous best's files, and any an unfinished copy left; results of
     # `eval --best` of another checkpoint would now say the wrong step.
     for name in storage.listdir(directory):
-        if _CHECKPOINT_FILE.fullmatch(name) and not name.startswith(best.checkpoint + "."):
-            storage.remove_file_quietly(model_dir, storage.join(directory, name), _CHECKPOINT_FILE)
-        elif _RESULTS_FILE.fullmatch(name) and (current is None or current.step != best.step):
-            storage.remove_file_quietly(model_dir, storage.join(directory, name), _RESULTS_FILE)
+        path = storage.join(directory, name)
+        if names.CHECKPOINT_FILE.fullmatch(name) and not names.is_file_of(best.checkpoint, name):
+            storage.remove_file_quietly(model_dir, path, names.CHECKPOINT_FILE)
+        elif names.BEST_RESULTS.fullmatch(name) and (current is None or current.step != best.step):
+            storage.remove_file_quietly(model_dir, path, names.BEST_RESULTS)
     previous = storage.join(model_dir, _PREVIOUS)
     if current is not None and current.path.startswith(previous + "/"):
-        storage.remove(model_dir, previous, _PREVIOUS_NAME)
+        storage.remove(model_dir, previous, names.exactly(_PREVIOUS))
     return True

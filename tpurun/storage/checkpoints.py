@@ -16,7 +16,6 @@ lists), is rebuilt from the checkpoint files present.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from google.protobuf import text_format
 from tpurun import storage, tf_internals
 from tpurun.errors import RunError
 from tpurun.errors.tf_errors import one_line
+from tpurun.layout import names
 from tpurun.run_config import RunConfig
 from tpurun.storage import records, train_config
 from tpurun.storage.background import checkpoint_upload
@@ -44,11 +44,6 @@ NOT_DAMAGE = (
     tf.errors.UnauthenticatedError,
     tf.errors.CancelledError,
     tf.errors.AbortedError,
-)
-STATE_FILE = "checkpoint"
-_SCRATCH = re.compile(r"(chief|worker)-\d+")  # a worker's scratch directory, by task
-_CHECKPOINT_FILE = re.compile(
-    f"(?:{storage.CHECKPOINT_INDEX.pattern})|(?:{storage.CHECKPOINT_DATA.pattern})"
 )
 
 
@@ -113,8 +108,8 @@ class Saver:
         write_state(self._model_dir, keep)
         self._kept = keep
         for old in dropped:
-            for file in sorted(files_of(old), key=lambda f: not f.endswith(".index")):
-                storage.remove_file(self._model_dir, file, _CHECKPOINT_FILE)
+            for file in sorted(files_of(old), key=lambda f: not names.is_index(f)):
+                storage.remove_file(self._model_dir, file, names.CHECKPOINT_FILE)
         return path
 
     def discard(self, snapshot: Snapshot) -> None:
@@ -127,8 +122,8 @@ class Saver:
         try:
             if snapshot.path in (state(self._model_dir) or []):
                 return  # the state file was written: the save happened, only a deletion failed
-            for file in sorted(files_of(snapshot.path), key=lambda f: not f.endswith(".index")):
-                storage.remove_file(self._model_dir, file, _CHECKPOINT_FILE)
+            for file in sorted(files_of(snapshot.path), key=lambda f: not names.is_index(f)):
+                storage.remove_file(self._model_dir, file, names.CHECKPOINT_FILE)
         except (tf.errors.OpError, OSError, records.DamagedRecord) as e:
             logging.warning("Could not remove what the failed save left (the next run will): %s", e)
 
@@ -139,7 +134,7 @@ def write_state(model_dir: str, paths: list[str]) -> None:
     proto.model_checkpoint_path = storage.basename(paths[-1])  # relative, as TensorFlow writes
     proto.all_model_checkpoint_paths.extend(storage.basename(p) for p in paths)
     storage.write_atomically(
-        storage.join(model_dir, STATE_FILE), text_format.MessageToString(proto)
+        storage.join(model_dir, names.STATE_FILE), text_format.MessageToString(proto)
     )
 
 
@@ -149,23 +144,23 @@ def scratch_dir(run: RunConfig, task: str) -> str:
     Every worker of a MultiWorkerMirroredStrategy must take part in a save, but
     only the chief's copy is kept.
     """
-    scratch = storage.make_dir(run.model_dir, storage.join(run.model_dir, ".scratch"))
+    scratch = storage.make_dir(run.model_dir, storage.join(run.model_dir, names.SCRATCH_DIR))
     return storage.join(scratch, task)
 
 
 def remove_scratch(model_dir: str, scratch: str) -> None:
-    storage.remove(model_dir, scratch, _SCRATCH)
+    storage.remove(model_dir, scratch, names.SCRATCH_TASK)
 
 
 def path_of(model_dir: str, step: int) -> str:
-    return storage.join(model_dir, f"ckpt-{step}")
+    return names.checkpoint_path(model_dir, step)
 
 
 def step_of(path: str) -> int:
-    match = re.search(r"ckpt-(\d+)$", path)
-    if not match:
+    step = names.checkpoint_step(path)
+    if step is None:
         raise RunError(f"checkpoint {path} is not named ckpt-<step>; was it written by tpurun?")
-    return int(match.group(1))
+    return step
 
 
 def state(model_dir: str) -> list[str] | None:
@@ -175,7 +170,7 @@ def state(model_dir: str) -> list[str] | None:
     saves write (not text, not the format, a path outside model_dir or not named
     ckpt-<step>).
     """
-    path = storage.join(model_dir, STATE_FILE)
+    path = storage.join(model_dir, names.STATE_FILE)
     text = records.read_text(path)
     if text is None:
         return None
@@ -191,7 +186,7 @@ def state(model_dir: str) -> list[str] | None:
     for name in listed:
         full = name if "/" in name else storage.join(model_dir, name)
         if not (
-            storage.inside(model_dir, full) and re.fullmatch(r"ckpt-\d+", storage.basename(full))
+            storage.inside(model_dir, full) and names.CHECKPOINT.fullmatch(storage.basename(full))
         ):
             raise records.DamagedRecord(path, f"it names {name}, not a ckpt-<step> of {model_dir}")
         paths.append(full)
@@ -226,13 +221,13 @@ def require_latest(run: RunConfig) -> str:
 def require_step(run: RunConfig, step: int) -> str:
     """The checkpoint ckpt-<step> of model_dir (--checkpoint), or a RunError listing those there."""
     path = path_of(run.model_dir, step)
-    if storage.isdir(run.model_dir) and tf.io.gfile.exists(path + ".index"):
+    if storage.isdir(run.model_dir) and tf.io.gfile.exists(names.index_file(path)):
         return path
     present = sorted(candidates(run.model_dir), key=step_of) if storage.isdir(run.model_dir) else []
     there = ", ".join(storage.basename(p) for p in present) or "none"
     raise RunError(
-        f"no checkpoint ckpt-{step} in {run.model_dir} (--checkpoint); the checkpoints there: "
-        f"{there}"
+        f"no checkpoint {names.checkpoint_name(step)} in {run.model_dir} (--checkpoint); the "
+        f"checkpoints there: {there}"
     )
 
 
@@ -243,11 +238,10 @@ def candidates(model_dir: str) -> list[str]:
     merge but before the state file was rewritten left a complete newer one, and
     the state file itself may be what is damaged.
     """
-    names = storage.listdir(model_dir)
     paths = [
-        storage.join(model_dir, name[: -len(".index")])
-        for name in names
-        if storage.CHECKPOINT_INDEX.fullmatch(name)
+        storage.join(model_dir, names.checkpoint_of(name))
+        for name in storage.listdir(model_dir)
+        if names.CHECKPOINT_INDEX.fullmatch(name)
     ]
     return sorted(paths, key=step_of, reverse=True)
 
@@ -260,15 +254,15 @@ def remove_partial_saves(model_dir: str) -> None:
     Neither can ever be restored. Only names a save makes, matched in full: a
     user's `ckpt-notes_template/` is not one.
     """
-    names = {name.rstrip("/") for name in storage.listdir(model_dir)}
-    for name in sorted(names):
+    present = {name.rstrip("/") for name in storage.listdir(model_dir)}
+    for name in sorted(present):
         path = storage.join(model_dir, name)
-        if storage.CHECKPOINT_TEMP.fullmatch(name):
-            pattern = storage.CHECKPOINT_TEMP
-        elif storage.CHECKPOINT_DATA.fullmatch(name) and (
-            name.split(".data-")[0] + ".index" not in names
+        if names.CHECKPOINT_TEMP.fullmatch(name):
+            pattern = names.CHECKPOINT_TEMP
+        elif names.CHECKPOINT_DATA.fullmatch(name) and (
+            names.index_file(names.checkpoint_of(name)) not in present
         ):
-            pattern = storage.CHECKPOINT_DATA
+            pattern = names.CHECKPOINT_DATA
         else:
             continue
         logging.info("Removing %s, left by an interrupted save.", path)
@@ -289,8 +283,7 @@ def files_of(path: str) -> list[str]:
     return [
         storage.join(directory, file)
         for file in storage.listdir(directory)
-        if file.startswith(name + ".")
-        and (storage.CHECKPOINT_INDEX.fullmatch(file) or storage.CHECKPOINT_DATA.fullmatch(file))
+        if names.is_file_of(name, file) and names.CHECKPOINT_FILE.fullmatch(file)
     ]
 
 
@@ -371,7 +364,7 @@ def _read_whole(make_checkpoint: Callable[..., tf.train.Checkpoint], path: str) 
 
 
 def _move_aside(path: str, model_dir: str) -> None:
-    moved_to = storage.move_into(model_dir, files_of(path), storage.DAMAGED_DIR)
+    moved_to = storage.move_into(model_dir, files_of(path), names.DAMAGED_DIR)
     logging.warning("Moved the damaged checkpoint %s to %s.", path, moved_to)
 
 
@@ -389,7 +382,8 @@ def _keep_state_true(model_dir: str, newest: str | None) -> None:
         listed = []
     if newest is None:
         if listed:  # names checkpoints that are gone: TensorFlow's manager would trust it
-            storage.remove(model_dir, storage.join(model_dir, STATE_FILE), re.compile(STATE_FILE))
+            state_file = storage.join(model_dir, names.STATE_FILE)
+            storage.remove(model_dir, state_file, names.exactly(names.STATE_FILE))
         return
     present = [p for p in reversed(candidates(model_dir)) if step_of(p) <= step_of(newest)]
     if listed != present:

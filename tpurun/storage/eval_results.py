@@ -11,6 +11,7 @@ import json
 import tensorflow as tf
 
 from tpurun import storage
+from tpurun.layout import names
 from tpurun.run_config import splits
 
 # Eval results that are counts, not a measure of the model.
@@ -33,13 +34,11 @@ def summary_line(results: dict[str, float], split: str) -> str:
 
 def results_dir(model_dir: str, split: str) -> str:
     """eval/<split>; the default split (a model that declares none) keeps the old eval/."""
-    if split == splits.LEGACY:
-        return storage.join(model_dir, "eval")
-    return storage.join(model_dir, "eval", split)
+    return names.eval_results_dir(model_dir, None if split == splits.LEGACY else split)
 
 
 def results_path(model_dir: str, step: int, split: str) -> str:
-    return storage.join(results_dir(model_dir, split), f"results-{step}.json")
+    return names.eval_results_path(model_dir, step, None if split == splits.LEGACY else split)
 
 
 def evaluated_before(model_dir: str, step: int, split: str, best_split: str) -> str | None:

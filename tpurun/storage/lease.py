@@ -12,14 +12,15 @@ How the lease is made atomic, by file system:
   kernel drops the lock when the process dies however it dies, so a killed
   trainer's lease is free at once; nothing needs renewing.
 * gs://: TensorFlow's client cannot make a write conditional, so the lease object
-  is written through the GCS JSON API (gcsfs) with a generation precondition:
-  `ifGenerationMatch=0` creates it only if there is none, and renewing or taking
-  over replaces exactly the generation that was read, so of two trainers that try
-  at once one wins and the other gets 412. The holder renews it after a host loop
-  at most every RENEW_SECONDS (no request in the other loops). A lease not renewed
-  for its `stale_after_seconds` (the holder's --hang_timeout plus STALE_MARGIN: a
-  live trainer that long without a host loop has been ended by its watchdog), or
-  held by a process of this machine that is gone, is stale and taken over.
+  is written through the GCS JSON API (gcsfs: `tpurun.layout.plain_files.GcsObjects`)
+  with a generation precondition: `ifGenerationMatch=0` creates it only if there
+  is none, and renewing or taking over replaces exactly the generation that was
+  read, so of two trainers that try at once one wins and the other gets 412. The
+  holder renews it after a host loop at most every RENEW_SECONDS (no request in
+  the other loops). A lease not renewed for its `stale_after_seconds` (the holder's
+  --hang_timeout plus STALE_MARGIN: a live trainer that long without a host loop
+  has been ended by its watchdog), or held by a process of this machine that is
+  gone, is stale and taken over.
 * Other file systems (ram://): no lease.
 
 `--force_takeover` takes the lease whatever its state: for a holder that is known
@@ -33,7 +34,6 @@ import datetime
 import errno
 import fcntl
 import json
-import logging as std_logging
 import os
 import socket
 import time
@@ -42,13 +42,14 @@ from typing import Any
 from absl import logging
 
 from tpurun import storage
-from tpurun.errors import RunError, storage_errors
+from tpurun.errors import RunError
+from tpurun.layout import names
+from tpurun.layout.plain_files import GcsObjects
 
-FILE = "trainer.lease"
+FILE = names.LEASE
 RENEW_SECONDS = 60.0
 STALE_MARGIN = 300.0  # seconds beyond the holder's --hang_timeout
 NO_HANG_TIMEOUT_STALE = 3600.0  # the bound when the holder runs with --hang_timeout=0
-_BOUNDARY = "tpurun-lease"
 
 
 class LeaseHeld(RunError):
@@ -176,7 +177,7 @@ def _acquire_local(model_dir: str, holder: Holder, force: bool) -> Lease:
 class _GcsLease(Lease):
     """The lease object, replaced only at the generation this trainer wrote."""
 
-    def __init__(self, client: _GcsClient, path: str, holder: Holder, generation: str):
+    def __init__(self, client: GcsObjects, path: str, holder: Holder, generation: str):
         self._client, self._path, self._holder = client, path, holder
         self._generation, self._renewed = generation, time.monotonic()
         self._lost = False
@@ -192,7 +193,7 @@ class _GcsLease(Lease):
             self._generation = self._client.write(self._path, holder.text(), self._generation)
         except FileExistsError:
             self._lost = True
-            current = self._client.read(self._path)
+            current = _read(self._client, self._path)
             who = current[0].describe() if current and current[0] else "another trainer"
             raise RunError(
                 f"another trainer ({who}) took over the lease {self._path} while this one ran "
@@ -213,90 +214,20 @@ class _GcsLease(Lease):
             logging.warning("Could not remove the lease %s: %s", self._path, e)
 
 
-class _GcsClient:
-    """The three conditional requests of the lease, through gcsfs (the GCS JSON API)."""
-
-    def __init__(self) -> None:
-        import gcsfs  # only for gs:// model_dirs: it brings aiohttp
-
-        # gcsfs logs a traceback for every failed request; tpurun says it in one line.
-        std_logging.getLogger("gcsfs").setLevel(std_logging.CRITICAL)
-        # A GCS emulator (STORAGE_EMULATOR_HOST, as the Cloud SDK's) takes no credentials;
-        # asking Google's for them there would only log failed metadata-server probes.
-        emulated = bool(os.environ.get("STORAGE_EMULATOR_HOST"))
-        self._fs = gcsfs.GCSFileSystem(token="anon" if emulated else None)
-
-    def _parts(self, path: str) -> tuple[str, str]:
-        bucket, _, name = path[len("gs://") :].partition("/")
-        return bucket, name
-
-    def write(self, path: str, text: str, generation: str) -> str:
-        """Uploads `text` only if the object's generation is `generation` ("0": none); the new one.
-
-        FileExistsError (HTTP 412) when it is not.
-        """
-        bucket, name = self._parts(path)
-        upload = self._fs.base.replace("/storage/v1/", "/upload/storage/v1/") + "b/{}/o"
-        # A multipart upload (metadata, then the data), as gcsfs's own: the emulator
-        # ignores preconditions on the simpler uploadType=media.
-        body = (
-            f"--{_BOUNDARY}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
-            + json.dumps({"name": name})
-            + f"\r\n--{_BOUNDARY}\r\nContent-Type: application/json\r\n\r\n"
-            + text
-            + f"\r\n--{_BOUNDARY}--"
-        )
-        answer = self._call(
-            path,
-            "POST",
-            upload,
-            bucket,
-            uploadType="multipart",
-            ifGenerationMatch=generation,
-            data=body.encode(),
-            headers={"Content-Type": f'multipart/related; boundary="{_BOUNDARY}"'},
-            json_out=True,
-        )
-        return str(answer["generation"])
-
-    def read(self, path: str) -> tuple[Holder | None, str] | None:
-        """(holder, generation) of the lease; None if there is none."""
-        bucket, name = self._parts(path)
-        try:
-            info = self._call(path, "GET", "b/{}/o/{}", bucket, name, json_out=True)
-            data = self._call(
-                path, "GET", "b/{}/o/{}", bucket, name, alt="media", generation=info["generation"]
-            )[1]
-        except FileNotFoundError:
-            return None
-        return Holder.parse(data), str(info["generation"])
-
-    def delete(self, path: str, generation: str) -> None:
-        bucket, name = self._parts(path)
-        try:
-            self._call(path, "DELETE", "b/{}/o/{}", bucket, name, ifGenerationMatch=generation)
-        except (FileNotFoundError, FileExistsError):
-            pass  # gone, or taken over: no longer ours to remove
-
-    def _call(self, path: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return self._fs.call(method, *args, **kwargs)
-        except (FileNotFoundError, FileExistsError):
-            raise
-        except Exception as e:  # noqa: BLE001 - gcsfs raises OSError, HttpError, aiohttp's errors
-            # gcsfs's HttpError has the status; a 403 is an OSError("Forbidden: ...").
-            status = getattr(e, "code", None) or (403 if "Forbidden" in str(e) else None)
-            raise OSError(storage_errors.for_request(path, status, str(e))) from None
+def _read(objects: GcsObjects, path: str) -> tuple[Holder | None, str] | None:
+    """(holder, generation) of the lease object; None if there is none."""
+    found = objects.read(path)
+    return (Holder.parse(found[0]), found[1]) if found else None
 
 
 def _acquire_gcs(model_dir: str, holder: Holder, force: bool) -> Lease:
-    client, path = _GcsClient(), storage.join(model_dir, FILE)
+    client, path = GcsObjects(), storage.join(model_dir, FILE)
     generation = "0"  # none yet
     for _ in range(3):
         try:
             written = client.write(path, holder.text(), generation)
         except FileExistsError:
-            current = client.read(path)
+            current = _read(client, path)
             if current is None:
                 generation = "0"  # released meanwhile
                 continue
@@ -311,7 +242,7 @@ def _acquire_gcs(model_dir: str, holder: Holder, force: bool) -> Lease:
             )
             continue
         return _GcsLease(client, path, holder, written)
-    current = client.read(path)
+    current = _read(client, path)
     raise _refusal(model_dir, current[0] if current else None)
 
 

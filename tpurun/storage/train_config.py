@@ -23,6 +23,7 @@ from absl import logging
 from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
+from tpurun.layout import names
 from tpurun.run_config import (
     DATA_LOCATION_SUFFIXES,
     EPOCH,
@@ -34,7 +35,7 @@ from tpurun.run_config import (
 from tpurun.run_config.epochs import resolve_epochs, steps_for_epochs
 from tpurun.storage import records
 
-FILE = "train_config.json"
+FILE = names.TRAIN_CONFIG
 # The config's name, beside its keys in the record: a key no config has.
 NAME_KEY = "__config_name__"
 # The training examples an epoch counted (a run counted in epochs, or evaluating every

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator, Sequence
 
 from tpurun.errors import EXIT_PREEMPTED
+from tpurun.layout import names, time_account
+from tpurun.layout.time_account import Death, TimeAccount
 from tpurun.report import run_records
 from tpurun.run_config import RunConfig
 from tpurun.supervisor import post_mortem, protocol, tpu_wait
@@ -97,7 +99,7 @@ class Supervisor:
 
     def run(self) -> int:
         restarts = 0
-        death: dict | None = None
+        death: Death | None = None
         with self._forwarding_signals():
             while True:
                 told = death  # the death this trainer is told of, for its record
@@ -107,7 +109,7 @@ class Supervisor:
                 died = time.time()
                 mine = self._records_of(restarts)
                 at, newest = self._where_it_stopped(mine)
-                latest = f"ckpt-{newest}" if newest else "none (nothing saved)"
+                latest = names.checkpoint_name(newest) if newest else "none (nothing saved)"
                 if self.stop.is_set() and ending.returncode >= 0:
                     return ending.exit_code  # it ended by itself (75: saved at the forwarded stop)
                 if not ending.restartable(asked_to_stop=False) and not self.stop.is_set():
@@ -115,9 +117,9 @@ class Supervisor:
                 self._record_if_unrecorded(mine, restarts, told, died, ending)
                 if self.stop.is_set():
                     return self._stopped(f"{ending.what()}{at}", latest)
-                death = {"t": died, "cause": ending.what().removeprefix("the trainer ")}
+                death = Death(t=died, cause=ending.what().removeprefix("the trainer "))
                 if self.progress is not None:  # its last step, and when it got there
-                    death["step"], death["step_t"] = self.progress
+                    death.step, death.step_t = self.progress
                 if restarts >= self.max_restarts:
                     say(
                         f"tpurun train: error: {ending.what()}{at}; no restart left "
@@ -126,7 +128,7 @@ class Supervisor:
                     )
                     return ending.exit_code
                 restarts += 1
-                resume = f"resuming from ckpt-{newest}" if newest else "starting from scratch"
+                resume = f"resuming from {latest}" if newest else "starting from scratch"
                 say(f"restart {restarts}/{self.max_restarts}: {ending.what()}{at}; {resume}")
                 if not self._wait_before(restarts):
                     if self.stop.is_set():
@@ -150,24 +152,28 @@ class Supervisor:
         return code
 
     def _record_if_unrecorded(
-        self, found: list[dict], restart: int, told: dict | None, died: float, ending: Ending
+        self,
+        found: list[TimeAccount],
+        restart: int,
+        told: Death | None,
+        died: float,
+        ending: Ending,
     ) -> None:
         """The run record of the trainer that just died (`found`: its record if it wrote one),
         when it wrote none: a death tpurun counts (a signal, a failure that passes)."""
         if found or not ending.restartable(asked_to_stop=False):
             return  # its own record; or it failed by itself, early: it made nothing
-        account: dict = {
-            "process_start": self.spawned_at,
-            "spawned_at": self.spawned_at,
-            "supervisor_start": self.since,
-            "restart": restart,
-            "updated": max(died, self.spawned_at),  # it was starting up until it died
-        }
-        if told:
-            account["previous_death"] = told
+        account = TimeAccount(
+            process_start=self.spawned_at,
+            spawned_at=self.spawned_at,
+            supervisor_start=self.since,
+            restart=restart,
+            updated=max(died, self.spawned_at),  # it was starting up until it died
+            previous_death=told,
+        )
         post_mortem.write(self.run_config.model_dir, account, ending.what())
 
-    def _run_child(self, restart: int, death: dict | None) -> Ending:
+    def _run_child(self, restart: int, death: Death | None) -> Ending:
         env = {
             **os.environ,
             SUPERVISED_ENV: f"{restart}/{self.max_restarts}",
@@ -178,7 +184,7 @@ class Supervisor:
         env[SPAWNED_AT_ENV] = repr(self.spawned_at)
         env.pop(PREVIOUS_DEATH_ENV, None)
         if death:
-            env[PREVIOUS_DEATH_ENV] = json.dumps(death)
+            env[PREVIOUS_DEATH_ENV] = json.dumps(time_account.as_json(death))
         self.started_at = time.time()
         self.progress = None
         read, write = os.pipe()
@@ -235,23 +241,20 @@ class Supervisor:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def _records_of(self, restart: int) -> list[dict]:
+    def _records_of(self, restart: int) -> list[TimeAccount]:
         """The time account of this supervisor's trainer `restart`, if it wrote its record."""
         try:
             found = run_records.time_accounts(self.run_config.model_dir).found
         except Exception:  # noqa: BLE001 - an unreadable model_dir: none
             return []
-        return [
-            g
-            for _, g in found
-            if g.get("supervisor_start") == self.since and g.get("restart") == restart
-        ]
+        return [g for _, g in found if g.supervisor_start == self.since and g.restart == restart]
 
-    def _where_it_stopped(self, mine: list[dict]) -> tuple[str, int | None]:
+    def _where_it_stopped(self, mine: list[TimeAccount]) -> tuple[str, int | None]:
         """(' at about step 4,310', 4000): the step the trainer last recorded (`mine`: its
         record) or told, and the newest checkpoint on disk (the one the next trainer resumes
         from, as `tpurun.storage.checkpoints` picks it), from the model_dir."""
-        step = (mine[-1].get("last") or {}).get("step") if mine else None
+        last = mine[-1].last if mine else None
+        step = last.step if last else None
         if self.progress is not None:  # from the pipe: newer than the record
             step = self.progress[0]
         newest = run_records.newest_checkpoint_step(self.run_config.model_dir)

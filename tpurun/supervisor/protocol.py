@@ -14,7 +14,7 @@ import time
 SUPERVISED_ENV = "TPURUN_SUPERVISED"  # "<restart>/<max_restarts>"
 SPAWNED_AT_ENV = "TPURUN_SPAWNED_AT"  # when the supervisor started the trainer (epoch s)
 SUPERVISOR_START_ENV = "TPURUN_SUPERVISOR_START"  # when the supervisor started (epoch s)
-PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # JSON {"t", "cause", "step", "step_t"}
+PREVIOUS_DEATH_ENV = "TPURUN_PREVIOUS_DEATH"  # a time_account.Death, as JSON
 # A pipe to the supervisor: "<step> <epoch s>" after every host loop, so it knows the last
 # step and when it was reached even if the trainer is killed between two record writes.
 PROGRESS_FD_ENV = "TPURUN_PROGRESS_FD"

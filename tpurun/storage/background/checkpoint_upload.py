@@ -32,6 +32,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import storage, tf_internals
+from tpurun.layout import names
 
 # tpurun-ckpt-<pid>-<random>: the pid says whether the run that made it is still alive.
 _STAGING = re.compile(r"tpurun-ckpt-(?P<pid>\d+)-[a-z0-9_]+")
@@ -66,9 +67,9 @@ def upload_via_local_disk(copy: Any, prefix: str) -> bool:
                 prefix,
             )
             return False
-        names = os.listdir(directory)
-        data = sorted(name for name in names if name.startswith(_LOCAL_PREFIX + ".data-"))
-        for name in [*data, _LOCAL_PREFIX + ".index"]:  # the .index last: it completes it
+        files = [f for f in os.listdir(directory) if names.is_file_of(_LOCAL_PREFIX, f)]
+        data = sorted(f for f in files if not names.is_index(f))
+        for name in [*data, names.index_file(_LOCAL_PREFIX)]:  # the .index last: it completes it
             upload(os.path.join(directory, name), prefix + name[len(_LOCAL_PREFIX) :])
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -99,10 +100,10 @@ def _remove_dead_runs_staging() -> None:
         return
     _SWEPT.add(root)
     try:
-        names = os.listdir(root)
+        entries = os.listdir(root)
     except OSError:
         return
-    for name in names:
+    for name in entries:
         match = _STAGING.fullmatch(name)
         path = os.path.join(root, name)
         if match and not storage.process_alive(int(match["pid"])) and not os.path.islink(path):

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -12,6 +10,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from tpurun import storage
+from tpurun.layout import names
 from tpurun.storage.background.writer import Writer
 
 # An events file is uploaded whole at most this many times, then the next one is
@@ -42,9 +41,7 @@ class StagedEvents:
     ):
         self._logdir, self._writer, self._every, self._clock = logdir, writer, upload_secs, clock
         self._staging = f"ram://tpurun-events-{uuid.uuid4().hex}"
-        # One name per run and file, sorting in the order the files are made:
-        # events.out.tfevents.<start time>.<host>.<pid>.<file number, 6 digits>.v2
-        self._name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        self._start = time.time()  # names its files, sorting in the order they are made
         self._files = 0
         self._uploads = 0
         self._changed = False
@@ -58,7 +55,7 @@ class StagedEvents:
 
     @property
     def _path(self) -> str:
-        return storage.join(self._logdir, f"{self._name}.{self._files:06d}.v2")
+        return storage.join(self._logdir, names.events_file(self._start, self._files))
 
     def wrote(self) -> None:
         """Events were written to `summary_writer`: they go with the next upload."""
