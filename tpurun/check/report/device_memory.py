@@ -19,11 +19,11 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import storage
-from tpurun.check import fit_findings, fit_report
-from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import MemoryEstimate
-from tpurun.check.preflight import Preflight, StepSize
-from tpurun.check.steps import StepChecker, global_batch
+from tpurun.check.report import fit_findings, fit_report
+from tpurun.check.rules.input_rules import BATCH_FLAGS
+from tpurun.check.rules.steps import StepChecker, global_batch
+from tpurun.check.sizing.memory import MemoryEstimate
+from tpurun.check.sizing.preflight import Preflight, StepSize
 from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.model import Mode, Model, has_generate

@@ -15,12 +15,20 @@ import math
 from typing import Any
 
 from tpurun import storage
-from tpurun.check import batch_search, step_bounds
-from tpurun.check.findings import STEP_NAMES
-from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
-from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, MemoryEstimate, format_bytes
-from tpurun.check.preflight import PREFETCHED_BATCHES, StepMemory, StepSize, TargetMemory
-from tpurun.check.tpu_compiler.sizing import RefusedStep
+from tpurun.check.bounds import step_bounds
+from tpurun.check.rules.findings import STEP_NAMES
+from tpurun.check.rules.input_rules import TPU_BATCH_MULTIPLE
+from tpurun.check.sizing import batch_search
+from tpurun.check.sizing.memory import (
+    INPUT,
+    OPTIMIZER,
+    OTHER,
+    WEIGHTS,
+    MemoryEstimate,
+    format_bytes,
+)
+from tpurun.check.sizing.preflight import PREFETCHED_BATCHES, StepMemory, StepSize, TargetMemory
+from tpurun.check.sizing.tpu_compiler.sizing import RefusedStep
 from tpurun.errors import RunError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig

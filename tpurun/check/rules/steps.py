@@ -7,7 +7,7 @@ two train steps, both checked: the one that gathers its batch from device data
 (`DeviceLoop.replica_step`, what trains by default) and the tf.data one it
 falls back to. The single-device build that compiled cleanly is kept
 (`single_device_steps`; for TRAIN the device-data step where it applies) for the
-memory estimate of `--target` (`tpurun.check.preflight`).
+memory estimate of `--target` (`tpurun.check.sizing.preflight`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import inputs
-from tpurun.check import input_rules, memory, replica_rules, xla
-from tpurun.check.findings import ERROR, STEP_NAMES, Problem
-from tpurun.check.fixes import graph_problems, trace_failure
-from tpurun.check.graph_walk import GraphWalker
-from tpurun.check.introspection import KerasNames, LayerScopes
+from tpurun.check.rules import input_rules, replica_rules, xla
+from tpurun.check.rules.findings import ERROR, STEP_NAMES, Problem
+from tpurun.check.rules.fixes import graph_problems, trace_failure
+from tpurun.check.rules.graph_walk import GraphWalker
+from tpurun.check.rules.introspection import KerasNames, LayerScopes
 from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.inputs import device_data
@@ -378,13 +378,13 @@ class StepChecker:
     def jit_step(
         self, runner: Runner, mode: Mode, per_replica: int, function: Any, args: Any
     ) -> Any:
-        """`runner`'s step of `mode` at `per_replica`, as `memory.jit_flat` makes it: made
+        """`runner`'s step of `mode` at `per_replica`, as `xla.jit_flat` makes it: made
         once, so that the XLA rules' trace is the memory estimate's too."""
         # The runner itself, not its id: a runner dropped after failing a rule could
         # leave its id to a new one, which would find the old runner's step here.
         key = (runner, mode, per_replica)
         if key not in self._jit_steps:
-            self._jit_steps[key] = memory.jit_flat(function, args)
+            self._jit_steps[key] = xla.jit_flat(function, args)
         return self._jit_steps[key]
 
     def single_device_step(self, mode: Mode) -> SingleDeviceStep:

@@ -11,8 +11,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check.findings import ERROR, WARNING, Problem, shape_text
-from tpurun.check.fixes import DTYPE_FIXES, train_batch_fix
+from tpurun.check.rules.findings import ERROR, WARNING, Problem, shape_text
+from tpurun.check.rules.fixes import DTYPE_FIXES, train_batch_fix
 from tpurun.model import Mode
 from tpurun.run_config import split_fix
 

@@ -3,9 +3,9 @@
 For each step that passed the other checks, the single-device build that check's
 XLA rule compiled (the runner's public `replica_step`: the Trainer's with its
 optimizer, the Evaluator's, the Predictor's) is compiled again, at the target's
-per-replica batch, for its buffer assignment (`tpurun.check.memory`). A step
+per-replica batch, for its buffer assignment (`tpurun.check.sizing.memory`). A step
 that does not fit is searched for the largest per-replica batch that does
-(`tpurun.check.batch_search`: at most ceil(log2(batch / 8)) + 2 more compiles).
+(`tpurun.check.sizing.batch_search`: at most ceil(log2(batch / 8)) + 2 more compiles).
 
 What is compiled is what a TPU compiles. Under TPUStrategy the `--iterations`
 host loop stays on the host (TensorFlow's TPU host-training-loop rewrite,
@@ -20,7 +20,7 @@ its device-data train step estimated: its input is the arrays (and their order's
 table) that every replica holds for the whole run, and the batch it gathers from
 them is one of its temporaries; no batch is prefetched.
 
-With the TPU compiler (`tpurun.check.tpu_compiler`, the `tpu-compile` extra) each
+With the TPU compiler (`tpurun.check.sizing.tpu_compiler`, the `tpu-compile` extra) each
 of those compiles is the TPU's own, for the target's generation, and a replica's
 HBM is what that compiler allows a program; without it, or for a step whose TPU
 compile fails (`fallbacks`: why), the XLA:CPU estimate sizes the step.
@@ -33,14 +33,14 @@ import time
 
 from absl import logging
 
-from tpurun.check import batch_search, memory
-from tpurun.check.batch_search import Found, Outcome
-from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
-from tpurun.check.memory import MemoryEstimate
-from tpurun.check.steps import StepChecker
+from tpurun.check.rules.input_rules import TPU_BATCH_MULTIPLE
+from tpurun.check.rules.steps import StepChecker
+from tpurun.check.sizing import batch_search, memory
+from tpurun.check.sizing.batch_search import Found, Outcome
+from tpurun.check.sizing.memory import MemoryEstimate
+from tpurun.check.sizing.tpu_compiler.client import CompileError
+from tpurun.check.sizing.tpu_compiler.sizing import XLA_CPU, CompiledStep, RefusedStep, TpuSizer
 from tpurun.check.targets import GENERATIONS, Target
-from tpurun.check.tpu_compiler.client import CompileError
-from tpurun.check.tpu_compiler.sizing import XLA_CPU, CompiledStep, RefusedStep, TpuSizer
 from tpurun.model import Mode, has_generate
 from tpurun.runners.train import Trainer
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check import buffers, xla
-from tpurun.check.steps import StepChecker
+from tpurun.check.rules import xla
+from tpurun.check.rules.steps import StepChecker
+from tpurun.check.sizing import buffers
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model
 from tpurun.run_config import RunConfig

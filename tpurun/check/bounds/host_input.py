@@ -29,9 +29,9 @@ from typing import Any
 import tensorflow as tf
 
 from tpurun import inputs
-from tpurun.check.preflight import TargetMemory
-from tpurun.check.step_bounds import StepBound, bounds, format_seconds
-from tpurun.check.steps import StepChecker
+from tpurun.check.bounds.step_bounds import StepBound, bounds, format_seconds
+from tpurun.check.rules.steps import StepChecker
+from tpurun.check.sizing.preflight import TargetMemory
 from tpurun.check.targets import Target, generation, host_vcpus
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode

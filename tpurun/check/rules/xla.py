@@ -9,16 +9,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
-from tpurun.check.findings import ERROR, WARNING, Problem
-from tpurun.check.fixes import unsupported_problem
-from tpurun.check.graph_walk import SUMMARY_OPS
-from tpurun.check.introspection import LayerScopes
-from tpurun.check.origin import created_at_from_text
+from tpurun.check.rules.findings import ERROR, WARNING, Problem
+from tpurun.check.rules.fixes import unsupported_problem
+from tpurun.check.rules.graph_walk import SUMMARY_OPS
+from tpurun.check.rules.introspection import LayerScopes
+from tpurun.check.rules.origin import created_at_from_text
 from tpurun.errors.tf_errors import first_line, user_code_line
 from tpurun.model import Mode
 from tpurun.tpu_vm import installed
@@ -51,10 +52,20 @@ def populate_xla_registry() -> None:
         logging.info("The XLA rules are skipped: %s.", missing)
 
 
+def jit_flat(fn: Callable[..., Any], args_specs: Sequence[Any]) -> Any:
+    """`fn(*args)` as an XLA-compiled tf.function of the flat tensors of `args_specs`:
+    what check's XLA rules and the memory estimate both compile (one trace for both)."""
+
+    def flat_step(*tensors: tf.Tensor) -> Any:
+        return fn(*tf.nest.pack_sequence_as(list(args_specs), list(tensors)))
+
+    return tf.function(flat_step, jit_compile=True)
+
+
 def compile_problems(mode: Mode, compiled: Any, spec: Any, scopes: LayerScopes) -> list[Problem]:
     """Compiles one replica's step with XLA from the spec of its batch; the problems found.
 
-    `compiled`: the step as `memory.jit_flat` makes it. Where this TensorFlow has no XLA
+    `compiled`: the step as `jit_flat` makes it. Where this TensorFlow has no XLA
     for the CPU, one warning says the step was not compiled.
     """
     missing = cpu_compiler_missing()
