@@ -34,7 +34,9 @@ from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.run_config import RunConfig, splits
+from tpurun.runners import loop_plan
 from tpurun.runners.evaluate import Evaluator
+from tpurun.runners.loop_plan import LoopPlan
 from tpurun.runners.predict import Predictor
 from tpurun.runners.train import Trainer
 
@@ -192,11 +194,12 @@ class StepChecker:
         arrays = self.arrays
         if arrays is None or self._tf_data_only:
             return None  # (the line said once)
-        trainer = self.build_runner(Mode.TRAIN, cluster)
-        assert isinstance(trainer, Trainer)
-        if trainer.plan_device_data(arrays) is None:
+        data = loop_plan.device_data_for(self.run, cluster, arrays)
+        if data is None:
             self._tf_data_only = True
             return None
+        trainer = self.build_runner(Mode.TRAIN, cluster, LoopPlan(data))
+        assert isinstance(trainer, Trainer)
         return trainer
 
     def step_call(
@@ -307,9 +310,12 @@ class StepChecker:
             ]
         return []
 
-    def build_runner(self, mode: Mode, cluster: Cluster) -> Runner:
-        """The launcher's runner for `mode`, built as `tpurun train/eval/predict` build it."""
+    def build_runner(self, mode: Mode, cluster: Cluster, plan: LoopPlan | None = None) -> Runner:
+        """The launcher's runner for `mode`, built as `tpurun train/eval/predict` build it
+        (a Trainer's host loop as `plan` says: tf.data without one)."""
         self._uids.reset()  # layer names as in a real run, whichever build this is
+        if mode is Mode.TRAIN:
+            return Trainer(self.run, cluster, self.model, plan=plan)
         return RUNNERS[mode](self.run, cluster, self.model)
 
     # Rules: dynamic-shape, summary, dtype (float64 inside), xla-unsupported (kernel
