@@ -28,7 +28,8 @@ from tpurun import model as model_lib
 from tpurun.check import command, targets
 from tpurun.check.bounds import step_bounds
 from tpurun.check.report import fit_report
-from tpurun.check.rules.steps import SingleDeviceStep, StepChecker
+from tpurun.check.rules.step_builds import SingleDeviceStep
+from tpurun.check.rules.steps import StepChecker
 from tpurun.check.sizing import batch_search, preflight
 from tpurun.check.sizing.memory import INPUT, OPTIMIZER, WEIGHTS
 from tpurun.check.sizing.preflight import Preflight, estimate_steps

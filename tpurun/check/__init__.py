@@ -16,7 +16,7 @@ The package, top to bottom: each room imports only those below it (setup.cfg's
   (`tpu_compiler/`), else the XLA:CPU estimate (`memory`, from `buffers`), searched for
   the largest batch that fits (`batch_search`, `preflight`).
 * `rules/`: the TPU rules on a traced step: the steps built as the runners build them
-  and checked (`steps`): the input (`input_rules`), the graph walked op
+  (`step_builds`, also what sizing and bounds take) and checked (`steps`): the input (`input_rules`), the graph walked op
   by op (`graph_walk`, what each finding means and its fix: `fixes`, `origin`), XLA's
   compile (`xla`), the replica count (`replica_rules`); the findings (`findings`); every
   private Keras and TensorFlow detail they read (`introspection`).

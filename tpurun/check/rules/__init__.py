@@ -1,7 +1,10 @@
 """The TPU rules on a traced step: would a TPU compile it?
 
-* `steps`: `StepChecker`, each step (train, eval, predict) built as the runners build it
-  and checked: its input, its graph, its XLA compile.
+* `step_builds`: `StepBuilder`, each step (train, eval, predict) built as the runners
+  build it, on the traced replicas or one device: what the rules check, and what
+  `sizing` and `bounds` size and count.
+* `steps`: `StepChecker`, each step built and checked: its input, its graph, its XLA
+  compile.
 * `input_rules`: what each replica receives per step (batch-split, batch-padding,
   static-batch, dtype).
 * `graph_walk`: the traced graph walked op by op, nested functions included; `fixes`: what

@@ -34,7 +34,7 @@ import time
 from absl import logging
 
 from tpurun.check.rules.input_rules import TPU_BATCH_MULTIPLE
-from tpurun.check.rules.steps import StepChecker
+from tpurun.check.rules.step_builds import StepBuilder
 from tpurun.check.sizing import batch_search, memory
 from tpurun.check.sizing.batch_search import Found, Outcome
 from tpurun.check.sizing.memory import MemoryEstimate
@@ -102,11 +102,11 @@ class StepMemory:
 
 
 class Preflight:
-    """The memory of `checker`'s single-device steps against `hbm_bytes` per replica, one
+    """The memory of the single-device steps `builds` holds against `hbm_bytes` per replica, one
     compile per (step, batch): by the TPU compiler with a `sizer`, else by XLA:CPU."""
 
-    def __init__(self, checker: StepChecker, hbm_bytes: int, sizer: TpuSizer | None = None):
-        self.checker = checker
+    def __init__(self, builds: StepBuilder, hbm_bytes: int, sizer: TpuSizer | None = None):
+        self.builds = builds
         self.hbm_bytes = hbm_bytes
         self.sizer = sizer
         # Steps the TPU compiler could not size, and why: estimated by XLA:CPU instead.
@@ -115,12 +115,12 @@ class Preflight:
 
     def not_estimated(self, mode: Mode) -> str | None:
         """Why a step is not estimated, or None if it is."""
-        if mode is Mode.PREDICT and has_generate(self.checker.model):
+        if mode is Mode.PREDICT and has_generate(self.builds.model):
             return (
-                f"tpurun predict runs {self.checker.name}.generate(), not the predict step, "
+                f"tpurun predict runs {self.builds.name}.generate(), not the predict step, "
                 "so its memory is not estimated"
             )
-        if mode not in self.checker.single_device_steps:
+        if mode not in self.builds.single_device_steps:
             return "not estimated: fix the errors of this step first"
         return None
 
@@ -151,15 +151,15 @@ class Preflight:
             return self._step_memory(mode)
 
     def _step_memory(self, mode: Mode) -> StepMemory:
-        batch = self.checker.per_replica_batch(mode)
-        micro_batches = self.checker.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
+        batch = self.builds.per_replica_batch(mode)
+        micro_batches = self.builds.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
         step = StepMemory(
             mode,
             batch,
             self.estimate(mode, batch),
             self.hbm_for(mode),
             micro_batches=micro_batches,
-            device_data=on_device_data(self.checker.single_device_steps[mode].runner),
+            device_data=on_device_data(self.builds.single_device_steps[mode].runner),
         )
         if step.fits:
             return step
@@ -171,9 +171,9 @@ class Preflight:
         """One replica's step at a per-replica batch, as a TPU would hold it (compiled once)."""
         key = (mode, batch)
         if key not in self._estimates:
-            runner, spec = self.checker.single_device_steps[mode]
+            runner, spec = self.builds.single_device_steps[mode]
             variables = runner.optimizer_variables if isinstance(runner, Trainer) else ()
-            function, args = self.checker.step_call(mode, runner, spec, batch)
+            function, args = self.builds.step_call(mode, runner, spec, batch)
             size = self.sizer.size if self.sizer is not None and self.on_tpu(mode) else None
             start = time.monotonic()
             if size is not None:
@@ -189,7 +189,7 @@ class Preflight:
                     args,
                     weights=runner.weights,
                     optimizer_variables=variables,
-                    compiled=self.checker.jit_step(runner, mode, batch, function, args),
+                    compiled=self.builds.jit_step(runner, mode, batch, function, args),
                 )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
@@ -265,7 +265,7 @@ class TargetMemory:
 
 
 def estimate_steps(
-    checker: StepChecker, target: Target, sizer: TpuSizer | None = None, note: str | None = None
+    builds: StepBuilder, target: Target, sizer: TpuSizer | None = None, note: str | None = None
 ) -> TargetMemory:
     """Every step's memory on `target`, searched for the largest batch where it does not fit.
 
@@ -279,7 +279,7 @@ def estimate_steps(
             header = sizer.header()
         except CompileError as e:
             sizer, note = None, f"the TPU compiler failed: {e}"
-    preflight = Preflight(checker, target.hbm_bytes_per_replica, sizer)
+    preflight = Preflight(builds, target.hbm_bytes_per_replica, sizer)
     steps, skipped, failed = [], {}, {}
     for mode in Mode:
         why_not = preflight.not_estimated(mode)

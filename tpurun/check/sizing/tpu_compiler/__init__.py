@@ -3,7 +3,7 @@
 libtpu (PyPI `libtpu`, with `jax`/`jaxlib`: the `tpu-compile` extra) has a
 compile-only client that compiles for any TPU generation here, on the CPU.
 `tpurun check --target=TYPE` hands it each step it sizes (the runners'
-`replica_step`, as `tpurun.check.rules.steps.StepChecker.step_call` builds it) and reads
+`replica_step`, as `tpurun.check.rules.step_builds.StepBuilder.step_call` builds it) and reads
 what it made of it: the memory of one replica's step, its FLOPs and bytes
 accessed. Without the extra, or when a compile fails, check falls back to its
 XLA:CPU estimate (`tpurun.check.sizing.memory`) and says so in one line.
