@@ -19,7 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpurun.check.rules import xla
-from tpurun.check.rules.step_builds import StepBuilder
+from tpurun.check.rules.step_builds import StepBuilder, jit_flat
 from tpurun.check.sizing import buffers
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model
@@ -40,7 +40,7 @@ def train_step_flops(run: RunConfig, cluster: Cluster, model: Model) -> float:
         function, args = builds.step_call(
             Mode.TRAIN, runner, spec, builds.per_replica_batch(Mode.TRAIN)
         )
-        hlo = buffers.optimized_hlo(xla.jit_flat(function, args), tf.nest.flatten(list(args)))
+        hlo = buffers.optimized_hlo(jit_flat(function, args), tf.nest.flatten(list(args)))
     return program_flops(hlo) * cluster.num_replicas
 
 

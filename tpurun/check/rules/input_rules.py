@@ -144,18 +144,3 @@ def _flatten_with_paths(structure: Any) -> Iterator[tuple[str, Any]]:
                 yield f"[{index}]" + path, leaf
     else:
         yield "", structure
-
-
-def static_batch(spec: Any, per_replica: int) -> Any:
-    """The spec with the batch dimension set to the static per-replica batch, for tracing.
-
-    A dynamic batch is reported by static-batch; tracing with it would only make every
-    tensor of the step dynamic and hide the problems the step itself has.
-    """
-
-    def fix(leaf: Any) -> Any:
-        if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank:
-            return tf.TensorSpec([per_replica, *leaf.shape[1:]], leaf.dtype, name=leaf.name)
-        return leaf
-
-    return tf.nest.map_structure(fix, spec)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from tpurun import inputs
-from tpurun.check.rules import input_rules, xla
 from tpurun.check.rules.introspection import KerasNames
 from tpurun.cluster import Cluster
 from tpurun.inputs import device_data
@@ -178,7 +177,7 @@ class StepBuilder:
         its micro-batches stacked, [accumulate_steps, batch, ...], as tpurun.inputs
         stacks them.
         """
-        spec = input_rules.static_batch(spec, per_replica)
+        spec = static_batch(spec, per_replica)
         micro_batches = self.run.config.train.accumulate_steps
         if mode is not Mode.TRAIN or micro_batches == 1:
             return spec
@@ -216,13 +215,13 @@ class StepBuilder:
     def jit_step(
         self, runner: Runner, mode: Mode, per_replica: int, function: Any, args: Any
     ) -> Any:
-        """`runner`'s step of `mode` at `per_replica`, as `xla.jit_flat` makes it: made
+        """`runner`'s step of `mode` at `per_replica`, as `jit_flat` makes it: made
         once, so that the XLA rules' trace is the memory estimate's too."""
         # The runner itself, not its id: a runner dropped after failing a rule could
         # leave its id to a new one, which would find the old runner's step here.
         key = (runner, mode, per_replica)
         if key not in self._jit_steps:
-            self._jit_steps[key] = xla.jit_flat(function, args)
+            self._jit_steps[key] = jit_flat(function, args)
         return self._jit_steps[key]
 
     def single_device_step(self, mode: Mode) -> SingleDeviceStep:
@@ -235,3 +234,28 @@ class StepBuilder:
                 device or self.build_runner(mode, self.single), spec
             )
         return self.single_device_steps[mode]
+
+
+def static_batch(spec: Any, per_replica: int) -> Any:
+    """The spec with the batch dimension set to the static per-replica batch, for tracing.
+
+    A dynamic batch is reported by static-batch; tracing with it would only make every
+    tensor of the step dynamic and hide the problems the step itself has.
+    """
+
+    def fix(leaf: Any) -> Any:
+        if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank:
+            return tf.TensorSpec([per_replica, *leaf.shape[1:]], leaf.dtype, name=leaf.name)
+        return leaf
+
+    return tf.nest.map_structure(fix, spec)
+
+
+def jit_flat(fn: Callable[..., Any], args_specs: Sequence[Any]) -> Any:
+    """`fn(*args)` as an XLA-compiled tf.function of the flat tensors of `args_specs`:
+    what check's XLA rules and the memory estimate both compile (one trace for both)."""
+
+    def flat_step(*tensors: tf.Tensor) -> Any:
+        return fn(*tf.nest.pack_sequence_as(list(args_specs), list(tensors)))
+
+    return tf.function(flat_step, jit_compile=True)

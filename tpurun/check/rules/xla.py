@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -52,20 +51,10 @@ def populate_xla_registry() -> None:
         logging.info("The XLA rules are skipped: %s.", missing)
 
 
-def jit_flat(fn: Callable[..., Any], args_specs: Sequence[Any]) -> Any:
-    """`fn(*args)` as an XLA-compiled tf.function of the flat tensors of `args_specs`:
-    what check's XLA rules and the memory estimate both compile (one trace for both)."""
-
-    def flat_step(*tensors: tf.Tensor) -> Any:
-        return fn(*tf.nest.pack_sequence_as(list(args_specs), list(tensors)))
-
-    return tf.function(flat_step, jit_compile=True)
-
-
 def compile_problems(mode: Mode, compiled: Any, spec: Any, scopes: LayerScopes) -> list[Problem]:
     """Compiles one replica's step with XLA from the spec of its batch; the problems found.
 
-    `compiled`: the step as `jit_flat` makes it. Where this TensorFlow has no XLA
+    `compiled`: the step as `step_builds.jit_flat` makes it. Where this TensorFlow has no XLA
     for the CPU, one warning says the step was not compiled.
     """
     missing = cpu_compiler_missing()

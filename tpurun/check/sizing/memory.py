@@ -26,7 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check.rules.xla import jit_flat
+from tpurun.check.rules.step_builds import jit_flat
 from tpurun.check.sizing import buffers
 from tpurun.check.sizing.buffers import (
     CATEGORIES,
