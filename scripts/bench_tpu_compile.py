@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 SEEDS = ("iris", "mnist", "fashion_mnist", "shakespeare", "flops")
 # `tpurun check` with the extra hidden: what a machine without it runs.
 WITHOUT_EXTRA = (
-    "import tpurun.check.tpu_compiler.client as c; c.missing_extra = lambda: 'jax'; "
+    "import tpurun.check.sizing.tpu_compiler.client as c; c.missing_extra = lambda: 'jax'; "
     "from tpurun.cli import run; run()"
 )
 

@@ -162,7 +162,7 @@ def pytest_configure(config) -> None:
 
 @functools.cache
 def _xla_cpu_missing() -> str | None:
-    from tpurun.check import xla
+    from tpurun.check.rules import xla
 
     return xla.cpu_compiler_missing()
 
@@ -321,8 +321,8 @@ _SESSION_PROCESSES: set[int] = set()
 
 def _tpu_compiler() -> set[int]:
     """The TPU compiler's process, which `tpurun check --target` keeps for the process's
-    next checks (tpurun.check.tpu_compiler.client.shared): the session's, like a server."""
-    client = sys.modules.get("tpurun.check.tpu_compiler.client")
+    next checks (tpurun.check.sizing.tpu_compiler.client.shared): the session's, like a server."""
+    client = sys.modules.get("tpurun.check.sizing.tpu_compiler.client")
     shared = getattr(client, "_SHARED", None)
     pid = shared.pid if shared is not None else None
     return {pid} if pid else set()
@@ -476,8 +476,8 @@ def contents(directory: Path) -> set[str]:
 
 def short_input_check(patch: pytest.MonkeyPatch) -> None:
     """`tpurun check --target`'s input measured for half a second, not 2 s
-    (tpurun.check.host_input): a test checks what is reported, not how exact it is."""
-    from tpurun.check import host_input
+    (tpurun.check.bounds.host_input): a test checks what is reported, not how exact it is."""
+    from tpurun.check.bounds import host_input
 
     patch.setattr(host_input, "MEASURE_SECONDS", 0.5)
     patch.setattr(host_input, "WARMUP_SECONDS", 0.2)

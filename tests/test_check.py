@@ -146,7 +146,7 @@ def test_num_shards_sets_the_replicas_and_tpu_flags_are_ignored(tpurun_cli, tmp_
 
 def test_the_report_goes_to_sys_stdout_as_it_is_when_check_runs():
     """Not the sys.stdout of when tpurun.check was imported: a caller may redirect it."""
-    from tpurun.check import findings
+    from tpurun.check.rules import findings
 
     warning = findings.Finding("batch-padding", findings.WARNING, "the train step", "small", "grow")
     errors = findings.Finding("dtype", findings.ERROR, "the eval step", "float64", "cast")
@@ -163,8 +163,8 @@ def graph_findings(fn) -> list[tuple[str, str]]:
     """(rule, op type) of what the step-graph walker finds in `fn` traced on an [8, 4] input."""
     import tensorflow as tf
 
-    from tpurun.check.graph_walk import GraphWalker
-    from tpurun.check.xla import populate_xla_registry
+    from tpurun.check.rules.graph_walk import GraphWalker
+    from tpurun.check.rules.xla import populate_xla_registry
 
     populate_xla_registry()
     graph = tf.function(fn).get_concrete_function(tf.TensorSpec([8, 4])).graph
@@ -246,8 +246,8 @@ def test_graph_walker_finds_the_root_of_each_problem(fn, expected):
 
 def test_every_data_dependent_op_has_a_fix_of_its_own():
     """graph_walk finds these ops; fixes words each one's fix (a variant takes its base's)."""
-    from tpurun.check.fixes import GENERIC_DYNAMIC_FIX, data_dependent_fix
-    from tpurun.check.graph_walk import DATA_DEPENDENT_OPS
+    from tpurun.check.rules.fixes import GENERIC_DYNAMIC_FIX, data_dependent_fix
+    from tpurun.check.rules.graph_walk import DATA_DEPENDENT_OPS
 
     generic = [
         op for op in sorted(DATA_DEPENDENT_OPS) if data_dependent_fix(op) == GENERIC_DYNAMIC_FIX

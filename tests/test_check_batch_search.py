@@ -1,4 +1,4 @@
-"""tpurun.check.batch_search: the largest batch that fits, within its stated number of compiles.
+"""tpurun.check.sizing.batch_search: the largest batch that fits, within its stated number of compiles.
 
 Pure Python: the step's size is a stand-in function of the batch, no compile. The
 ConvMixer stand-in is shaped like the TPU compiler's answers for keras-io's
@@ -16,8 +16,8 @@ import random
 
 import pytest
 
-from tpurun.check import batch_search
-from tpurun.check.batch_search import EXTRA_PROBES, Outcome, compile_bound, largest_batch
+from tpurun.check.sizing import batch_search
+from tpurun.check.sizing.batch_search import EXTRA_PROBES, Outcome, compile_bound, largest_batch
 
 HBM = int(15.75 * (1 << 30))  # a v5e replica, as its compiler counts it
 STATE = 7_190_000  # weights and optimizer state: ConvMixer-256/8 with AdamW

@@ -1,4 +1,4 @@
-"""tpurun.check.device_memory: a TPU out of memory says what `check --target` would; the run
+"""tpurun.check.report.device_memory: a TPU out of memory says what `check --target` would; the run
 record keeps the estimate beside the devices' measured peak.
 
 No TPU here: the out-of-memory errors are raised with the texts the TPU gives
@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from conftest import RUN_FAILURE, assert_fails, assert_ok
 
-from tpurun.check import device_memory
+from tpurun.check.report import device_memory
 from tpurun.cluster import Cluster
 from tpurun.runners.train import Trainer
 

@@ -1,4 +1,4 @@
-"""tpurun.check.fit_findings: the `memory` finding of a step that does not fit, and its levers.
+"""tpurun.check.report.fit_findings: the `memory` finding of a step that does not fit, and its levers.
 
 Built from sizes made up here (no compile): what the line says for the XLA:CPU
 estimate, the TPU compiler's total and its refusal, for configs with and without
@@ -12,11 +12,11 @@ import dataclasses
 import pytest
 from test_check_fit_report import V5E_8, refused, run_config, step
 
-from tpurun.check import fit_findings
-from tpurun.check.batch_search import Found
-from tpurun.check.findings import merge
-from tpurun.check.preflight import TargetMemory
-from tpurun.check.tpu_compiler import client
+from tpurun.check.report import fit_findings
+from tpurun.check.rules.findings import merge
+from tpurun.check.sizing.batch_search import Found
+from tpurun.check.sizing.preflight import TargetMemory
+from tpurun.check.sizing.tpu_compiler import client
 from tpurun.model import Mode
 
 GIB = 1 << 30

@@ -1,4 +1,4 @@
-"""tpurun.check.fit_report: the memory table and the `--report` JSON.
+"""tpurun.check.report.fit_report: the memory table and the `--report` JSON.
 
 Built from sizes made up here (no compile): what each row says, for the XLA:CPU
 estimate and for a step the TPU compiler refused (its own figures, or "not known").
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tpurun.check import fit_findings, fit_report, targets
-from tpurun.check.batch_search import Found
-from tpurun.check.memory import Array, MemoryEstimate
-from tpurun.check.preflight import StepMemory, TargetMemory
-from tpurun.check.tpu_compiler.sizing import RefusedStep
+from tpurun.check import targets
+from tpurun.check.report import fit_findings, fit_report
+from tpurun.check.sizing.batch_search import Found
+from tpurun.check.sizing.memory import Array, MemoryEstimate
+from tpurun.check.sizing.preflight import StepMemory, TargetMemory
+from tpurun.check.sizing.tpu_compiler.sizing import RefusedStep
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, config_files, merge_flags
 

@@ -1,4 +1,4 @@
-"""tpurun.check.host_input: will the target's hosts keep its chips fed? Measured input, the verdict.
+"""tpurun.check.bounds.host_input: will the target's hosts keep its chips fed? Measured input, the verdict.
 
 The verdict and the report from figures made up here (a measurement and a step
 bound); the measurement itself on a small in-memory dataset, for a fraction of a
@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpurun.check import host_input, targets
-from tpurun.check.host_input import HostInput, Measured
-from tpurun.check.step_bounds import StepBound
+from tpurun.check import targets
+from tpurun.check.bounds import host_input
+from tpurun.check.bounds.host_input import HostInput, Measured
+from tpurun.check.bounds.step_bounds import StepBound
 from tpurun.model import Mode
 
 V5E_8 = targets.parse("v5e-8")

@@ -1,4 +1,4 @@
-"""tpurun.check.memory: a training step's buffers by category, and TPU padding.
+"""tpurun.check.sizing.memory: a training step's buffers by category, and TPU padding.
 
 The steps are written as the Trainer's `_replica_step`: a GradientTape, the
 optimizer built beforehand, `apply_gradients` inside a tf.function.
@@ -14,8 +14,8 @@ import tensorflow as tf
 from conftest import needs_xla_cpu
 from tpurun.models.flops import MatmulChain
 
-from tpurun.check import buffers
-from tpurun.check import memory as me
+from tpurun.check.sizing import buffers
+from tpurun.check.sizing import memory as me
 
 F32 = 4
 

@@ -18,9 +18,9 @@ from conftest import RUN_FAILURE, USAGE, assert_fails, error_lines, needs_xla_cp
 from test_check import findings, shipped_config_args
 
 from tpurun import model as model_lib
-from tpurun.check import memory
-from tpurun.check.steps import StepChecker
-from tpurun.check.tpu_compiler import client
+from tpurun.check.rules.steps import StepChecker
+from tpurun.check.sizing import memory
+from tpurun.check.sizing.tpu_compiler import client
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, config_files, merge_flags
@@ -46,7 +46,7 @@ CHIPS = {"shakespeare": 1, "mnist": 4, "flops": 8}
 # clean, and each step fits); as shipped (float32), it is sized by the TPU compiler in
 # tests/test_check_tpu_compiler.py and checked in tests/test_check.py.
 SIZED_HERE = tuple(CHIPS)
-# Only mnist's training input is measured (tpurun.check.host_input): a few seconds each.
+# Only mnist's training input is measured (tpurun.check.bounds.host_input): a few seconds each.
 INPUT_CHECK = {"mnist": ()}
 _RUNS: dict[tuple[str, ...], tuple[subprocess.CompletedProcess, dict | None, float, list[str]]] = {}
 

@@ -1,4 +1,4 @@
-"""The TPU's own compiler sizes `tpurun check --target`'s steps (tpurun.check.tpu_compiler).
+"""The TPU's own compiler sizes `tpurun check --target`'s steps (tpurun.check.sizing.tpu_compiler).
 
 Compiles take seconds, so they are shared: one compiler process for the session
 (`client.shared()`, which `tpurun check` uses too), each model built once per
@@ -24,14 +24,17 @@ from conftest import assert_only_localhost, network_traced
 from test_check import shipped_config_args
 from tpurun.models.flops import train_step_flops
 
-import tpurun.check
 from tpurun import model as model_lib
-from tpurun.check import batch_search, fit_report, preflight, step_bounds, targets
-from tpurun.check.memory import INPUT, OPTIMIZER, WEIGHTS
-from tpurun.check.preflight import Preflight, estimate_steps
-from tpurun.check.steps import SingleDeviceStep, StepChecker
-from tpurun.check.tpu_compiler import client, program
-from tpurun.check.tpu_compiler.sizing import CompiledStep, RefusedStep, TpuSizer
+from tpurun.check import command, targets
+from tpurun.check.bounds import step_bounds
+from tpurun.check.report import fit_report
+from tpurun.check.rules.step_builds import SingleDeviceStep
+from tpurun.check.rules.steps import StepChecker
+from tpurun.check.sizing import batch_search, preflight
+from tpurun.check.sizing.memory import INPUT, OPTIMIZER, WEIGHTS
+from tpurun.check.sizing.preflight import Preflight, estimate_steps
+from tpurun.check.sizing.tpu_compiler import client, program
+from tpurun.check.sizing.tpu_compiler.sizing import CompiledStep, RefusedStep, TpuSizer
 from tpurun.cluster import Cluster
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig, config_files, merge_flags
@@ -369,9 +372,9 @@ def test_compile_timeout_is_the_limit_of_each_compile_of_the_run():
     """--compile_timeout (RunConfig.compile_timeout) is what check gives the process's TPU
     compiler; the run after it gets its own, or the default."""
     try:
-        sizer, note = tpurun.check.tpu_sizer(V5E_8, 3600.0)
+        sizer, note = command.tpu_sizer(V5E_8, 3600.0)
         assert note is None and sizer is not None and sizer.compiler.compile_timeout == 3600.0
-        sizer, _ = tpurun.check.tpu_sizer(V5E_8)
+        sizer, _ = command.tpu_sizer(V5E_8)
         assert sizer is not None and sizer.compiler.compile_timeout == client.COMPILE_TIMEOUT_S
     finally:
         client.shared().compile_timeout = client.COMPILE_TIMEOUT_S
@@ -379,7 +382,7 @@ def test_compile_timeout_is_the_limit_of_each_compile_of_the_run():
 
 def test_without_the_extra_the_estimate_says_how_to_install_it(monkeypatch, iris):
     monkeypatch.setattr(client, "missing_extra", lambda: "jax")
-    sizer, note = tpurun.check.tpu_sizer(V5E_8)
+    sizer, note = command.tpu_sizer(V5E_8)
     assert sizer is None
     found = estimate_steps(iris, V5E_8, sizer, note)
     assert found.compiler is None and {s.compiler for s in found.steps} == {"xla:cpu"}

@@ -30,9 +30,9 @@ from tpurun import inputs
 from tpurun import model as model_lib
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import InputBound, LogLines
-from tpurun.check import memory
-from tpurun.check.preflight import Preflight
-from tpurun.check.steps import StepChecker
+from tpurun.check.rules.steps import StepChecker
+from tpurun.check.sizing import memory
+from tpurun.check.sizing.preflight import Preflight
 from tpurun.cluster import Cluster, strategy
 from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder

@@ -91,7 +91,7 @@ def test_wheel_carries_configs_models_and_data(tmp_path):
         "tpurun/check/__init__.py",
         "tpurun/actions/__init__.py",
         # The TPU compiler's process runs this file as a script (tpurun check --target).
-        "tpurun/check/tpu_compiler/server.py",
+        "tpurun/check/sizing/tpu_compiler/server.py",
         "tpurun/configs/iris.py",
         "tpurun/models/iris.py",
         "tpurun/models/data/iris_training.csv",

@@ -183,7 +183,7 @@ def test_synchronized_batch_norm_trains_on_8_replicas_what_1_replica_trains(trai
 def test_many_layers_are_counted_past_six_and_one_replica_says_nothing():
     import keras
 
-    from tpurun.check import replica_rules
+    from tpurun.check.rules import replica_rules
 
     norms = [keras.layers.BatchNormalization(name=f"norm_{i}") for i in range(9)]
     model = keras.Sequential([keras.Input((4,)), *norms, keras.layers.Dense(2)], name="seq")
@@ -204,7 +204,7 @@ def test_every_model_a_step_trains_is_looked_at():
     generator's (train and check pass the TrainState's models)."""
     import keras
 
-    from tpurun.check import replica_rules
+    from tpurun.check.rules import replica_rules
 
     shared = keras.layers.Dense(3, name="shared")
     generator = keras.Sequential(

@@ -1,6 +1,6 @@
 """The private TensorFlow and Keras API tpurun uses is still where it expects it.
 
-Each adapter (tpurun.tf_internals for the launcher, tpurun.check.introspection for
+Each adapter (tpurun.tf_internals for the launcher, tpurun.check.rules.introspection for
 `tpurun check`, tpurun.optimization for the recipes' Keras internals) falls back to a weaker behaviour when its private API moves; these
 tests fail instead, so a TensorFlow or Keras upgrade that moves one shows up in CI
 rather than as a slower all-reduce, a multi-worker start without a deadline, or
@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tpurun import optimization, tf_internals
-from tpurun.check import introspection
+from tpurun.check.rules import introspection
 from tpurun.cluster import packed_reduction
 
 
@@ -53,7 +53,7 @@ def test_an_op_knows_whether_it_is_stateful():
 
 
 def test_kernel_registry_knows_xla_kernels():
-    from tpurun.check.xla import populate_xla_registry
+    from tpurun.check.rules.xla import populate_xla_registry
 
     populate_xla_registry()
     assert introspection.has_xla_kernel("MatMul")

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import OFFLINE_ENV, REPO, assert_only_localhost, network_traced
 
-import tpurun.check
-from tpurun.check import targets
+from tpurun.check import command, targets
 from tpurun.tpu_vm import installed
 
 LOAD_LIBRARY, LIBRARY_PATH = installed.LOAD_LIBRARY_ENV, installed.LIBRARY_PATH_ENV
@@ -130,7 +129,7 @@ def test_check_target_beside_tensorflow_tpu_says_in_one_line_where_the_compiler_
     distributions,
 ):
     distributions.update({"tensorflow-tpu": "2.20.0", "libtpu": "0.0.14"})
-    sizer, note = tpurun.check.tpu_sizer(targets.parse("v5e-8"))
+    sizer, note = command.tpu_sizer(targets.parse("v5e-8"))
     assert sizer is None
     assert note == (
         "the TPU compiler needs an environment of its own: the tpu-compile extra brings JAX's "
@@ -144,7 +143,7 @@ def test_check_target_beside_tensorflow_tpu_is_one_line_with_the_fix(monkeypatch
     """tensorflow-tpu 2.20 compiles XLA for the TPU only: no step can be sized beside it (under
     `make test-tpu-wheel` for real; under `make test`, that environment stood in for)."""
     if installed.tensorflow_tpu() is None:
-        from tpurun.check import xla
+        from tpurun.check.rules import xla
 
         tpu_only = "tensorflow-tpu 2.20.0 compiles XLA for the TPU only, not the CPU"
         monkeypatch.setattr(xla, "cpu_compiler_missing", lambda: tpu_only)

@@ -16,7 +16,7 @@ __version__ = "0.2.0"
 # jax stays out of TensorFlow's process. TensorFlow imports it when it is installed
 # (tf.lite's `from jax import jit`, for a converter tpurun never uses), and the
 # `tpu-compile` extra installs it for the TPU compiler, which runs in a process of its
-# own (tpurun.check.tpu_compiler): imported here, jaxlib's XLA would load beside
+# own (tpurun.check.sizing.tpu_compiler): imported here, jaxlib's XLA would load beside
 # TensorFlow's and add seconds to every start. None in sys.modules makes TensorFlow's
 # guarded import fail as if jax were absent.
 if "tensorflow" not in sys.modules:

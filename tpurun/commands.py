@@ -32,9 +32,8 @@ from tpurun.runners import sidecar
 from tpurun.runners.controller import Controller
 from tpurun.runners.evaluate import Evaluator, eval_metrics
 from tpurun.runners.export import export
-from tpurun.runners.forward_graph import forward_graph
 from tpurun.runners.predict import Predictor, output_target, write_rows
-from tpurun.runners.train import Trainer
+from tpurun.runners.train import Trainer, forward_graph
 from tpurun.storage import background, best, checkpoints, lease, train_config
 from tpurun.storage.eval_results import summary_line, write_json
 

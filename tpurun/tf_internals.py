@@ -12,7 +12,7 @@ loop waits for), and `missing()` names the ones that fell back:
 tests/test_tf_internals.py asserts it is empty, so a TensorFlow upgrade that
 moves them fails CI instead of silently degrading a run.
 
-`tpurun.check.introspection` does the same for `tpurun check`'s graph introspection.
+`tpurun.check.rules.introspection` does the same for `tpurun check`'s graph introspection.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ TensorCore on v2/v3, one chip on v4/v5p (their two TensorCores act as one
 replicas, a `v4-8` has 4, a `v5litepod-8` has 8.
 
 All these generations lay arrays out in HBM with the same tiles (XLA's default
-before TPU7x): `tpurun.check.memory.TILE_ROWS` applies to every row here.
+before TPU7x): `tpurun.check.sizing.memory.TILE_ROWS` applies to every row here.
 
 The same rows give what a step's time and a run's price are bounded by: each
 generation's peak bfloat16 FLOP/s and HBM bandwidth (`peak_flops_per_replica`,
@@ -23,9 +23,9 @@ generation's peak bfloat16 FLOP/s and HBM bandwidth (`peak_flops_per_replica`,
 on-demand price (`price_per_chip_hour`, of `PRICES_DATE`). A figure the docs do
 not publish is None, with the reason in `missing_peaks` / `missing_price`: it is
 left out of the bound, never guessed. `compile_topology` is what the TPU
-compiler (`tpurun.check.tpu_compiler`) compiles one replica's step for. The vCPUs
+compiler (`tpurun.check.sizing.tpu_compiler`) compiles one replica's step for. The vCPUs
 of a slice's hosts (`host_vcpus`, which run the input pipeline) say how many
-examples/s a host can make (`tpurun.check.host_input`); where no figure was found
+examples/s a host can make (`tpurun.check.bounds.host_input`); where no figure was found
 (v2), none is guessed either.
 """
 
@@ -96,7 +96,7 @@ class Generation:
     compile_options: tuple[tuple[str, str], ...] = ()
     # The vCPUs of one TPU VM host, which run the input pipeline: (largest slice in
     # chips, vCPUs of its hosts), smallest first; () where no figure was found. Read
-    # by `host_vcpus` (tpurun.check.host_input: will the input keep up?).
+    # by `host_vcpus` (tpurun.check.bounds.host_input: will the input keep up?).
     host_vcpus: tuple[tuple[int, int], ...] = ()
     host_source: str = ""  # where the vCPU figures come from
 

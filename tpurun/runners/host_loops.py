@@ -10,7 +10,7 @@ replica's memory (`tpurun.inputs.device_data`), from which it gathers its own ba
 With one replica (a CPU, a GPU) the device loop may be compiled by XLA as a whole,
 which is many times faster for a step of many small ops and several times slower for
 one of large convolutions on a CPU: `DeviceLoop.time_both` times both on the model's
-own step (the Trainer decides, `tpurun.runners.train`). Under MirroredStrategy it is
+own step (`tpurun.runners.loop_plan` decides). Under MirroredStrategy it is
 not (XLA compiles for one device, and the all-reduce and the mirrored variables'
 updates span all of them), and on a TPU XLA compiles the replicated step anyway.
 """

@@ -13,7 +13,10 @@ host loop adds up the named scalars the step returns.
 
 The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
 data (`tpurun.inputs.device_data`): the arrays in every replica's memory and each replica
-step gathering its own batch. The host loop over either is `tpurun.runners.host_loops`'s.
+step gathering its own batch: which, and how the loop over it is compiled, is the
+`LoopPlan` `tpurun.runners.loop_plan` decides. The host loop over either is
+`tpurun.runners.host_loops`'s. `forward_graph`: the serving model's forward pass as a
+graph, for TensorBoard's graph tab (`TrainSummaries`).
 """
 
 from __future__ import annotations
@@ -24,18 +27,16 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import tensorflow as tf
-from absl import logging
 
 from tpurun import inputs
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import announced
 from tpurun.cluster import Cluster
 from tpurun.errors import RunError
-from tpurun.inputs import device_data
-from tpurun.inputs.example_order import ExampleOrder
-from tpurun.model import Mode, Model, TrainArrays, build_models
+from tpurun.inputs.device_data import DeviceData
+from tpurun.model import Mode, Model, TrainArrays, build_models, has_own_train_step
 from tpurun.run_config import RunConfig
-from tpurun.runners import host_loops
+from tpurun.runners import loop_plan
 from tpurun.runners.host_loops import (
     MAX_SCALARS,
     DeviceLoop,
@@ -43,6 +44,7 @@ from tpurun.runners.host_loops import (
     LoopParts,
     LoopTimes,
 )
+from tpurun.runners.loop_plan import LoopPlan
 from tpurun.training_step import keyed_random
 from tpurun.training_step.state import TrainState
 
@@ -51,9 +53,16 @@ class Trainer:
     """Holds the models, optimizers and compiled host loop of one training run."""
 
     def __init__(
-        self, run: RunConfig, cluster: Cluster, model: Model, arrays: TrainArrays | None = None
+        self,
+        run: RunConfig,
+        cluster: Cluster,
+        model: Model,
+        arrays: TrainArrays | None = None,
+        plan: LoopPlan | None = None,
     ):
-        """`arrays`: the model's training arrays when the caller read them already."""
+        """`arrays`: the model's training arrays when the caller read them already; `plan`:
+        its host loop when the caller decided it (`tpurun check`, which builds the step it
+        checks, but no loop), else `start_input` decides it."""
         self.run = run
         self.cluster = cluster
         self.strategy = cluster.strategy
@@ -81,13 +90,9 @@ class Trainer:
         self.checkpoint = self.fresh_checkpoint()
         self._scalar_names: list[str] = []  # what the step returns, known once it is traced
         self._loop: InputLoop | DeviceLoop | None = None  # built by start_input()
+        # The host loop this run trains with: tf.data until start_input() decides.
+        self.plan = plan or LoopPlan()
         self._compiled = False  # the loop: by the first train(), or to time it
-        # The device-data loops' times, by which the run chose one (`_device_loop`): what
-        # model_dir's record keeps for a resumed run. None: not chosen by timing.
-        self.loop_times: LoopTimes | None = None
-        # The in-memory arrays each replica step gathers its batch from (None: tf.data):
-        # decided by plan_device_data().
-        self.device_data: device_data.DeviceData | None = None
         if arrays is not None:
             self.arrays = arrays  # read once (the cached property below, set)
 
@@ -113,6 +118,17 @@ class Trainer:
     def optimizer_variables(self) -> list[Any]:
         """Every variable of every optimizer (and loss scale)."""
         return self.state.optimizer_variables
+
+    @property
+    def device_data(self) -> DeviceData | None:
+        """The in-memory arrays each replica step gathers its batch from (None: tf.data)."""
+        return self.plan.device_data
+
+    @property
+    def loop_times(self) -> LoopTimes | None:
+        """The device-data loops' times the run chose its loop by (None: not chosen by
+        timing): what model_dir's record keeps for a resumed run."""
+        return self.plan.loop_times
 
     def restored(self) -> None:
         """After a restore: an older checkpoint's step, and this config's constant rates."""
@@ -193,7 +209,7 @@ class Trainer:
 
     def start_input(self, recorded: Callable[[], LoopTimes | None] | None = None) -> None:
         """Builds the training input and its host loop at the global step (once; `train`
-        needs it).
+        needs it), as `tpurun.runners.loop_plan` decides it.
 
         A restored run continues the stream where the checkpoint's step left it. Built
         before anything is written, so bad data fails a run that has written nothing.
@@ -202,119 +218,30 @@ class Trainer:
         """
         if self._loop is not None:
             return
-        arrays = self.arrays
-        if arrays is not None and self.plan_device_data(arrays) is not None:
-            assert self.device_data is not None
-            self.device_data.place(self.strategy)
-            loop = self._device_loop(recorded or (lambda: None))
-            logging.info(
-                "Training data on the device (%s): each replica step gathers its own batch; %s.",
-                device_data.describe(arrays, self.device_data.order),
-                loop.describe(),
-            )
-            self._loop = loop
-            return
-        dataset = inputs.distribute(
-            self.strategy,
-            self.model,
-            Mode.TRAIN,
-            self.global_batch,
-            self.run.seed,
-            start_step=self.step,
-            micro_batches=self.micro_batches,
-            arrays=arrays,
+        parts, arrays = self._loop_parts(), self.arrays
+        self.plan, loop = loop_plan.decide(
+            self.run, self.cluster, arrays, parts, self.step, recorded or (lambda: None)
         )
-        self._loop = InputLoop(self._loop_parts(), iter(dataset))
+        self._compiled = self.plan.compiled
+        if loop is None:
+            dataset = inputs.distribute(
+                self.strategy,
+                self.model,
+                Mode.TRAIN,
+                self.global_batch,
+                self.run.seed,
+                start_step=self.step,
+                micro_batches=self.micro_batches,
+                arrays=arrays,
+            )
+            self._loop = InputLoop(parts, iter(dataset))
+        else:
+            self._loop = loop
 
     @functools.cached_property
     def arrays(self) -> TrainArrays | None:
         """The model's training arrays, read once: `train_arrays` may read the model's files."""
         return inputs.train_arrays(self.model)
-
-    def plan_device_data(self, arrays: TrainArrays) -> device_data.DeviceData | None:
-        """The device data this run trains on from `arrays` (set as `device_data`, not yet
-        placed in the replicas' memory), or None when it is off or too large (said in
-        one line): then the arrays go through tf.data."""
-        if not self.run.config.train.device_data:
-            device_data.log_fallback("config.train.device_data=false")
-            return None
-        order = ExampleOrder(arrays.num_examples, self.run.seed)
-        reason = device_data.why_not(
-            arrays, order, self.cluster, self.run.config.train.device_data_mb
-        )
-        if reason:
-            device_data.log_fallback(reason)
-            return None
-        self.device_data = device_data.DeviceData(
-            arrays, order, self.strategy.num_replicas_in_sync, self.global_batch, self.micro_batches
-        )
-        return self.device_data
-
-    def _device_loop(self, recorded: Callable[[], LoopTimes | None]) -> DeviceLoop:
-        """The device-data host loop: XLA-compiled as a whole or not, and why (logged).
-
-        What cannot be compiled as one computation is not (a TPU's step is anyway, several
-        replicas span several devices); the user's config.train.xla=true or false is kept.
-        With "auto" (the default) a run of at most SHORT_RUN_STEPS steps runs the plain
-        loop (XLA's compile would cost more than it saves). A longer one times the loops
-        on the model's own step
-        (`DeviceLoop.time_both`) and XLA's runs unless the plain one is clearly faster
-        (`LoopTimes.measured`): XLA speeds up a step of many small ops (Iris: ~5x, its
-        dispatch gone) and slows down one of large matmuls or convolutions on a CPU, where
-        TensorFlow's oneDNN kernels beat XLA's (keras-io's DCGAN, a WGAN-GP of 512-unit
-        layers: docs/benchmarks.md). The op mix alone does not tell the two apart, the
-        step's time does. The choice is recorded in model_dir (`loop_times`): a resumed
-        run runs the loop its checkpoints were trained with, for the two loops round
-        floating-point sums differently and a resume must be bit-identical.
-        """
-        parts, data, step = self._loop_parts(), self.device_data, self.step
-        assert data is not None
-        choice = self.run.config.train.xla
-        off = self._without_xla(choice)
-        if off or choice is True:
-            why = off or "the host loop is compiled by XLA (config.train.xla=true)"
-            return DeviceLoop(parts, data, step, not off, why)
-        auto = "config.train.xla='auto'; true or false forces one"
-        kept = recorded()
-        if kept is not None:
-            self.loop_times = kept
-            first = f"as this model_dir's first run chose it ({kept.shown()}; {auto})"
-            why = f"{_loop_name(kept)}, {first}"
-            return DeviceLoop(parts, data, step, kept.use_xla, why)
-        loop = DeviceLoop(parts, data, step, False, "")
-        run_steps = self.run.train_steps - step
-        if run_steps <= host_loops.SHORT_RUN_STEPS:
-            times = self.loop_times = LoopTimes.short_run(run_steps)
-        else:
-            times = self.loop_times = loop.time_both()
-            self._compiled = True  # the loop chosen was, to time it
-        loop.why = f"{_loop_name(times)}: {times.shown()} ({auto})"
-        return loop
-
-    def _without_xla(self, choice: object) -> str:
-        """Why the device-data host loop cannot or will not be compiled by XLA ("": it may)."""
-        if self.cluster.is_tpu:
-            return "XLA compiles the replicated step for the TPU"
-        if self.strategy.num_replicas_in_sync > 1:
-            # The all-reduce and the mirrored variables' updates span every replica's
-            # device; each replica's ops are dispatched one by one (docs/benchmarks.md).
-            return (
-                "the host loop is not compiled by XLA: it spans every replica's device, and "
-                "XLA compiles for one"
-            )
-        if choice is False:
-            return "the host loop is not compiled by XLA (config.train.xla=false)"
-        if (
-            choice is not True  # "auto"
-            and self.run.config.precision == "mixed_bfloat16"
-            and device_data.device_kind(self.strategy) == "CPU"
-        ):
-            # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (docs/device-data.md).
-            return (
-                "the host loop is not compiled by XLA: its CPU backend has no fast bfloat16 "
-                "matmuls (config.train.xla=true forces it)"
-            )
-        return ""
 
     def train(self, num_steps: int) -> LoopStats:
         """Runs one host loop of `num_steps` steps, from the global step. The first compiles
@@ -354,9 +281,25 @@ class Trainer:
         return {name: float(values[i]) for i, name in enumerate(self._scalar_names)}
 
 
-def _loop_name(times: LoopTimes) -> str:
-    return (
-        "the host loop is compiled by XLA"
-        if times.use_xla
-        else "the host loop is not compiled by XLA"
-    )
+def forward_graph(trainer: Trainer) -> tf.Graph:
+    """The serving model's forward pass, traced (not run) on one replica's training
+    features (with a training step of its own, on the model's own inputs: a GAN's
+    generator takes noise, not the training data)."""
+    if has_own_train_step(trainer.model):
+        features_spec = tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), trainer.keras_model.input
+        )
+    else:
+        ctx = tf.distribute.InputContext(num_replicas_in_sync=trainer.strategy.num_replicas_in_sync)
+        params = inputs.input_params(ctx, trainer.global_batch, trainer.run.seed)
+        if trainer.arrays is not None:  # from their specs: no second dataset of them
+            features_spec, _ = trainer.arrays.batch_spec(params.batch_size)
+        else:
+            features_spec, _ = trainer.model.input_fn(Mode.TRAIN, params).element_spec
+        if isinstance(features_spec, dict):  # the graph's inputs named after the features
+            features_spec = {
+                k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in features_spec.items()
+            }
+    forward = tf.function(lambda features: trainer.keras_model(features, training=True))
+    with trainer.strategy.scope():
+        return forward.get_concrete_function(features_spec).graph

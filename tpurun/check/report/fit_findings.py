@@ -4,7 +4,7 @@ the levers that make it fit.
 One error line per step: what the TPU compiler said (its refusal, or its total
 against the HBM it allows), or XLA:CPU's estimate, named as such, with how to get
 the compiler's; then the levers: the largest per-replica batch the search found
-to fit (`tpurun.check.batch_search`), bfloat16 activations, gradient
+to fit (`tpurun.check.sizing.batch_search`), bfloat16 activations, gradient
 accumulation, more replicas. When not even a batch of 1 fits, the TPUs whose
 usable HBM exceeds what the step needs (each generation's, as its compiler counts
 it), or that none does.
@@ -12,14 +12,14 @@ it), or that none does.
 
 from __future__ import annotations
 
-from tpurun.check.findings import ERROR, Problem
-from tpurun.check.fit_report import hbm_text, step_hbm_text
-from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import OPTIMIZER, WEIGHTS, MemoryEstimate, format_bytes
-from tpurun.check.preflight import StepMemory, TargetMemory
+from tpurun.check.report.fit_report import hbm_text, step_hbm_text
+from tpurun.check.rules.findings import ERROR, Problem
+from tpurun.check.rules.input_rules import BATCH_FLAGS
+from tpurun.check.sizing.memory import OPTIMIZER, WEIGHTS, MemoryEstimate, format_bytes
+from tpurun.check.sizing.preflight import StepMemory, TargetMemory
+from tpurun.check.sizing.tpu_compiler import client
+from tpurun.check.sizing.tpu_compiler.sizing import RefusedStep
 from tpurun.check.targets import GENERATIONS, Target, larger_slice
-from tpurun.check.tpu_compiler import client
-from tpurun.check.tpu_compiler.sizing import RefusedStep
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 

@@ -4,7 +4,7 @@
 per-replica step with tf2xla from TensorSpecs (nothing runs, nothing is
 allocated) to an unoptimized HloModuleProto, the bytes the compiler's process
 takes, and names each entry parameter (an input, a weight, an optimizer variable)
-as `tpurun.check.buffers` does for the XLA:CPU estimate.
+as `tpurun.check.sizing.buffers` does for the XLA:CPU estimate.
 
 Two facts of TensorFlow's HLO shape this. Its `copy` instructions (same shape in,
 same shape out: the default layouts are all alike here) are refused by the
@@ -29,8 +29,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check import buffers, introspection
-from tpurun.check.buffers import EstimateError, Expected
+from tpurun.check.rules import introspection
+from tpurun.check.sizing import buffers
+from tpurun.check.sizing.buffers import EstimateError, Expected
 from tpurun.errors.tf_errors import user_code_line
 
 STAGE = "hlo_serialized"
@@ -87,7 +88,7 @@ def step_program(
 ) -> StepProgram:
     """`fn(*args)` for `args_specs` as TensorFlow hands it to XLA, for the TPU compiler.
 
-    The same contract as `tpurun.check.memory.estimate`: `fn` is the per-replica
+    The same contract as `tpurun.check.sizing.memory.estimate`: `fn` is the per-replica
     step on one device's variables, creating none; `args_specs` one nested
     structure of fully defined TensorSpecs per positional argument.
     """

@@ -1,7 +1,7 @@
 """A step's memory and cost from the TPU compiler: `TpuSizer.size(step, specs, ...)` -> `CompiledStep`.
 
-`CompiledStep` answers what `tpurun.check.memory.MemoryEstimate` answers (bytes by
-category, total, whether it fits a replica), so `tpurun.check.preflight` searches
+`CompiledStep` answers what `tpurun.check.sizing.memory.MemoryEstimate` answers (bytes by
+category, total, whether it fits a replica), so `tpurun.check.sizing.preflight` searches
 batches and `fit_report` prints tables with either; here every figure is the
 compiler's: the arguments in the layouts it chose (weights, optimizer state and
 input: the entry parameters, `program.layout_bytes`), the outputs and how much of
@@ -10,7 +10,7 @@ temporaries and its generated code. The total is what JAX users take from
 `memory_analysis`: arguments + outputs - aliased + temporaries + code, plus the
 next input batch a TPU prefetches meanwhile (as the XLA:CPU estimate counts it).
 It also has the step's FLOPs and bytes accessed (`cost_analysis`), for the time
-bound (`tpurun.check.step_bounds`).
+bound (`tpurun.check.bounds.step_bounds`).
 
 A program that does not fit is refused by the compiler (CompileTimeHbmOom): a
 `RefusedStep`, which holds only what the refusal says (what its HLO temporaries
@@ -25,11 +25,10 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tpurun.check.buffers import CATEGORIES, INPUT, OTHER
-from tpurun.check.memory import Array, format_bytes
-from tpurun.check.targets import Generation
-from tpurun.check.tpu_compiler import program as program_lib
-from tpurun.check.tpu_compiler.client import (
+from tpurun.check.sizing.buffers import CATEGORIES, INPUT, OTHER
+from tpurun.check.sizing.memory import Array, format_bytes
+from tpurun.check.sizing.tpu_compiler import program as program_lib
+from tpurun.check.sizing.tpu_compiler.client import (
     PROGRAM,
     Capacity,
     CompileError,
@@ -37,6 +36,7 @@ from tpurun.check.tpu_compiler.client import (
     Topology,
     TpuCompiler,
 )
+from tpurun.check.targets import Generation
 
 TPU = "tpu"
 XLA_CPU = "xla:cpu"

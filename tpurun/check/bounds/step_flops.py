@@ -18,8 +18,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check import buffers, xla
-from tpurun.check.steps import StepChecker
+from tpurun.check.rules import xla
+from tpurun.check.rules.step_builds import StepBuilder, jit_flat
+from tpurun.check.sizing import buffers
 from tpurun.cluster import Cluster
 from tpurun.model import Mode, Model
 from tpurun.run_config import RunConfig
@@ -34,17 +35,12 @@ def train_step_flops(run: RunConfig, cluster: Cluster, model: Model) -> float:
     if missing:  # tensorflow-tpu: the count needs XLA's CPU compile
         raise buffers.EstimateError(missing)
     with tf.device(_HOST_CPU):
-        checker = StepChecker(run, cluster, model, replicas=cluster.num_replicas)
-        runner, spec = checker.single_device_step(Mode.TRAIN)
-        function, args = checker.step_call(
-            Mode.TRAIN, runner, spec, checker.per_replica_batch(Mode.TRAIN)
+        builds = StepBuilder(run, cluster, model, replicas=cluster.num_replicas)
+        runner, spec = builds.single_device_step(Mode.TRAIN)
+        function, args = builds.step_call(
+            Mode.TRAIN, runner, spec, builds.per_replica_batch(Mode.TRAIN)
         )
-        flat = tf.nest.flatten(list(args))
-
-        def flat_step(*tensors: tf.Tensor) -> Any:
-            return function(*tf.nest.pack_sequence_as(list(args), list(tensors)))
-
-        hlo = buffers.optimized_hlo(tf.function(flat_step, jit_compile=True), flat)
+        hlo = buffers.optimized_hlo(jit_flat(function, args), tf.nest.flatten(list(args)))
     return program_flops(hlo) * cluster.num_replicas
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check.findings import ERROR, WARNING, Problem, shape_text
-from tpurun.check.fixes import DTYPE_FIXES, train_batch_fix
+from tpurun.check.rules.findings import ERROR, WARNING, Problem, shape_text
+from tpurun.check.rules.fixes import DTYPE_FIXES, train_batch_fix
 from tpurun.model import Mode
 from tpurun.run_config import split_fix
 
@@ -144,18 +144,3 @@ def _flatten_with_paths(structure: Any) -> Iterator[tuple[str, Any]]:
                 yield f"[{index}]" + path, leaf
     else:
         yield "", structure
-
-
-def static_batch(spec: Any, per_replica: int) -> Any:
-    """The spec with the batch dimension set to the static per-replica batch, for tracing.
-
-    A dynamic batch is reported by static-batch; tracing with it would only make every
-    tensor of the step dynamic and hide the problems the step itself has.
-    """
-
-    def fix(leaf: Any) -> Any:
-        if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank:
-            return tf.TensorSpec([per_replica, *leaf.shape[1:]], leaf.dtype, name=leaf.name)
-        return leaf
-
-    return tf.nest.map_structure(fix, spec)

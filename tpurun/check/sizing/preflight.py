@@ -3,9 +3,9 @@
 For each step that passed the other checks, the single-device build that check's
 XLA rule compiled (the runner's public `replica_step`: the Trainer's with its
 optimizer, the Evaluator's, the Predictor's) is compiled again, at the target's
-per-replica batch, for its buffer assignment (`tpurun.check.memory`). A step
+per-replica batch, for its buffer assignment (`tpurun.check.sizing.memory`). A step
 that does not fit is searched for the largest per-replica batch that does
-(`tpurun.check.batch_search`: at most ceil(log2(batch / 8)) + 2 more compiles).
+(`tpurun.check.sizing.batch_search`: at most ceil(log2(batch / 8)) + 2 more compiles).
 
 What is compiled is what a TPU compiles. Under TPUStrategy the `--iterations`
 host loop stays on the host (TensorFlow's TPU host-training-loop rewrite,
@@ -20,7 +20,7 @@ its device-data train step estimated: its input is the arrays (and their order's
 table) that every replica holds for the whole run, and the batch it gathers from
 them is one of its temporaries; no batch is prefetched.
 
-With the TPU compiler (`tpurun.check.tpu_compiler`, the `tpu-compile` extra) each
+With the TPU compiler (`tpurun.check.sizing.tpu_compiler`, the `tpu-compile` extra) each
 of those compiles is the TPU's own, for the target's generation, and a replica's
 HBM is what that compiler allows a program; without it, or for a step whose TPU
 compile fails (`fallbacks`: why), the XLA:CPU estimate sizes the step.
@@ -33,14 +33,14 @@ import time
 
 from absl import logging
 
-from tpurun.check import batch_search, memory
-from tpurun.check.batch_search import Found, Outcome
-from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
-from tpurun.check.memory import MemoryEstimate
-from tpurun.check.steps import StepChecker
+from tpurun.check.rules.input_rules import TPU_BATCH_MULTIPLE
+from tpurun.check.rules.step_builds import StepBuilder
+from tpurun.check.sizing import batch_search, memory
+from tpurun.check.sizing.batch_search import Found, Outcome
+from tpurun.check.sizing.memory import MemoryEstimate
+from tpurun.check.sizing.tpu_compiler.client import CompileError
+from tpurun.check.sizing.tpu_compiler.sizing import XLA_CPU, CompiledStep, RefusedStep, TpuSizer
 from tpurun.check.targets import GENERATIONS, Target
-from tpurun.check.tpu_compiler.client import CompileError
-from tpurun.check.tpu_compiler.sizing import XLA_CPU, CompiledStep, RefusedStep, TpuSizer
 from tpurun.model import Mode, has_generate
 from tpurun.runners.train import Trainer
 
@@ -102,11 +102,11 @@ class StepMemory:
 
 
 class Preflight:
-    """The memory of `checker`'s single-device steps against `hbm_bytes` per replica, one
+    """The memory of the single-device steps `builds` holds against `hbm_bytes` per replica, one
     compile per (step, batch): by the TPU compiler with a `sizer`, else by XLA:CPU."""
 
-    def __init__(self, checker: StepChecker, hbm_bytes: int, sizer: TpuSizer | None = None):
-        self.checker = checker
+    def __init__(self, builds: StepBuilder, hbm_bytes: int, sizer: TpuSizer | None = None):
+        self.builds = builds
         self.hbm_bytes = hbm_bytes
         self.sizer = sizer
         # Steps the TPU compiler could not size, and why: estimated by XLA:CPU instead.
@@ -115,12 +115,12 @@ class Preflight:
 
     def not_estimated(self, mode: Mode) -> str | None:
         """Why a step is not estimated, or None if it is."""
-        if mode is Mode.PREDICT and has_generate(self.checker.model):
+        if mode is Mode.PREDICT and has_generate(self.builds.model):
             return (
-                f"tpurun predict runs {self.checker.name}.generate(), not the predict step, "
+                f"tpurun predict runs {self.builds.name}.generate(), not the predict step, "
                 "so its memory is not estimated"
             )
-        if mode not in self.checker.single_device_steps:
+        if mode not in self.builds.single_device_steps:
             return "not estimated: fix the errors of this step first"
         return None
 
@@ -151,15 +151,15 @@ class Preflight:
             return self._step_memory(mode)
 
     def _step_memory(self, mode: Mode) -> StepMemory:
-        batch = self.checker.per_replica_batch(mode)
-        micro_batches = self.checker.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
+        batch = self.builds.per_replica_batch(mode)
+        micro_batches = self.builds.run.config.train.accumulate_steps if mode is Mode.TRAIN else 1
         step = StepMemory(
             mode,
             batch,
             self.estimate(mode, batch),
             self.hbm_for(mode),
             micro_batches=micro_batches,
-            device_data=on_device_data(self.checker.single_device_steps[mode].runner),
+            device_data=on_device_data(self.builds.single_device_steps[mode].runner),
         )
         if step.fits:
             return step
@@ -171,9 +171,9 @@ class Preflight:
         """One replica's step at a per-replica batch, as a TPU would hold it (compiled once)."""
         key = (mode, batch)
         if key not in self._estimates:
-            runner, spec = self.checker.single_device_steps[mode]
+            runner, spec = self.builds.single_device_steps[mode]
             variables = runner.optimizer_variables if isinstance(runner, Trainer) else ()
-            function, args = self.checker.step_call(mode, runner, spec, batch)
+            function, args = self.builds.step_call(mode, runner, spec, batch)
             size = self.sizer.size if self.sizer is not None and self.on_tpu(mode) else None
             start = time.monotonic()
             if size is not None:
@@ -189,7 +189,7 @@ class Preflight:
                     args,
                     weights=runner.weights,
                     optimizer_variables=variables,
-                    compiled=self.checker.jit_step(runner, mode, batch, function, args),
+                    compiled=self.builds.jit_step(runner, mode, batch, function, args),
                 )
             # On device data the input is the arrays the replica holds: nothing is prefetched.
             held = 1 if on_device_data(runner) else 1 + PREFETCHED_BATCHES
@@ -265,7 +265,7 @@ class TargetMemory:
 
 
 def estimate_steps(
-    checker: StepChecker, target: Target, sizer: TpuSizer | None = None, note: str | None = None
+    builds: StepBuilder, target: Target, sizer: TpuSizer | None = None, note: str | None = None
 ) -> TargetMemory:
     """Every step's memory on `target`, searched for the largest batch where it does not fit.
 
@@ -279,7 +279,7 @@ def estimate_steps(
             header = sizer.header()
         except CompileError as e:
             sizer, note = None, f"the TPU compiler failed: {e}"
-    preflight = Preflight(checker, target.hbm_bytes_per_replica, sizer)
+    preflight = Preflight(builds, target.hbm_bytes_per_replica, sizer)
     steps, skipped, failed = [], {}, {}
     for mode in Mode:
         why_not = preflight.not_estimated(mode)

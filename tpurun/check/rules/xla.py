@@ -14,11 +14,11 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun.check.findings import ERROR, WARNING, Problem
-from tpurun.check.fixes import unsupported_problem
-from tpurun.check.graph_walk import SUMMARY_OPS
-from tpurun.check.introspection import LayerScopes
-from tpurun.check.origin import created_at_from_text
+from tpurun.check.rules.findings import ERROR, WARNING, Problem
+from tpurun.check.rules.fixes import unsupported_problem
+from tpurun.check.rules.graph_walk import SUMMARY_OPS
+from tpurun.check.rules.introspection import LayerScopes
+from tpurun.check.rules.origin import created_at_from_text
 from tpurun.errors.tf_errors import first_line, user_code_line
 from tpurun.model import Mode
 from tpurun.tpu_vm import installed
@@ -54,7 +54,7 @@ def populate_xla_registry() -> None:
 def compile_problems(mode: Mode, compiled: Any, spec: Any, scopes: LayerScopes) -> list[Problem]:
     """Compiles one replica's step with XLA from the spec of its batch; the problems found.
 
-    `compiled`: the step as `memory.jit_flat` makes it. Where this TensorFlow has no XLA
+    `compiled`: the step as `step_builds.jit_flat` makes it. Where this TensorFlow has no XLA
     for the CPU, one warning says the step was not compiled.
     """
     missing = cpu_compiler_missing()

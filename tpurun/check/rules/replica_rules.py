@@ -23,8 +23,8 @@ from typing import TypeAlias
 
 import keras
 
-from tpurun.check.findings import WARNING, Problem
-from tpurun.check.introspection import all_layers
+from tpurun.check.rules.findings import WARNING, Problem
+from tpurun.check.rules.introspection import all_layers
 from tpurun.model import Mode
 
 # Past this many, the layers are counted rather than named (a ResNet-50 has 53).

@@ -1,6 +1,6 @@
 """The TPU compiler's process: compiles XLA programs for a TPU with libtpu, on a machine without one.
 
-`tpurun.check.tpu_compiler.client` starts this file as a script
+`tpurun.check.sizing.tpu_compiler.client` starts this file as a script
 (`python .../server.py`, not `-m`: importing the `tpurun.check` package would import
 TensorFlow, and TensorFlow and libtpu must not share a process). It imports the
 standard library and, once running, jax/jaxlib/libtpu; nothing else, so this

@@ -15,12 +15,20 @@ import math
 from typing import Any
 
 from tpurun import storage
-from tpurun.check import batch_search, step_bounds
-from tpurun.check.findings import STEP_NAMES
-from tpurun.check.input_rules import TPU_BATCH_MULTIPLE
-from tpurun.check.memory import INPUT, OPTIMIZER, OTHER, WEIGHTS, MemoryEstimate, format_bytes
-from tpurun.check.preflight import PREFETCHED_BATCHES, StepMemory, StepSize, TargetMemory
-from tpurun.check.tpu_compiler.sizing import RefusedStep
+from tpurun.check.bounds import step_bounds
+from tpurun.check.rules.findings import STEP_NAMES
+from tpurun.check.rules.input_rules import TPU_BATCH_MULTIPLE
+from tpurun.check.sizing import batch_search
+from tpurun.check.sizing.memory import (
+    INPUT,
+    OPTIMIZER,
+    OTHER,
+    WEIGHTS,
+    MemoryEstimate,
+    format_bytes,
+)
+from tpurun.check.sizing.preflight import PREFETCHED_BATCHES, StepMemory, StepSize, TargetMemory
+from tpurun.check.sizing.tpu_compiler.sizing import RefusedStep
 from tpurun.errors import RunError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
@@ -172,6 +180,8 @@ def _largest(step: StepMemory) -> str:
 
 
 def _notes(found: TargetMemory, iterations: int) -> list[str]:
+    """The lines under the table: what sized the steps, then what their input holds, then
+    what its rows count."""
     notes = []
     if found.compiler_note:
         notes.append(f"XLA's CPU estimate, not the TPU's compiler: {found.compiler_note}")
@@ -179,9 +189,14 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
         notes.append(
             f"{STEP_NAMES[mode]}*: XLA's CPU estimate: its TPU compile failed: {_one_line(why)}"
         )
-    if not found.steps:
-        return [f"  note: {note}" for note in notes]
-    computes = frozenset().union(*(s.estimate.computes for s in found.steps))
+    if found.steps:
+        notes += _input_notes(found, iterations) + _row_notes(found)
+    return [f"  note: {note}" for note in notes]
+
+
+def _input_notes(found: TargetMemory, iterations: int) -> list[str]:
+    """The train step's host loop and micro-batches, and what each step's input holds."""
+    notes = []
     train = found.step(Mode.TRAIN)
     if train is not None:
         notes.append(
@@ -208,6 +223,14 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
             f"input{of}: the step's batch, and the next one, which TensorFlow prefetches "
             "into each replica's memory meanwhile"
         )
+    return notes
+
+
+def _row_notes(found: TargetMemory) -> list[str]:
+    """What the rows count, as the TPU compiler or XLA:CPU sized the steps, and how the
+    largest batch was found."""
+    notes = []
+    computes = frozenset().union(*(s.estimate.computes for s in found.steps))
     compiled = [s for s in found.steps if s.compiler == "tpu"]
     estimated = [s for s in found.steps if s.compiler != "tpu"]
     if compiled:
@@ -257,7 +280,7 @@ def _notes(found: TargetMemory, iterations: int) -> list[str]:
             "dimensions in tiles of 8 x 128 (32 rows for 8-bit types); a TPU may pick another "
             "layout for an array"
         )
-    return [f"  note: {note}" for note in notes]
+    return notes
 
 
 def _refused_note(step: StepMemory) -> str:

@@ -9,10 +9,10 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun.check.findings import ERROR, STEP_NAMES, Problem, shape_text
-from tpurun.check.graph_walk import CONTROL_FLOW_OPS, DATA_DEPENDENT_OPS, RawFinding
-from tpurun.check.introspection import LayerScopes
-from tpurun.check.origin import created_at
+from tpurun.check.rules.findings import ERROR, STEP_NAMES, Problem, shape_text
+from tpurun.check.rules.graph_walk import CONTROL_FLOW_OPS, DATA_DEPENDENT_OPS, RawFinding
+from tpurun.check.rules.introspection import LayerScopes
+from tpurun.check.rules.origin import created_at
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.model import Mode
 

@@ -19,11 +19,11 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import storage
-from tpurun.check import fit_findings, fit_report
-from tpurun.check.input_rules import BATCH_FLAGS
-from tpurun.check.memory import MemoryEstimate
-from tpurun.check.preflight import Preflight, StepSize
-from tpurun.check.steps import StepChecker, global_batch
+from tpurun.check.report import fit_findings, fit_report
+from tpurun.check.rules.input_rules import BATCH_FLAGS
+from tpurun.check.rules.step_builds import StepBuilder, global_batch
+from tpurun.check.sizing.memory import MemoryEstimate
+from tpurun.check.sizing.preflight import Preflight, StepSize
 from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.model import Mode, Model, has_generate
@@ -157,10 +157,10 @@ def _estimate(
 ) -> tuple[Preflight, int, StepSize]:
     """The run's step on one device at its per-replica batch, as `tpurun check` estimates it."""
     with tf.device(_HOST_CPU):
-        checker = StepChecker(run, cluster, model, replicas=cluster.num_replicas)
-        checker.single_device_step(mode)
-        preflight = Preflight(checker, hbm_bytes=0)  # only estimates until given one
-        batch = checker.per_replica_batch(mode)
+        builds = StepBuilder(run, cluster, model, replicas=cluster.num_replicas)
+        builds.single_device_step(mode)
+        preflight = Preflight(builds, hbm_bytes=0)  # only estimates until given one
+        batch = builds.per_replica_batch(mode)
         return preflight, batch, preflight.estimate(mode, batch)
 
 

@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from absl import logging
 
-from tpurun.check.tpu_compiler import server
+from tpurun.check.sizing.tpu_compiler import server
 
 # The distributions of the `tpu-compile` extra (setup.cfg), as they are imported.
 EXTRA = ("jax", "jaxlib", "libtpu")

@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tpurun.check.findings import STEP_NAMES
-from tpurun.check.memory import format_bytes
-from tpurun.check.preflight import StepMemory, TargetMemory
+from tpurun.check.rules.findings import STEP_NAMES
+from tpurun.check.sizing.memory import format_bytes
+from tpurun.check.sizing.preflight import StepMemory, TargetMemory
+from tpurun.check.sizing.tpu_compiler.sizing import RefusedStep
 from tpurun.check.targets import PRICES_DATE, PRICES_SOURCE, Generation, generation
-from tpurun.check.tpu_compiler.sizing import RefusedStep
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 

@@ -29,9 +29,9 @@ from typing import Any
 import tensorflow as tf
 
 from tpurun import inputs
-from tpurun.check.preflight import TargetMemory
-from tpurun.check.step_bounds import StepBound, bounds, format_seconds
-from tpurun.check.steps import StepChecker
+from tpurun.check.bounds.step_bounds import StepBound, bounds, format_seconds
+from tpurun.check.rules.step_builds import StepBuilder
+from tpurun.check.sizing.preflight import TargetMemory
 from tpurun.check.targets import Target, generation, host_vcpus
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode
@@ -118,12 +118,12 @@ class HostInput:
         return None if self.ratio is None else max(0.0, 1.0 - self.ratio)
 
 
-def check(checker: StepChecker, found: TargetMemory) -> HostInput:
+def check(builds: StepBuilder, found: TargetMemory) -> HostInput:
     """Measures the model's training input here (MEASURE_SECONDS) and sets it against
     `found`'s train step."""
     target = found.target
     train = found.step(Mode.TRAIN)
-    name = checker.name
+    name = builds.name
     if train is None:
         return HostInput(target, why_not="the train step was not sized (see above)")
     if train.device_data:
@@ -143,7 +143,7 @@ def check(checker: StepChecker, found: TargetMemory) -> HostInput:
         return HostInput(
             target, why_not=f"not measured: no vCPU count of a {row.name} host was found"
         )
-    run = checker.run
+    run = builds.run
     micro_batches = run.config.train.accumulate_steps
     context = tf.distribute.InputContext(
         num_input_pipelines=target.hosts, input_pipeline_id=0, num_replicas_in_sync=target.replicas
@@ -152,7 +152,7 @@ def check(checker: StepChecker, found: TargetMemory) -> HostInput:
         context, run.train_batch_size, run.seed, micro_batches=micro_batches
     )
     try:
-        dataset = inputs.train_dataset(checker.model, params, checker.arrays)
+        dataset = inputs.train_dataset(builds.model, params, builds.arrays)
         measured = measure(dataset, params.batch_size, MEASURE_SECONDS)
     except Exception as e:  # noqa: BLE001 - the user's input: any failure is reported, not fatal
         return HostInput(target, why_not=f"the training input failed here: {one_line(e)}")

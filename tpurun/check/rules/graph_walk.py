@@ -3,7 +3,7 @@
 It returns raw findings: (rule, op, display name, detail) for every op that makes
 a tensor shape depend on the data (`dynamic-shape`), writes a summary (`summary`),
 makes float64 (`dtype`) or has no XLA kernel (`xla-unsupported`). What they mean
-and how to fix them is `tpurun.check.fixes`, which imports this module (never the
+and how to fix them is `tpurun.check.rules.fixes`, which imports this module (never the
 other way round).
 """
 
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tpurun.check.introspection import has_xla_kernel, is_stateful, nested_graphs
+from tpurun.check.rules.introspection import has_xla_kernel, is_stateful, nested_graphs
 
 # Control-flow ops whose output shapes are those of their branches or loop variables.
 CONTROL_FLOW_OPS = frozenset(

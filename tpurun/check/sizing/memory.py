@@ -14,7 +14,7 @@ gradient through a scatter with batch-sized index arrays that a TPU does not
 need. The arrays whose shapes are known (weights, optimizer state, inputs) are
 also given as a TPU stores them, padded to its tiles (`tpu_padded_bytes`).
 
-The largest batch whose estimate fits is searched by `tpurun.check.batch_search`.
+The largest batch whose estimate fits is searched by `tpurun.check.sizing.batch_search`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check import buffers
-from tpurun.check.buffers import (
+from tpurun.check.rules.step_builds import jit_flat
+from tpurun.check.sizing import buffers
+from tpurun.check.sizing.buffers import (
     CATEGORIES,
     INPUT,
     OPTIMIZER,
@@ -141,16 +142,6 @@ class MemoryEstimate:
             f"({format_bytes(self.total_bytes)} unpadded): {', '.join(parts)}; an estimate "
             "from XLA's CPU compile of the step"
         )
-
-
-def jit_flat(fn: Callable[..., Any], args_specs: Sequence[Any]) -> Any:
-    """`fn(*args)` as an XLA-compiled tf.function of the flat tensors of `args_specs`:
-    what check's XLA rules and the memory estimate both compile (one trace for both)."""
-
-    def flat_step(*tensors: tf.Tensor) -> Any:
-        return fn(*tf.nest.pack_sequence_as(list(args_specs), list(tensors)))
-
-    return tf.function(flat_step, jit_compile=True)
 
 
 def estimate(

@@ -6,7 +6,7 @@ holds every buffer allocation with its size. `expected_parameters` says what
 each entry parameter of that program is (an argument, a weight, an optimizer
 variable) and `check_match` verifies it against the program's own parameter
 shapes, so a TensorFlow that orders them differently fails loudly instead of
-misfiling buffers. `tpurun.check.memory` adds them up.
+misfiling buffers. `tpurun.check.sizing.memory` adds them up.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun.check import introspection
+from tpurun.check.rules import introspection
 from tpurun.errors import RunError
 from tpurun.errors.tf_errors import user_code_line
 
@@ -241,7 +241,7 @@ def check_match(expected: list[Expected], parameters: list[Leaf]) -> None:
         raise EstimateError(
             f"the compiled step has {len(parameters)} entry parameters for "
             f"{len(expected)} arguments and captured tensors; TensorFlow "
-            f"{tf.__version__} no longer passes them as tpurun.check.buffers expects"
+            f"{tf.__version__} no longer passes them as tpurun.check.sizing.buffers expects"
         )
     for (_, name, shape, dtype), leaf in zip(expected, parameters, strict=True):
         if dtype == tf.resource:
@@ -251,7 +251,7 @@ def check_match(expected: list[Expected], parameters: list[Leaf]) -> None:
                 f"entry parameter {leaf.number} of the compiled step is "
                 f"{leaf.element_type}{list(leaf.dims)}, but {name} is {dtype.name}{list(shape)}; "
                 f"TensorFlow {tf.__version__} no longer orders parameters as "
-                "tpurun.check.buffers expects"
+                "tpurun.check.sizing.buffers expects"
             )
 
 
