@@ -3,6 +3,7 @@ through the CLI in the scenario tests: test_e2e_iris.py, test_cli_errors.py, ...
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -13,7 +14,7 @@ from tpurun.models.iris import Iris
 
 from tpurun import commands
 from tpurun.errors import RunError, tf_errors
-from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config import RunConfig, command_table, config_files, flag_table, merge_flags
 
 
 def iris_run(model_dir, command: str = "train", **fields) -> RunConfig:
@@ -154,3 +155,25 @@ def test_diagnose_data_leaves_a_generating_model_alone(tmp_path):
     assert commands.diagnose_data(iris_run(tmp_path, "predict"), model, ERROR) is None
     # Its train data still are.
     assert commands.diagnose_data(iris_run(tmp_path), model, ERROR) == "not asked (train)"
+
+
+@pytest.mark.parametrize("command", command_table.COMMANDS, ids=lambda c: c.name)
+def test_every_command_names_the_function_that_runs_it(command):
+    """The table names each function as text (the CLI imports no TensorFlow): a renamed
+    or moved function fails here, not when a user runs the command."""
+    function = command.function()
+    assert callable(function)
+    # What the CLI calls it with, by what the command parses and does with model_dir.
+    takes = len(inspect.signature(function).parameters)
+    if command.parses is not command_table.Parses.CONFIG:
+        assert takes == 0
+    elif command.model_dir is command_table.ModelDir.NONE:
+        assert takes >= 1  # check: the RunConfig (and where to print)
+    else:
+        assert takes == 2  # the RunConfig and what commands.run prepared
+
+
+def test_the_table_and_the_flag_table_know_the_same_commands():
+    assert list(flag_table.COMMAND_FLAGS) == [c.name for c in command_table.COMMANDS]
+    named = {name for flag in flag_table.FLAGS for name in flag.commands}
+    assert named <= set(command_table.COMMAND)

@@ -7,6 +7,7 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -27,6 +28,8 @@ from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.report.run_records import record_name
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
+from tpurun.run_config.command_table import COMMAND, Command, ModelDir
+from tpurun.run_config.flag_table import COMMAND_FLAGS
 from tpurun.run_config.trained_keys import Difference, conflicts
 from tpurun.runners import sidecar
 from tpurun.runners.controller import Controller
@@ -53,70 +56,58 @@ def run(run: RunConfig) -> None:
         raise RunError(explained) from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What `run` put together for a command of a model_dir, before calling its function."""
+
+    cluster: Cluster | None  # the strategy's replicas; None for a command without (export)
+    model: Model
+    lease: lease.Lease | None = None  # train: model_dir's trainer lease, held by the chief
+    arrays: TrainArrays | None = None  # the training arrays, when counting read them
+    account: GoodputRecord | None = None  # train: the time account (the chief's record)
+
+    @property
+    def replicas(self) -> Cluster:
+        """The cluster of a command that needs a strategy (its row's `needs_strategy`)."""
+        assert self.cluster is not None
+        return self.cluster
+
+
 def _run(run: RunConfig) -> None:
-    if run.command == "check":
-        # Traces the steps on the CPU only: no model_dir, checkpoint or run record.
-        check.main(run)
+    command = COMMAND[run.command]
+    if command.model_dir is ModelDir.NONE:
+        # check: traces the steps on the CPU only; no model_dir, checkpoint or run record.
+        command.function()(run)
         return
     refuse_local_paths_on_a_tpu_node(run)
-    created_dir = False
-    held: lease.Lease | None = None
+    created_dir = command.model_dir is ModelDir.WRITES and prepare_model_dir(run)
+    held = None
+    if command.takes_lease and is_chief_process():  # the cluster's lease: its chief's
+        held = lease.acquire(run.model_dir, run.hang_timeout, run.force_takeover)
     # eval, predict, export: the model keys the command line changed from the trained ones.
     overridden: tuple[Difference, ...] = ()
-    if run.command == "train":
-        created_dir = prepare_model_dir(run)
-        if is_chief_process():  # the cluster's lease: its chief's
-            held = lease.acquire(run.model_dir, run.hang_timeout, run.force_takeover)
-    else:
-        if run.command == "eval" and run.continuous:
-            # A sidecar may start before the trainer: it waits for the first checkpoint
-            # instead, writing nothing (not even model_dir) until there is one.
-            sidecar.wait_for_checkpoint(run)
-        else:
-            # Before anything is written: eval/predict/export of nothing is an error, as
-            # is an --output tpurun may not write (checked again when it writes).
-            require_checkpoint(run)
-            if run.command == "predict" and run.config.predict.output:
-                output_target(run.config.predict.output, run.model_dir)
-        # The model its checkpoints hold, whatever the config file says now.
-        run, overridden = train_config.for_serving(run)
+    if command.model_dir is ModelDir.READS:
+        run, overridden = ready_to_read(run)
     outputs_before = _outputs(run)
     record = None
     account: GoodputRecord | None = None
     try:
-        # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
-        cluster = strategy.build(run) if run.command != "export" else None
-        cluster_ready = time.time()
-        if cluster is not None:
-            cluster.check_batch_sizes(run)
-            if cluster.is_tpu and run.config.precision == "mixed_float16":
-                raise UsageError(FLOAT16_ON_TPU)
-        model = model_lib.create(run.config)
-        model_lib.check_model_config(model)  # before the record: a config it cannot run
-        if run.command in ("train", "eval"):
-            splits.resolve(type(model), run.config)  # a bad split name fails before the record
-        run, arrays = count_examples(run, model)
-        # The model builds its optimizer from its config: the one with the steps the epochs
-        # made (a cosine schedule ends at them) and the recipe's epochs in steps.
-        model.config = run.config
+        run, prepared, cluster_ready = build(run, command)
+        cluster = prepared.cluster
         if cluster is None or cluster.is_chief:  # one record per run, not per worker
             record, written = write_record(run)
-            if run.command == "train" and cluster is not None:
-                account = GoodputRecord(record, written)
-                account.account["cluster_ready"] = cluster_ready
-                account.account["device"] = {
-                    "kind": cluster.device_kind or "CPU",
-                    "replicas": cluster.num_replicas,
-                }
+            if command.keeps_account and cluster is not None:
+                account = start_account(record, written, cluster, cluster_ready)
+        prepared = dataclasses.replace(prepared, lease=held, account=account)
         tf.keras.utils.set_random_seed(run.seed)
         # A checkpoint that does not fit the model the command line's overrides built: exit 2.
         with precision.policy(run.config.precision), conflicts(run.model_dir, overridden):
-            run_command(run, cluster, model, held, arrays, account)
+            run_command(run, prepared)
             if account is not None and cluster is not None:
-                run_account.finish(run, cluster, model, account)
+                run_account.finish(run, cluster, prepared.model, account)
             if record is not None and cluster is not None:
                 # Under the run's policy: the estimate builds the model as the run did.
-                check.record_memory(record, run, cluster, model)
+                check.record_memory(record, run, cluster, prepared.model)
     except BaseException as e:
         if account is not None and "end" not in account.account:
             run_account.end_quietly(account, e)
@@ -132,6 +123,58 @@ def _run(run: RunConfig) -> None:
         raise
     if held is not None:
         held.release()
+
+
+def ready_to_read(run: RunConfig) -> tuple[RunConfig, tuple[Difference, ...]]:
+    """eval, predict, export before anything is written: a checkpoint to read (a sidecar
+    waits for the first instead, writing nothing, not even model_dir, until there is one)
+    and an --output tpurun may write (checked again when it writes). The run with the model
+    its checkpoints hold, whatever the config file says now, and the model keys the
+    command line changed from the trained ones."""
+    if run.continuous:
+        sidecar.wait_for_checkpoint(run)
+    else:
+        require_checkpoint(run)
+        if "output" in COMMAND_FLAGS[run.command] and run.config.predict.output:
+            output_target(run.config.predict.output, run.model_dir)
+    return train_config.for_serving(run)
+
+
+def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]:
+    """The strategy, the model and the run's length, before anything is written: the run
+    (its examples counted, if `command` counts them), what is prepared of it, and when its
+    cluster was ready."""
+    # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
+    cluster = strategy.build(run) if command.needs_strategy else None
+    cluster_ready = time.time()
+    if cluster is not None:
+        cluster.check_batch_sizes(run)
+        if cluster.is_tpu and run.config.precision == "mixed_float16":
+            raise UsageError(FLOAT16_ON_TPU)
+    model = model_lib.create(run.config)
+    model_lib.check_model_config(model)  # before the record: a config it cannot run
+    if command.checks_splits:
+        splits.resolve(type(model), run.config)  # a bad split name fails before the record
+    arrays = None
+    if command.counts_examples(run):
+        run, arrays = count_examples(run, model)
+    # The model builds its optimizer from its config: the one with the steps the epochs
+    # made (a cosine schedule ends at them) and the recipe's epochs in steps.
+    model.config = run.config
+    return run, Prepared(cluster, model, arrays=arrays), cluster_ready
+
+
+def start_account(
+    record: str, written: dict[str, Any], cluster: Cluster, cluster_ready: float
+) -> GoodputRecord:
+    """The time account of a train's run record, from when its cluster was ready."""
+    account = GoodputRecord(record, written)
+    account.account["cluster_ready"] = cluster_ready
+    account.account["device"] = {
+        "kind": cluster.device_kind or "CPU",
+        "replicas": cluster.num_replicas,
+    }
+    return account
 
 
 def require_checkpoint(run: RunConfig) -> None:
@@ -164,9 +207,9 @@ def chosen_checkpoint(run: RunConfig) -> str:
 
 def _outputs(run: RunConfig) -> object:
     """What a run keeps even when it fails later: train's checkpoints, a sidecar's results."""
-    if run.command == "train":
+    if COMMAND[run.command].model_dir is ModelDir.WRITES:
         return checkpoints.latest(run.model_dir)
-    if run.command == "eval" and run.continuous:
+    if run.continuous:
         found = []
         # eval/<split>/results-*, and eval/results-* of the default split.
         for pattern in ("results-*.json", "*/results-*.json"):
@@ -185,11 +228,7 @@ DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
 
 def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays | None]:
     """The run with its training examples counted (and its steps, when it counts in
-    epochs), where it trains or waits for the final step; the arrays it read, if any."""
-    train = run.command == "train" and run.needs_examples
-    sidecar = run.command == "eval" and run.continuous and bool(run.config.train.epochs)
-    if not (train or sidecar):
-        return run, None
+    epochs); the arrays it read, if any."""
     arrays = inputs.train_arrays(model)
     # In-memory arrays count themselves; a TFDS dataset's record counts its train split.
     examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
@@ -197,26 +236,11 @@ def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays
     return counted, arrays
 
 
-def run_command(
-    run: RunConfig,
-    cluster: Cluster | None,
-    model: Model,
-    held: lease.Lease | None = None,
-    arrays: TrainArrays | None = None,
-    account: GoodputRecord | None = None,
-) -> None:
-    """Runs the command; a data error becomes the model's diagnosis when it has one.
-
-    `arrays`: the model's training arrays when they were read already (`count_examples`)."""
+def run_command(run: RunConfig, prepared: Prepared) -> None:
+    """Runs the command's function; a data error becomes the model's diagnosis when it has one."""
+    cluster, model = prepared.cluster, prepared.model
     try:
-        if run.command == "export":
-            export_command(run, model)  # serving has no replicas: no strategy
-        elif run.command == "train":
-            assert cluster is not None
-            train(run, cluster, model, held, arrays, account)
-        else:
-            assert cluster is not None
-            {"eval": evaluate, "predict": predict}[run.command](run, cluster, model)
+        COMMAND[run.command].function()(run, prepared)
     except tf.errors.UnavailableError as error:
         reason = (
             tf_errors.lost_worker_reason(error)
@@ -247,7 +271,7 @@ def run_command(
 
 def diagnose_data(run: RunConfig, model: Model, error: Exception) -> str | None:
     """The model's `diagnose_data` for the data this command read; None if it finds nothing."""
-    if run.command not in ("train", "eval", "predict"):
+    if not COMMAND[run.command].reads_data:
         return None  # export reads no data
     mode = Mode(run.command)
     if mode is Mode.PREDICT and model_lib.has_generate(model):
@@ -279,14 +303,8 @@ def _undo(created_dir: str | None, record: str | None) -> None:
 # --- The commands -------------------------------------------------------------------
 
 
-def train(
-    run: RunConfig,
-    cluster: Cluster,
-    model: Model,
-    held: lease.Lease | None = None,
-    arrays: TrainArrays | None = None,
-    account: GoodputRecord | None = None,
-) -> None:
+def train(run: RunConfig, prepared: Prepared) -> None:
+    cluster, model, account = prepared.replicas, prepared.model, prepared.account
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
         run.train_batch_size,
@@ -302,7 +320,7 @@ def train(
             ReportEval(run, cluster.is_chief, model_splits),
             model_splits.every_eval(),
         )
-    trainer = Trainer(run, cluster, model, arrays)
+    trainer = Trainer(run, cluster, model, prepared.arrays)
     # What `tpurun check` warns of (rule batch-norm), said once where the run's log begins.
     replicas_differ = check.batch_norm_warning(
         trainer.state.models.values(), cluster.num_replicas, run.train_batch_size
@@ -329,7 +347,7 @@ def train(
                 # The account first: the supervisor hears of a step before it is logged.
                 *([account] if account else []),
                 *watching,
-                *([RenewLease(held, writer)] if held else []),
+                *([RenewLease(prepared.lease, writer)] if prepared.lease else []),
                 ResumeCost(),
             ],
             evaluate_checkpoint=evaluate_checkpoint,
@@ -337,7 +355,8 @@ def train(
         ).train()
 
 
-def evaluate(run: RunConfig, cluster: Cluster, model: Model) -> None:
+def evaluate(run: RunConfig, prepared: Prepared) -> None:
+    cluster, model = prepared.replicas, prepared.model
     if run.continuous and cluster.num_workers > 1:
         # The workers would each watch model_dir and could pick different checkpoints.
         raise UsageError(
@@ -376,7 +395,8 @@ def evaluate_best(run: RunConfig, cluster: Cluster, split: str, results: dict[st
     print(summary_line(results, split) + " (the best checkpoint)", flush=True)
 
 
-def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:
+def predict(run: RunConfig, prepared: Prepared) -> None:
+    cluster, model = prepared.replicas, prepared.model
     if cluster.num_workers > 1:
         # Each worker would predict only its own shard of the rows.
         raise UsageError(
@@ -398,8 +418,8 @@ def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:
         print(line)
 
 
-def export_command(run: RunConfig, model: Model) -> None:
-    print(export(run, model, chosen_checkpoint(run)))
+def export_command(run: RunConfig, prepared: Prepared) -> None:
+    print(export(run, prepared.model, chosen_checkpoint(run)))  # serving has no replicas
 
 
 # --- model_dir and the run record ----------------------------------------------------
@@ -439,7 +459,7 @@ def write_record(run: RunConfig) -> tuple[str, dict[str, Any]]:
     runs = storage.make_dir(run.model_dir, storage.join(run.model_dir, "runs"))
     path = storage.join(runs, record_name(run.command))
     record = json.loads(run.record(tf.__version__))
-    if run.command == "train":
+    if COMMAND[run.command].keeps_account:
         record["goodput"] = initial_account()
     storage.write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
     print(f"tpurun {run.command}: model_dir {run.model_dir}", file=sys.stderr)

@@ -28,25 +28,14 @@ from tpurun import __version__, errors, supervisor, tpu_vm
 from tpurun.cli import handles, terminal
 from tpurun.errors import TpurunError, UsageError, tf_errors
 from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config.command_table import COMMAND, COMMANDS, ModelDir, Parses
 from tpurun.run_config.flag_table import ABSL_FLAGS, COMMAND_FLAGS, FLAG, FLAG_TO_CONFIG_KEY
 from tpurun.run_config.flag_table import FLAGS as FLAGS_TABLE
 
 FLAGS = flags.FLAGS
 
-COMMAND_HELP = {
-    "train": "train the model; resumes from the latest checkpoint in --model_dir",
-    "eval": "evaluate the latest checkpoint (--best, --checkpoint=N: another; --continuous: "
-    "every new one) on one split (--split), one exact pass",
-    "predict": "predict with the latest checkpoint (--best, --checkpoint=N: another); one "
-    "output per input row, in order",
-    "export": "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel "
-    "for serving",
-    "list": "list the registered configs, and the config files in this directory",
-    "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
-    "(--target=v5e-8: and whether each fits its memory)",
-    "report": "where a model_dir's training time went: goodput, badput by category, "
-    "restarts, FLOPs and MFU, from its run records (--json: for a machine)",
-}
+# Each command's line of `tpurun --help`, in the table's order.
+COMMAND_HELP = {command.name: command.help for command in COMMANDS}
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
     f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()
 )
@@ -69,22 +58,13 @@ class Invocation:
     """What a command line asks for, parsed and validated, before anything runs.
 
     `action` is one of "usage" (print the usage; an error without a command),
-    "version", "help" (a command's flags), "list", "report" (with `report`), or "run"
-    (with `run_config`).
+    "version", "help" (a command's flags) or "run" (with `run_config` for a command
+    that parses a model config; the others read their flags' handles).
     """
 
     command: str
-    action: Literal["usage", "version", "help", "list", "report", "run"]
+    action: Literal["usage", "version", "help", "run"]
     run_config: RunConfig | None = None
-    report: ReportRequest | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ReportRequest:
-    """`tpurun report`'s flags: whose records, and in which form."""
-
-    model_dir: str
-    as_json: bool
 
 
 def parse_command_line(argv: Sequence[str]) -> Invocation:
@@ -98,18 +78,19 @@ def parse_command_line(argv: Sequence[str]) -> Invocation:
         return Invocation(command, "usage")
     if command == "--version":
         return Invocation(command, "version")
-    if command not in COMMAND_HELP:
+    if command not in COMMAND:
         raise UsageError(
-            f"unknown command {command!r}; use one of {', '.join(COMMAND_HELP)} (`tpurun --help`)"
+            f"unknown command {command!r}; use one of {', '.join(COMMAND)} (`tpurun --help`)"
         )
     args = list(argv[2:])
     if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in args):
         return Invocation(command, "help")
-    if command == "list":
-        return Invocation(command, "list")
-    if command == "report":
-        return Invocation(command, "report", report=parse_report([argv[0], *args]))
-    return Invocation(command, "run", parse(command, [argv[0], *args]))
+    parses = COMMAND[command].parses
+    if parses is Parses.CONFIG:
+        return Invocation(command, "run", parse(command, [argv[0], *args]))
+    if parses is Parses.FLAGS:
+        parse_own_flags(command, [argv[0], *args])
+    return Invocation(command, "run")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -136,16 +117,14 @@ def _main(argv: Sequence[str]) -> int:
         if invocation.action == "help":
             print(command_help(command))
             return 0
-        if invocation.action == "list":
-            return list_configs()
-        if invocation.action == "report":
-            return show_report(invocation.report)
         run_config = invocation.run_config
-        assert run_config is not None  # action "run" always has one
+        if run_config is None:  # a command of no model config: list, report
+            return int(COMMAND[command].function()())
         # Before TensorFlow, and before a supervisor starts trainers: a libtpu that would abort
         # TensorFlow, and a pod slice's rules (docs/tpu.md, Pod slices).
         tpu_vm.prepare(argv, run_config)
-        if command == "train" and supervisor.wanted(handles.value("max_restarts")):
+        # --max_restarts: a flag of train's only (0, its default, elsewhere).
+        if supervisor.wanted(handles.value("max_restarts")):
             # The trainer runs in child processes; this one imports no TensorFlow.
             return supervisor.supervise(list(argv), run_config, handles.value("max_restarts"))
         logging.use_absl_handler()
@@ -229,21 +208,6 @@ def command_help(command: str) -> str:
     return "\n".join(lines)
 
 
-def list_configs() -> int:
-    names = config_files.builtin_names()
-    width = max(len(n) for n in names) if names else 0
-    for name in names:
-        path = os.path.join(config_files.builtin_dir(), name + ".py")
-        print(f"{name:<{width}}  {config_files.summary(path)}")
-    local = config_files.local_configs()
-    if local:
-        print("\nconfig files in this directory (pass --config=<path>):")
-        width = max(len(path) for path, _ in local)
-        for path, summary in local:
-            print(f"  {path:<{width}}  {summary}")
-    return 0
-
-
 def parse(command: str, argv: list[str]) -> RunConfig:
     """Parses flags and config into a RunConfig, or raises UsageError."""
     _forget_earlier_parse()
@@ -296,7 +260,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     model_dir = handles.value("model_dir")
     if model_dir is None:
         model_dir = os.path.join(os.getcwd(), source.name)
-        if command != "check":  # check neither reads nor writes a model_dir
+        if COMMAND[command].model_dir is not ModelDir.NONE:  # check has none
             print(f"tpurun {command}: --model_dir not set, using {model_dir}", file=sys.stderr)
     use_tpu = handles.value("use_tpu")
     tpu = handles.value("tpu") or None
@@ -320,36 +284,25 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     )
 
 
-def parse_report(argv: list[str]) -> ReportRequest:
-    """`tpurun report --model_dir=D [--json]`'s flags, checked; raises UsageError (the
-    missing --model_dir is `show_report`'s to refuse)."""
+def parse_own_flags(command: str, argv: list[str]) -> None:
+    """The flags of a command that takes no model config (`report`), parsed into their
+    handles and checked; raises UsageError. What they require (report's --model_dir) is
+    the command's function's to refuse."""
     _forget_earlier_parse()
     try:
         leftover = FLAGS(argv)
     except flags.UnrecognizedFlagError as e:
         raise UsageError(
-            f"unknown flag --{e.flagname}; `tpurun report --help` lists the flags"
+            f"unknown flag --{e.flagname}; `tpurun {command} --help` lists the flags"
         ) from None
     except flags.Error as e:
         raise UsageError(_one_line(str(e))) from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
-    allowed = set(COMMAND_FLAGS["report"]) | set(ABSL_FLAGS)
+    allowed = set(COMMAND_FLAGS[command]) | set(ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed:
-            raise UsageError(f"--{name} does not apply to `tpurun report`; drop it")
-    return ReportRequest(handles.value("model_dir") or "", bool(handles.value("json")))
-
-
-def show_report(request: ReportRequest | None) -> int:
-    """Prints the report of a model_dir's run records; no TensorFlow."""
-    assert request is not None  # action "report" always has one
-    if not request.model_dir:  # a run's, not a parse's, need: the manual names the command
-        raise UsageError("tpurun report needs --model_dir: the model_dir of a training run")
-    from tpurun import report
-
-    print(report.main(request.model_dir, as_json=request.as_json))
-    return 0
+            raise UsageError(f"--{name} does not apply to `tpurun {command}`; drop it")
 
 
 def _forget_earlier_parse() -> None:

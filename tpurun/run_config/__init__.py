@@ -20,6 +20,7 @@ import ml_collections
 from tpurun import __version__
 from tpurun.errors import UsageError
 from tpurun.run_config import flag_table, recipe_keys
+from tpurun.run_config.command_table import COMMAND
 from tpurun.run_config.flag_table import (
     EPOCH,
     FLAG,
@@ -27,8 +28,6 @@ from tpurun.run_config.flag_table import (
     MODEL_SPECIFIC_FLAGS,
     PRECISIONS,
 )
-
-COMMANDS = ("train", "eval", "predict", "export", "check")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +272,7 @@ def refuse_local_paths_on_a_tpu_node(run: RunConfig, address: str | None = None)
     before connecting); without it, a --tpu=grpc:// address is checked before
     anything is written. A worker on this machine (loopback) sees its disk.
     """
-    if run.command == "check" or run.use_tpu is False or not run.tpu or run.tpu == "local":
+    if not COMMAND[run.command].on_tpu or run.use_tpu is False or not run.tpu or run.tpu == "local":
         return
     address = address or (run.tpu if run.tpu.startswith("grpc://") else None)
     if address is None or _LOOPBACK.fullmatch(address):
