@@ -19,7 +19,7 @@ from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
-from tpurun.run_config.epochs import EpochCount, steps_for_epochs
+from tpurun.run_config.epochs import Counted, EpochCount, resolve_length, steps_for_epochs
 from tpurun.storage import train_config
 
 FIXTURES = Path(__file__).resolve().parent / "check_fixtures"
@@ -64,12 +64,16 @@ def epochs_run(model_dir, command="train", data=None, warmup=0, **flags) -> RunC
     return RunConfig(command, "iris", merge_flags(config, flags), model_dir=str(model_dir))
 
 
+def counted(examples: int) -> Counted:
+    return Counted(examples, "counted in the model's train_arrays")
+
+
 def test_a_tf_data_input_counts_config_data_train_examples(tmp_path):
     run = epochs_run(tmp_path, data={"train_examples": 64}, train_epochs=2, batch_size=32)
     assert run.train_steps == 0  # not known before the examples are counted
-    counted = train_config.resolve_length(run, None)
-    assert (counted.train_steps, counted.train_examples) == (4, 64)
-    assert counted.config.train.epochs == 2
+    resolved = resolve_length(run)
+    assert (resolved.train_steps, resolved.train_examples) == (4, 64)
+    assert resolved.config.train.epochs == 2
 
 
 def test_accumulated_micro_batches_count_in_the_examples_per_step(tmp_path):
@@ -83,31 +87,31 @@ def test_accumulated_micro_batches_count_in_the_examples_per_step(tmp_path):
         model_dir=str(tmp_path),
     )
     # One optimizer step takes 4 micro-batches of 8: 32 examples.
-    assert train_config.resolve_length(accumulating, 120).train_steps == 8
+    assert resolve_length(accumulating, counted(120)).train_steps == 8
 
 
 def test_a_recipe_is_checked_against_the_steps_the_epochs_make(tmp_path):
     run = epochs_run(tmp_path, warmup=8, train_epochs=2, batch_size=30)
     said = r"warmup_steps=8 must be less than train.steps=8 .*; --train_epochs=2 is 8 steps"
     with pytest.raises(UsageError, match=said):
-        train_config.resolve_length(run, 120)
+        resolve_length(run, counted(120))
 
 
 def test_eval_every_epoch_counts_the_examples_and_keeps_the_steps(tmp_path):
-    run = train_config.resolve_length(epochs_run(tmp_path, eval_every="epoch"), 120)
+    run = resolve_length(epochs_run(tmp_path, eval_every="epoch"), counted(120))
     assert (run.train_examples, run.train_steps) == (120, 1000)
 
 
 def test_a_resumed_run_counts_the_examples_its_model_dir_recorded(tmp_path, caplog):
-    train_config.write(train_config.resolve_length(epochs_run(tmp_path, train_epochs=2), 120))
+    train_config.write(resolve_length(epochs_run(tmp_path, train_epochs=2), counted(120)))
     assert json.loads((tmp_path / "train_config.json").read_text())["__train_examples__"] == 120
     # The data now hold 150 rows (a moved file of another size): still 120 per epoch.
-    resumed = train_config.resolve_length(epochs_run(tmp_path, train_epochs=4, batch_size=30), 150)
+    run = epochs_run(tmp_path, train_epochs=4, batch_size=30)
+    recorded = train_config.recorded_examples(run)
+    assert recorded == Counted(120, str(tmp_path / "train_config.json"))
+    resumed = resolve_length(run, counted(150), recorded)
     assert (resumed.train_examples, resumed.train_steps) == (120, 16)
     assert any("epochs keep counting 120" in m for m in caplog.messages), caplog.messages
-    # check neither reads nor writes a model_dir: it counts the data as they are.
-    checked = train_config.resolve_length(epochs_run(tmp_path, "check", train_epochs=4), 150)
-    assert checked.train_examples == 150
 
 
 def test_without_examples_to_count_one_line_asks_for_them(tpurun_cli, tmp_path):
@@ -193,7 +197,11 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, str]]:
 @pytest.mark.parametrize("name", ["flag", "key"])
 def test_two_epochs_of_30_iris_examples_are_8_steps(trained, name):
     model_dir, log = trained[name]
-    assert "--train_epochs=2: 8 steps (ceil(2 epochs x 120 training examples / 30 examples " in log
+    said = (
+        "--train_epochs=2: 8 steps (ceil(2 epochs x 120 training examples (counted in the "
+        "model's train_arrays) / 30 examples per step))."
+    )
+    assert said in log
     assert "Training from step 0 to 8 (epoch 0.00 to 2.00)" in log
     assert "step 8/8  epoch 2.00/2  loss" in log
     # The flag's run evaluated (and so saved) the end of the first epoch too.

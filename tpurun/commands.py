@@ -16,18 +16,25 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import actions, check, datasets, inputs, precision, run_account, storage
+from tpurun import actions, check, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
 from tpurun.actions.lease_renewal import RenewLease
 from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster, is_chief_process, strategy
+from tpurun.datasets import train_count
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.report.run_records import record_name
-from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
+from tpurun.run_config import (
+    FLOAT16_ON_TPU,
+    RunConfig,
+    epochs,
+    refuse_local_paths_on_a_tpu_node,
+    splits,
+)
 from tpurun.run_config.command_table import COMMAND, Command, ModelDir
 from tpurun.run_config.flag_table import COMMAND_FLAGS
 from tpurun.run_config.trained_keys import Difference, conflicts
@@ -230,10 +237,8 @@ def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays
     """The run with its training examples counted (and its steps, when it counts in
     epochs); the arrays it read, if any."""
     arrays = inputs.train_arrays(model)
-    # In-memory arrays count themselves; a TFDS dataset's record counts its train split.
-    examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
-    counted = train_config.resolve_length(run, examples)
-    return counted, arrays
+    counted = train_count.counted(run.config, arrays)
+    return epochs.resolve_length(run, counted, train_config.recorded_examples(run)), arrays
 
 
 def run_command(run: RunConfig, prepared: Prepared) -> None:

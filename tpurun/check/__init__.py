@@ -55,7 +55,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import datasets, inputs, precision
+from tpurun import inputs, precision
 from tpurun import model as model_lib
 from tpurun.actions.progress import announced
 from tpurun.check import fit_findings, fit_report, host_input, preflight, step_bounds, targets, xla
@@ -71,10 +71,10 @@ from tpurun.check.targets import Target
 from tpurun.check.tpu_compiler import client
 from tpurun.check.tpu_compiler.sizing import TpuSizer
 from tpurun.cluster import Cluster, strategy
+from tpurun.datasets import train_count
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
-from tpurun.run_config import RunConfig
-from tpurun.storage import train_config
+from tpurun.run_config import RunConfig, epochs
 from tpurun.tpu_vm import installed, launch_lines
 
 __all__ = [
@@ -115,8 +115,8 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
     arrays = None
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)
-        examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
-        run = train_config.resolve_length(run, examples)
+        # check neither reads nor writes a model_dir: no recorded examples.
+        run = epochs.resolve_length(run, train_count.counted(run.config, arrays))
         model.config = run.config  # its optimizer's schedule, in the steps they made
     keras.utils.set_random_seed(run.seed)
     found = host = None

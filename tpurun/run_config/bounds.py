@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import TypeGuard
 
 from tpurun.errors import UsageError
@@ -148,4 +149,78 @@ class StepsOrEpoch:
             raise UsageError(f"{e}, or 'epoch' (at the end of every epoch)") from None
 
 
-Bound = Integer | Batch | Number | Boolean | BooleanOrWord | StepsOrEpoch
+# The bounds of a config's recipe keys (`tpurun.run_config.recipe_keys.RECIPE_BOUNDS`):
+# their messages show the value as the config file holds it (repr: 'cosin', (200, 100)).
+
+
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """A number (an integer with `integer`) >= low, or > low with `above`; `note` says
+    what the low end means or what the value is for (" (0 = no warmup)")."""
+
+    low: int
+    integer: bool = False
+    above: bool = False
+    note: str = ""
+
+    def check(self, shown: str, value: object) -> None:
+        kind = _is_integer(value) if self.integer else is_number(value)
+        if kind and (value > self.low if self.above else value >= self.low):  # type: ignore[operator]
+            return
+        what = "an integer" if self.integer else "a number"
+        raise UsageError(
+            f"{shown}={value!r} must be {what} {'>' if self.above else '>='} {self.low}{self.note}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Fraction:
+    """A number in [0, 1], or in [0, 1) with `below_one`; `note` says what it means."""
+
+    below_one: bool = False
+    note: str = ""
+
+    def check(self, shown: str, value: object) -> None:
+        if is_number(value) and (0 <= value < 1 if self.below_one else 0 <= value <= 1):  # type: ignore[operator]
+            return
+        interval = "[0, 1)" if self.below_one else "[0, 1]"
+        raise UsageError(f"{shown}={value!r} must be a number in {interval}{self.note}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """One of `choices`, each `what` (" a schedule")."""
+
+    choices: tuple[str, ...]
+    what: str
+
+    def check(self, shown: str, value: object) -> None:
+        if value not in self.choices:
+            raise UsageError(
+                f"{shown}={value!r} is not {self.what}; use one of {', '.join(self.choices)}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Regex:
+    """A regular expression Python compiles."""
+
+    def check(self, shown: str, value: object) -> None:
+        try:
+            re.compile(value)  # type: ignore[call-overload]
+        except (re.error, TypeError) as e:
+            raise UsageError(f"{shown}={value!r} is not a regex: {e}") from None
+
+
+Bound = (
+    Integer
+    | Batch
+    | Number
+    | Boolean
+    | BooleanOrWord
+    | StepsOrEpoch
+    | AtLeast
+    | Fraction
+    | OneOf
+    | Regex
+)
