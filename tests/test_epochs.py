@@ -10,6 +10,7 @@ tf.data, then resumes.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import ml_collections
@@ -91,10 +92,84 @@ def test_accumulated_micro_batches_count_in_the_examples_per_step(tmp_path):
 
 
 def test_a_recipe_is_checked_against_the_steps_the_epochs_make(tmp_path):
-    run = epochs_run(tmp_path, warmup=8, train_epochs=2, batch_size=30)
-    said = r"warmup_steps=8 must be less than train.steps=8 .*; --train_epochs=2 is 8 steps"
+    config = config_files.load(config_files.resolve("iris"))
+    config.optimizer.update(
+        schedule="piecewise", boundary_epochs=(0.01, 0.02), multipliers=(1.0, 0.1, 0.01)
+    )
+    run = RunConfig(
+        "train", "iris", merge_flags(config, {"train_epochs": 2, "batch_size": 30}), model_dir="m"
+    )
+    # Both boundaries fall in the first step: boundaries (0, 0).
+    said = r"boundaries=\(0, 0\) must be increasing .*; --train_epochs=2 is 8 steps"
     with pytest.raises(UsageError, match=said):
         resolve_length(run, counted(120))
+
+
+@pytest.mark.parametrize(
+    "warmup, flags, said",
+    [
+        (
+            {"warmup_epochs": 5.0},
+            {"train_steps": 4},
+            "config.optimizer.warmup_steps=20 (warmup_epochs=5 at 120 examples / 30 per step) "
+            "does not end before the run's train.steps=4: the run ends inside its warmup, its "
+            "learning rate short of the peak; to warm up within it, pass "
+            "--config.optimizer.warmup_epochs=E with fewer epochs (0 = no warmup).",
+        ),
+        (
+            {"warmup_epochs": 2.0},
+            {"train_epochs": 2},
+            "config.optimizer.warmup_steps=8 (warmup_epochs=2 at 120 examples / 30 per step) "
+            "does not end before the run's train.steps=8",
+        ),
+        (
+            {"warmup_steps": 8},
+            {"train_epochs": 2},
+            "config.optimizer.warmup_steps=8 does not end before the run's train.steps=8: the "
+            "run ends inside its warmup, its learning rate short of the peak; to warm up "
+            "within it, pass --config.optimizer.warmup_steps=N with N < 8 (0 = no warmup).",
+        ),
+        (
+            {"warmup_steps": 10_000},
+            {"train_steps": 4},
+            "config.optimizer.warmup_steps=10000 does not end before the run's train.steps=4",
+        ),
+    ],
+    ids=["epochs_in_a_smoke_run", "epochs_in_epochs", "steps_in_epochs", "steps_in_a_smoke_run"],
+)
+def test_a_run_shorter_than_its_warmup_runs_with_one_warning(tmp_path, caplog, warmup, flags, said):
+    """resnet50's 5 warmup epochs and BERT's 10,000 warmup steps in a smoke run of 4 steps."""
+    config = config_files.load(config_files.resolve("iris"))
+    config.optimizer.update(warmup)
+    run = RunConfig(
+        "train", "iris", merge_flags(config, {"batch_size": 30, **flags}), model_dir=str(tmp_path)
+    )
+    resolved = resolve_length(run, counted(120))
+    assert resolved.config.optimizer.warmup_epochs == 0  # said in steps, as the record keeps it
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith(said), warned
+
+
+def test_a_warmup_that_ends_inside_the_run_says_nothing(tmp_path, caplog):
+    run = epochs_run(tmp_path, warmup=7, train_epochs=2, batch_size=30)
+    assert resolve_length(run, counted(120)).train_steps == 8
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize(
+    "keys, said",
+    [
+        ({"warmup_steps": -1}, "config.optimizer.warmup_steps=-1 must be an integer >= 0"),
+        ({"warmup_epochs": -0.5}, "config.optimizer.warmup_epochs=-0.5 must be a number >= 0"),
+        ({"warmup_steps": True}, "config.optimizer.warmup_steps=True must be an integer >= 0"),
+    ],
+    ids=["negative_steps", "negative_epochs", "a_bool"],
+)
+def test_a_warmup_that_cannot_be_meant_is_still_refused(tmp_path, keys, said):
+    config = config_files.load(config_files.resolve("iris"))
+    config.optimizer.update(keys)
+    with pytest.raises(UsageError, match=re.escape(said)):
+        RunConfig("train", "iris", merge_flags(config, {}), model_dir=str(tmp_path))
 
 
 def test_eval_every_epoch_counts_the_examples_and_keeps_the_steps(tmp_path):
@@ -240,3 +315,25 @@ def test_a_resumed_run_keeps_counting_in_the_same_steps(trained):
     assert "Training from step 8 to 12 (epoch 2.00 to 3.00)" in longer.stderr
     assert "step 12/12  epoch 3.00/3  loss" in longer.stderr
     assert (model_dir / "ckpt-12.index").is_file()
+
+
+def test_a_smoke_run_inside_the_recipes_warmup_trains_and_says_so(tpurun_cli, tmp_path):
+    """As resnet50's 5 warmup epochs in a 4-step smoke run: no warmup_steps was given."""
+    result = tpurun_cli(
+        "train",
+        *COMMON,
+        "--train_steps=2",
+        "--config.optimizer.warmup_epochs=5",
+        f"--model_dir={tmp_path / 'model'}",
+        cwd=tmp_path,
+    )
+    log = assert_ok(result).stderr
+    warned = [line for line in log.splitlines() if "warmup" in line]
+    assert len(warned) == 1 and warned[0].startswith("W"), warned
+    assert warned[0].endswith(
+        "config.optimizer.warmup_steps=20 (warmup_epochs=5 at 120 examples / 30 per step) does "
+        "not end before the run's train.steps=2: the run ends inside its warmup, its learning "
+        "rate short of the peak; to warm up within it, pass --config.optimizer.warmup_epochs=E "
+        "with fewer epochs (0 = no warmup)."
+    )
+    assert (tmp_path / "model" / "ckpt-2.index").exists()

@@ -163,8 +163,8 @@ def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]
     if command.checks_splits:
         splits.resolve(type(model), run.config)  # a bad split name fails before the record
     arrays = None
-    if command.counts_examples(run):
-        run, arrays = count_examples(run, model)
+    if command.resolves_length(run):
+        run, arrays = resolve_length(run, model)
     # The model builds its optimizer from its config: the one with the steps the epochs
     # made (a cosine schedule ends at them) and the recipe's epochs in steps.
     model.config = run.config
@@ -233,9 +233,12 @@ def _outputs(run: RunConfig) -> object:
 DATA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
 
 
-def count_examples(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays | None]:
-    """The run with its training examples counted (and its steps, when it counts in
-    epochs); the arrays it read, if any."""
+def resolve_length(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays | None]:
+    """The run with its steps resolved: its training examples counted where it says a
+    length in epochs (its steps from them), a warmup longer than the run warned of; the
+    training arrays it read, if any."""
+    if not run.needs_examples:
+        return epochs.resolve_length(run), None
     arrays = inputs.train_arrays(model)
     counted = train_count.counted(run.config, arrays)
     return epochs.resolve_length(run, counted, train_config.recorded_examples(run)), arrays

@@ -316,9 +316,7 @@ def _require_keys(run: RunConfig) -> None:
 def _check_recipe(run: RunConfig) -> None:
     """The optimizer recipe, the precision and what selects the best checkpoint."""
     config = run.config
-    # A run counted in epochs knows its steps once its examples are counted.
-    unresolved = bool(config.train.epochs) and not run.train_examples
-    recipe_keys.validate(config, train_steps=None if unresolved else config.train.steps)
+    recipe_keys.validate(config)
     if config.precision not in PRECISIONS:
         raise UsageError(
             f"--precision={config.precision} (config.precision) is not a precision; use one of "

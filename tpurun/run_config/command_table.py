@@ -43,13 +43,12 @@ def never(run: RunConfig) -> bool:
     return False
 
 
-def says_epochs(run: RunConfig) -> bool:
-    """train: when it says a length in epochs (`RunConfig.needs_examples`)."""
-    return run.needs_examples
+def always(run: RunConfig) -> bool:
+    return True
 
 
 def final_step_in_epochs(run: RunConfig) -> bool:
-    """eval --continuous waits for the trainer's final step, which epochs make steps."""
+    """eval --continuous waits for the trainer's final step, which its epochs make."""
     return run.continuous and bool(run.config.train.epochs)
 
 
@@ -73,13 +72,14 @@ class Command:
     # devices); without one the command builds the model alone (export: serving has no
     # replicas; check: its own CPU replicas).
     needs_strategy: bool = False
-    # Runs the model's step over data (a data error is diagnosed by the model's
-    # `diagnose_data`), and so resolves its eval split names before anything is written.
+    # Runs the model's step over its data: a data error is diagnosed by the model's
+    # `diagnose_data`.
     reads_data: bool = False
     checks_splits: bool = False  # resolves config.eval's split names before the run record
-    # Whether this run resolves its length (`tpurun.run_config.epochs.resolve_length`):
-    # its training examples counted when it says a length in epochs, its steps from them.
-    counts_examples: Callable[[RunConfig], bool] = never
+    # Whether the run resolves how long it trains (`tpurun.run_config.epochs.resolve_length`):
+    # its training examples counted when it says a length in epochs, its steps from them,
+    # and a warning when it ends inside its warmup.
+    resolves_length: Callable[[RunConfig], bool] = never
     # Runs on a TPU when one is given or found (`tpurun.tpu_vm.slice_rules`): a TPU
     # node's host sees no local path of it.
     on_tpu: bool = False
@@ -100,7 +100,7 @@ TRAIN = Command(
     needs_strategy=True,
     reads_data=True,
     checks_splits=True,
-    counts_examples=says_epochs,
+    resolves_length=always,
     on_tpu=True,
 )
 EVAL = Command(
@@ -112,7 +112,7 @@ EVAL = Command(
     needs_strategy=True,
     reads_data=True,
     checks_splits=True,
-    counts_examples=final_step_in_epochs,
+    resolves_length=final_step_in_epochs,
     on_tpu=True,
 )
 PREDICT = Command(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -88,9 +89,12 @@ def epoch_count(run: RunConfig) -> EpochCount | None:
     return EpochCount(run.train_examples, examples_per_step(train), train.epochs)
 
 
-def resolve_epochs(config: ml_collections.ConfigDict, examples: int, per_step: int) -> None:
+def resolve_epochs(
+    config: ml_collections.ConfigDict, examples: int, per_step: int
+) -> dict[str, float]:
     """Turns the optimizer recipes' epochs into steps, in place, for `examples` per epoch and
-    `per_step` examples per optimizer step, as --train_epochs becomes train.steps.
+    `per_step` examples per optimizer step, as --train_epochs becomes train.steps; returns
+    the warmup_epochs each recipe (by its key, "optimizer" or "optimizers.<name>") had.
 
     warmup_epochs E -> warmup_steps = the first step by which E epochs are done. A piecewise
     boundary is the last step at the rate before it, so boundary_epochs E -> boundaries =
@@ -98,8 +102,10 @@ def resolve_epochs(config: ml_collections.ConfigDict, examples: int, per_step: i
     `current_epoch < start_epoch`). The epoch keys are cleared: the run's record holds the
     steps they made, and a resumed run, which makes the same, compares equal.
     """
-    for recipe in [config.optimizer, *(config.get("optimizers") or {}).values()]:
+    warmups = {}
+    for key, recipe in recipes(config).items():
         if recipe.get("warmup_epochs"):
+            warmups[key] = recipe.warmup_epochs
             recipe.warmup_steps = steps_for_epochs(recipe.warmup_epochs, examples, per_step)
             recipe.warmup_epochs = 0.0
         if recipe.get("boundary_epochs"):
@@ -108,6 +114,16 @@ def resolve_epochs(config: ml_collections.ConfigDict, examples: int, per_step: i
                 for epochs in recipe.boundary_epochs
             )
             recipe.boundary_epochs = ()
+    return warmups
+
+
+def recipes(config: Any) -> dict[str, Any]:
+    """The optimizer recipes of `config` by their keys: "optimizer", or each
+    "optimizers.<name>" of a config that names several (config.optimizer is then unread)."""
+    named = config.get("optimizers") or {}
+    if named:
+        return {f"optimizers.{name}": recipe for name, recipe in named.items()}
+    return {"optimizer": config.optimizer}
 
 
 def resolve_length(
@@ -128,14 +144,16 @@ def resolve_length(
     is at example s x global batch).
     """
     if not run.needs_examples:
+        warn_of_warmups(run.config)
         return run
     config = run.config
     why = _why(config)
     examples = _training_examples(run, counted, recorded, why)
     per_step = examples_per_step(config.train)
     with_steps = ml_collections.ConfigDict(config.to_dict())
-    resolve_epochs(with_steps, examples.examples, per_step)
+    warmups = resolve_epochs(with_steps, examples.examples, per_step)
     if not config.train.epochs:
+        warn_of_warmups(with_steps, warmups, f"{examples.examples} examples / {per_step} per step")
         return _with(run, with_steps, examples)
     steps = steps_for_epochs(config.train.epochs, examples.examples, per_step)
     if steps > bounds.MAX_STEPS:
@@ -153,10 +171,46 @@ def resolve_length(
         per_step,
     )
     with_steps.train.steps = steps
+    warn_of_warmups(with_steps, warmups, f"{examples.examples} examples / {per_step} per step")
     try:  # validated again, now with its steps
         return _with(run, with_steps, examples)
     except UsageError as e:
         raise UsageError(f"{e}; {why} is {steps} steps") from None
+
+
+def warn_of_warmups(
+    config: Any, warmups: Mapping[str, float] | None = None, epoch: str = ""
+) -> None:
+    """One warning line per recipe whose warmup does not end before the run does.
+
+    A smoke run shorter than its recipe's warmup is what a user runs first (the recipe's 5
+    epochs of ResNet-50, BERT's 10,000 steps): it runs, its learning rate still rising when
+    it ends, and the line says where the warmup came from and how to change it.
+    `warmups`: the warmup_epochs that made a recipe's warmup_steps (`resolve_epochs`), at
+    `epoch` ("1281167 examples / 1024 per step").
+    """
+    steps = config.train.steps
+    for key, recipe in recipes(config).items():
+        warmup = recipe.warmup_steps
+        if not warmup or not steps or warmup < steps:
+            continue
+        epochs = (warmups or {}).get(key)
+        if epochs:
+            origin = f" (warmup_epochs={epochs:g} at {epoch})"
+            fix = f"--config.{key}.warmup_epochs=E with fewer epochs"
+        else:
+            origin = ""
+            fix = f"--config.{key}.warmup_steps=N with N < {steps}"
+        logging.warning(
+            "config.%s.warmup_steps=%d%s does not end before the run's train.steps=%d: the "
+            "run ends inside its warmup, its learning rate short of the peak; to warm up "
+            "within it, pass %s (0 = no warmup).",
+            key,
+            warmup,
+            origin,
+            steps,
+            fix,
+        )
 
 
 def _with(run: RunConfig, config: ml_collections.ConfigDict, examples: Counted) -> RunConfig:

@@ -121,12 +121,12 @@ def _fail(key: str, value: Any, allowed: str) -> UsageError:
     return UsageError(f"config.{key}={value!r} {allowed}")
 
 
-def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
+def validate(config: Mapping[str, Any]) -> None:
     """Raises UsageError, one line, for the first bad recipe key of `config` (the whole config).
 
-    `train_steps` is the run's final train.steps (the horizon of cosine and linear); None
-    while it is not known yet (a run counted in epochs, before its examples are counted).
-    Checks config.optimizer, and each named recipe of config.optimizers; with named
+    A warmup longer than the run is not refused: a smoke run shorter than its recipe's
+    warmup runs with a warning (`tpurun.run_config.epochs.warn_of_warmups`). Checks
+    config.optimizer, and each named recipe of config.optimizers; with named
     ones, config.optimizer must stay at its defaults (it would not be read).
     """
     from tpurun.config_defaults import base_config
@@ -135,9 +135,9 @@ def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
     named = config.get("optimizers") or {}
     if named:
         _validate_names(named, config["optimizer"], defaults)
-    _validate_recipe(config["optimizer"], "optimizer", defaults, train_steps)
+    _validate_recipe(config["optimizer"], "optimizer", defaults)
     for name in named:
-        _validate_recipe(named[name], f"optimizers.{name}", defaults, train_steps)
+        _validate_recipe(named[name], f"optimizers.{name}", defaults)
     EMA_DECAY.check("config.train.ema_decay", config["train"]["ema_decay"])
 
 
@@ -171,13 +171,13 @@ def _validate_names(
 
 
 def _validate_recipe(
-    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any], train_steps: int | None
+    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any]
 ) -> None:
     """The checks of one recipe; its keys are named `config.<prefix>.<key>`."""
     schedule = optimizer["schedule"]
     for key, bound in RECIPE_BOUNDS.items():
         bound.check(f"config.{prefix}.{key}", optimizer.get(key, defaults[key]))
-    _validate_lengths(optimizer, prefix, train_steps)
+    _validate_lengths(optimizer, prefix)
     for key, owner in SCHEDULE_KEYS.items():
         if owner != schedule and optimizer[key] != defaults[key]:
             raise _fail(
@@ -192,8 +192,8 @@ def _validate_recipe(
     _validate_optimizer_keys(optimizer, prefix, defaults)
 
 
-def _validate_lengths(optimizer: Mapping[str, Any], prefix: str, train_steps: int | None) -> None:
-    """A length is said in steps or in epochs, and a warmup ends before the run does."""
+def _validate_lengths(optimizer: Mapping[str, Any], prefix: str) -> None:
+    """A length is said in steps or in epochs, not both."""
     for epochs_key, steps_key in EPOCH_KEYS.items():
         if optimizer.get(epochs_key) and optimizer[steps_key]:
             raise _fail(
@@ -202,13 +202,6 @@ def _validate_lengths(optimizer: Mapping[str, Any], prefix: str, train_steps: in
                 f"and {prefix}.{steps_key}={optimizer[steps_key]!r} both say where it is: "
                 "give one (in epochs, the steps are counted when the run starts)",
             )
-    warmup = optimizer["warmup_steps"]
-    if warmup and train_steps is not None and warmup >= train_steps:
-        raise _fail(
-            f"{prefix}.warmup_steps",
-            warmup,
-            f"must be less than train.steps={train_steps} (0 = no warmup)",
-        )
 
 
 def _validate_optimizer_keys(
