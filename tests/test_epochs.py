@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import USAGE, assert_fails, assert_ok, tpurun_in_process
 
+from tpurun.datasets import train_count
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.run_config.epochs import Counted, EpochCount, resolve_length, steps_for_epochs
@@ -337,3 +338,49 @@ def test_a_smoke_run_inside_the_recipes_warmup_trains_and_says_so(tpurun_cli, tm
         "with fewer epochs (0 = no warmup)."
     )
     assert (tmp_path / "model" / "ckpt-2.index").exists()
+
+
+# --- the examples counted in TFRecord files ----------------------------------------------
+
+
+def write_records(path: Path, sizes: list[int]) -> Path:
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for size in sizes:
+            writer.write(b"x" * size)
+    return path
+
+
+def test_records_are_counted_by_their_lengths(tmp_path):
+    files = [write_records(tmp_path / "a", [0, 5, 300]), write_records(tmp_path / "b", [7] * 9)]
+    assert train_count.count_records([str(f) for f in files]) == 12
+    assert train_count.count_records([]) == 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "gzip", "text", "on_gcs", "too_large"])
+def test_records_that_cannot_be_counted_cheaply_are_not(tmp_path, monkeypatch, damage):
+    import gzip
+
+    path = write_records(tmp_path / "a", [10, 20])
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-1])
+    elif damage == "gzip":
+        path.write_bytes(gzip.compress(path.read_bytes()))
+    elif damage == "text":
+        path.write_text("label,pixels\n3,0 0 0\n")
+    elif damage == "too_large":
+        monkeypatch.setattr(train_count, "COUNT_BYTES", path.stat().st_size - 1)
+    name = "gs://bucket/a" if damage == "on_gcs" else str(path)
+    assert train_count.count_records([name]) is None
+
+
+def test_the_step_line_names_where_the_examples_came_from(tmp_path, caplog):
+    caplog.set_level("INFO", logger="absl")
+    run = epochs_run(tmp_path, data={"train_examples": 64}, train_epochs=2, batch_size=32)
+    resolve_length(run)
+    said = (
+        "--train_epochs=2: 4 steps (ceil(2 epochs x 64 training examples "
+        "(config.data.train_examples) / 32 examples per step))."
+    )
+    assert said in caplog.messages

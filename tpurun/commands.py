@@ -240,7 +240,7 @@ def resolve_length(run: RunConfig, model: Model) -> tuple[RunConfig, TrainArrays
     if not run.needs_examples:
         return epochs.resolve_length(run), None
     arrays = inputs.train_arrays(model)
-    counted = train_count.counted(run.config, arrays)
+    counted = train_count.counted(model, arrays)
     return epochs.resolve_length(run, counted, train_config.recorded_examples(run)), arrays
 
 

@@ -116,7 +116,7 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)
         # check neither reads nor writes a model_dir: no recorded examples.
-        run = epochs.resolve_length(run, train_count.counted(run.config, arrays))
+        run = epochs.resolve_length(run, train_count.counted(model, arrays))
         model.config = run.config  # its optimizer's schedule, in the steps they made
     keras.utils.set_random_seed(run.seed)
     found = host = None

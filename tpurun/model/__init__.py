@@ -109,7 +109,7 @@ import abc
 import dataclasses
 import enum
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import keras
@@ -182,6 +182,16 @@ class Model(abc.ABC):
         keeps the arrays in each replica's memory and the compiled step gathers its
         own batches (or, turned off or too large, feeds them through tf.data), in the
         same order either way.
+        """
+        return None
+
+    def train_record_files(self) -> Sequence[str] | None:
+        """Optional: the TFRecord files input_fn(TRAIN) reads, uncompressed, one training
+        example per record; None: it reads no such files (or a record is not an example).
+
+        A run that says a length in epochs counts their records where that is cheap (on
+        this machine's disk, up to a GiB: `tpurun.datasets.train_count`) instead of trusting
+        `config.data.train_examples`, and warns when the two differ.
         """
         return None
 
