@@ -5,7 +5,9 @@ UsageError line naming the flag or config key and what it may be, instead of a
 run that hangs, allocates gigabytes or never saves. Each bound is a small value
 (`Integer(1, MAX_STEPS)`) that the flag table (`tpurun.run_config.flag_table`) gives
 to a flag or config key; `check(shown, value)` refuses a value out of it, `shown`
-being how the message names it (`--batch_size (config.train.batch_size)`).
+being how the message names it (`--batch_size (config.train.batch_size)`). And how
+they divide: a global batch evenly over the replicas (`check_divisible`), a cadence into
+whole host loops (`aligned_to_loop`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,39 @@ MAX_ACCUMULATE_STEPS = 4096
 MAX_DEVICE_DATA_MB = 2**20  # 1 TB
 MAX_RESTARTS = 1000  # train --max_restarts
 MAX_CHECKPOINTS_KEPT = 10**6
+
+
+# How a run's numbers divide: a global batch over the replicas, a cadence into host loops.
+
+
+def split_fix(batch_size: int, num_replicas: int, flag: str = "") -> str | None:
+    """None when a global batch splits evenly over the replicas, else the fix to say.
+
+    `use a multiple of 8 (e.g. 96 or 104)`; with `flag`, `(e.g. --batch_size=96 or 104)`.
+    """
+    if not batch_size % num_replicas:
+        return None
+    lower = batch_size // num_replicas * num_replicas
+    upper = lower + num_replicas
+    name = f"{flag}=" if flag else ""
+    example = f"{name}{lower} or {upper}" if lower else f"{name}{upper}"
+    return f"use a multiple of {num_replicas} (e.g. {example})"
+
+
+def check_divisible(what: str, batch_size: int, num_replicas: int) -> None:
+    """A global batch must split evenly: every replica (TPU core) gets the same static shape."""
+    fix = split_fix(batch_size, num_replicas)
+    if fix:
+        raise UsageError(
+            f"{what}={batch_size} is not divisible by the {num_replicas} replicas; {fix}"
+        )
+
+
+def aligned_to_loop(steps: int, iterations: int) -> int:
+    """Rounds a step cadence up to a whole number of host loops (0 stays 0)."""
+    if steps <= 0:
+        return 0
+    return -(-steps // iterations) * iterations
 
 
 def is_number(value: object) -> bool:

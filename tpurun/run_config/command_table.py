@@ -14,10 +14,11 @@ import dataclasses
 import enum
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tpurun.run_config import RunConfig
+# A RunConfig, which `resolves_length` is asked about (not imported: run.py, which
+# defines it, imports the flag table, which imports this table).
+RunConfig = Any
 
 
 class Parses(enum.Enum):

@@ -19,7 +19,9 @@ import ml_collections
 from absl import logging
 
 from tpurun.errors import UsageError
-from tpurun.run_config import EPOCH, RunConfig, bounds
+from tpurun.run_config import bounds
+from tpurun.run_config.flag_table import EPOCH
+from tpurun.run_config.run import RunConfig
 
 # Where the training examples came from when the config declares them.
 DECLARED = "config.data.train_examples"
