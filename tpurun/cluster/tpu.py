@@ -30,11 +30,13 @@ from typing import TypeVar
 import tensorflow as tf
 from absl import logging
 
-from tpurun.cluster import Cluster, tpu_api, tpu_device_files, tpu_vm_detected
+from tpurun.cluster import tpu_api
+from tpurun.cluster.machines import Cluster, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import first_line, one_line
 from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tpu_vm import installed
+from tpurun.tpu_vm.devices import tpu_device_files
 
 _T = TypeVar("_T")
 
