@@ -113,7 +113,7 @@ def clock(monkeypatch) -> FakeClock:
 def make_run(model_dir, examples=None, **flags) -> RunConfig:
     """Iris's config with flags; no time cadence unless asked for (the default is 600 s).
 
-    `examples`: the training examples counted (as commands.resolve_length does)."""
+    `examples`: the training examples counted (as tpurun.commands.running.resolve_length does)."""
     flags.setdefault("save_checkpoints_secs", 0)
     flags.setdefault("save_checkpoints_steps", 0)
     config = merge_flags(config_files.load(config_files.resolve("iris")), flags)

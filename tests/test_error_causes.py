@@ -77,7 +77,7 @@ def test_a_bug_of_tpurun_itself_is_still_called_unexpected(tpurun_cli, tmp_path,
     from tpurun import commands
 
     # Raised from tpurun's own call, with no user code on the way: a lookup that fails.
-    monkeypatch.setattr(commands, "write_record", functools.partial(dict.__getitem__, {}))
+    monkeypatch.setattr(commands.running, "write_record", functools.partial(dict.__getitem__, {}))
     result = tpurun_cli("train", "--train_steps=1", f"--model_dir={tmp_path / 'm'}")
     assert_fails(result, RUN_FAILURE, "unexpected KeyError: RunConfig(")
 

@@ -94,7 +94,7 @@ class Command:
 TRAIN = Command(
     "train",
     "train the model; resumes from the latest checkpoint in --model_dir",
-    "tpurun.commands:train",
+    "tpurun.commands.train:train",
     model_dir=ModelDir.WRITES,
     takes_lease=True,
     keeps_account=True,
@@ -108,7 +108,7 @@ EVAL = Command(
     "eval",
     "evaluate the latest checkpoint (--best, --checkpoint=N: another; --continuous: "
     "every new one) on one split (--split), one exact pass",
-    "tpurun.commands:evaluate",
+    "tpurun.commands.evaluate:evaluate",
     model_dir=ModelDir.READS,
     needs_strategy=True,
     reads_data=True,
@@ -120,7 +120,7 @@ PREDICT = Command(
     "predict",
     "predict with the latest checkpoint (--best, --checkpoint=N: another); one output per "
     "input row, in order",
-    "tpurun.commands:predict",
+    "tpurun.commands.predict:predict",
     model_dir=ModelDir.READS,
     needs_strategy=True,
     reads_data=True,
@@ -129,7 +129,7 @@ PREDICT = Command(
 EXPORT = Command(
     "export",
     "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel for serving",
-    "tpurun.commands:export_command",
+    "tpurun.commands.export:export_command",
     model_dir=ModelDir.READS,
     on_tpu=True,
 )
