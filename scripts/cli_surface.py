@@ -26,7 +26,7 @@ import sys
 
 from tpurun.run_config.command_table import COMMANDS
 
-CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "wgan_gp", "flops")
+CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "wgan_gp", "flops", "resnet50")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 REFUSED = {
     "unknown-command": ["trian"],

@@ -384,3 +384,17 @@ def test_the_step_line_names_where_the_examples_came_from(tmp_path, caplog):
         "(config.data.train_examples) / 32 examples per step))."
     )
     assert said in caplog.messages
+
+
+def test_a_model_whose_data_cannot_be_listed_is_not_counted():
+    """No --data_dir yet: the declared examples count, and the input says what is missing
+    when it reads (as `tpurun check` lists it among its findings)."""
+    from tpurun.errors import UsageError as NoData
+
+    class Unlisted:
+        config = config_files.load(config_files.resolve("iris"))
+
+        def train_record_files(self):
+            raise NoData("no train data: pass --data_dir")
+
+    assert train_count.counted(Unlisted(), None) is None

@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import tensorflow as tf
 from absl import logging
 
 from tpurun.datasets.tfds_reader import train_examples
+from tpurun.errors import TpurunError
 from tpurun.model import Model, TrainArrays
 from tpurun.run_config.epochs import Counted
 
@@ -40,7 +42,10 @@ def counted(model: Model, arrays: TrainArrays | None) -> Counted | None:
     examples = train_examples(model.config)
     if examples is not None:
         return Counted(examples, "counted by the prepared TFDS dataset's train split")
-    files = model.train_record_files()
+    try:
+        files = model.train_record_files()
+    except (TpurunError, OSError, tf.errors.OpError):
+        return None  # no training data found: its input says so when it reads them
     if not files:
         return None
     records = count_records(files)
