@@ -52,8 +52,8 @@ class RunConfig:
     eval_timeout: float = 3600  # eval --continuous: seconds to wait for a new checkpoint
     target: str | None = None  # check: a Cloud TPU type whose memory each step must fit
     report: str | None = None  # check --target: where to write the estimate as JSON
-    # The training examples an epoch counts (train_config.resolve_length sets it when the
-    # run counts in epochs or evaluates every epoch); 0 = not counted.
+    # The training examples an epoch counts (`epochs.resolve_length` sets it when the run
+    # counts in epochs or evaluates every epoch); 0 = not counted.
     train_examples: int = 0
     price_per_chip_hour: float | None = None  # check --target: $ per chip-hour for the cost
     input_check: bool = True  # check --target: measure whether the training input keeps up
