@@ -143,8 +143,8 @@ def ready_to_read(run: RunConfig) -> tuple[RunConfig, tuple[Difference, ...]]:
 
 def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]:
     """The strategy, the model and the run's length, before anything is written: the run
-    (its examples counted, if `command` counts them), what is prepared of it, and when its
-    cluster was ready."""
+    (its length resolved, where `command` resolves it), what is prepared of it, and when
+    its cluster was ready."""
     # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
     cluster = strategy.build(run) if command.needs_strategy else None
     cluster_ready = time.time()
