@@ -439,6 +439,12 @@ class ImageClassifier(Classifier):
         files = files_for(data, mode, self.config.predict.input)
         return dataset(files, mode, params, data.shuffle_buffer, data.cycle_length)
 
+    def train_record_files(self) -> list[str] | None:
+        """One image per record: a run counting in epochs counts them."""
+        if image_tfds.reads_tfds(self.config, Mode.TRAIN):
+            return None  # TFDS's record counts its train split
+        return files_for(self.config.data, Mode.TRAIN)
+
     def diagnose_data(self, mode: Mode) -> str | None:
         if image_tfds.reads_tfds(self.config, mode):
             return None  # TFDS checked its examples when it prepared them

@@ -78,6 +78,13 @@ class ResNet50(Classifier):
             return resnet_input.train_dataset(source, params, size, self._dtype())
         return resnet_input.eval_dataset(source, mode, params, size, self._dtype())
 
+    def train_record_files(self) -> list[str] | None:
+        """imagenet_to_gcs's records, one image each: a run counting in epochs counts them
+        (on a local disk; a local ImageNet is too large to, and data.train_examples says it)."""
+        if self.config.data.tfds_name:
+            return None  # TFDS's record counts its train split
+        return imagenet_records.files_for(self.config.data, Mode.TRAIN)
+
     def diagnose_data(self, mode: Mode) -> str | None:
         if self.config.data.tfds_name:
             return None  # TFDS wrote and checked its records: TensorFlow's error is shown

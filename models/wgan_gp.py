@@ -224,6 +224,10 @@ class WganGp(Model):
         pixels = tf.clip_by_value(tf.round((outputs[..., 0] + 1.0) * 127.5), 0.0, 255.0)
         return {"images": tf.cast(pixels, tf.uint8)}
 
+    def train_record_files(self) -> list[str]:
+        """One image per record: a run counting in epochs counts them."""
+        return image_records.files_for(self.config.data, Mode.TRAIN)
+
     def diagnose_data(self, mode: Mode) -> str | None:
         if mode is Mode.PREDICT:
             return None  # predict reads no files: it generates from noise

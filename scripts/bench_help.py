@@ -17,8 +17,9 @@ import time
 
 from offline_env import OFFLINE_ENV  # scripts/offline_env.py
 
+from tpurun.run_config.command_table import COMMANDS
+
 RUNS = 5
-COMMANDS = ("train", "eval", "predict", "export", "list", "check")
 
 
 def median_seconds(args: list[str]) -> float:
@@ -36,7 +37,7 @@ def main() -> None:
     bare = median_seconds([sys.executable, "-c", "pass"])
     print(f"{'command':<24}{'seconds':>10}{'x python -c pass':>20}")
     print(f"{'python -c pass':<24}{bare:>10.3f}{1.0:>20.1f}")
-    for command in COMMANDS:
+    for command in (c.name for c in COMMANDS):
         seconds = median_seconds([sys.executable, "-m", "tpurun", command, "--help"])
         print(f"{'tpurun ' + command + ' --help':<24}{seconds:>10.3f}{seconds / bare:>20.1f}")
 

@@ -24,9 +24,10 @@ import shutil
 import subprocess
 import sys
 
-CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "wgan_gp", "flops")
+from tpurun.run_config.command_table import COMMANDS
+
+CONFIGS = ("iris", "mnist", "fashion_mnist", "shakespeare", "wgan_gp", "flops", "resnet50")
 REPO = pathlib.Path(__file__).resolve().parent.parent
-COMMANDS = ("train", "eval", "predict", "export", "check", "list", "report")
 REFUSED = {
     "unknown-command": ["trian"],
     "unknown-flag": ["train", "--batchsize=8"],
@@ -92,7 +93,7 @@ def main() -> None:
     os.makedirs(cwd)
     (out / "help.txt").write_text(run_tpurun(["--help"], cwd))
     (out / "version.txt").write_text(run_tpurun(["--version"], cwd))
-    for command in COMMANDS:
+    for command in (c.name for c in COMMANDS):
         (out / f"help-{command}.txt").write_text(run_tpurun([command, "--help"], cwd))
     (out / "list.txt").write_text(run_tpurun(["list"], cwd))
     for name, argv in REFUSED.items():

@@ -234,11 +234,11 @@ def tpurun_in_process(*args: str, cwd=None, env=None) -> subprocess.CompletedPro
     from absl import logging as absl_logging
 
     from tpurun import cli
-    from tpurun import model as model_lib
+    from tpurun.model import registry
 
     # A user's model registered by this run, and the modules and sys.path entry its
     # config brought, end with it, as they would with its process.
-    registered, path, modules = dict(model_lib._REGISTRY), list(sys.path), set(sys.modules)
+    registered, path, modules = dict(registry._REGISTRY), list(sys.path), set(sys.modules)
     levels = std_logging.root.level, absl_logging.get_absl_logger().level
     with pytest.MonkeyPatch.context() as patch:
         if cwd is not None:
@@ -261,9 +261,9 @@ def tpurun_in_process(*args: str, cwd=None, env=None) -> subprocess.CompletedPro
                 for name in set(sys.modules) - modules:
                     if _is_users_module(sys.modules[name]):
                         del sys.modules[name]
-                for name, cls in list(model_lib._REGISTRY.items()):
+                for name, cls in list(registry._REGISTRY.items()):
                     if name not in registered and cls.__module__ not in sys.modules:
-                        del model_lib._REGISTRY[name]
+                        del registry._REGISTRY[name]
                 std_logging.root.setLevel(levels[0])
                 absl_logging.get_absl_logger().setLevel(levels[1])
     return subprocess.CompletedProcess(["tpurun", *args], code, captured["out"], captured["err"])

@@ -4,9 +4,9 @@
 
 Started by tests/test_supervisor.py through `forked.Popen` (a fork of a process that has
 TensorFlow, Keras and tpurun imported and ran no TensorFlow op), this is tpurun's own CLI
-and Supervisor with its first backoff (tpurun.supervisor.BACKOFF) set to BACKOFF seconds,
+and Supervisor with its first backoff (tpurun.supervisor.restarts.BACKOFF) set to BACKOFF seconds,
 and one change: each trainer the supervisor starts (`[python, -m, tpurun, train, ...]`,
-`tpurun.supervisor.child_argv`'s command) is a fork of this process that runs that command
+`tpurun.supervisor.restarts.child_argv`'s command) is a fork of this process that runs that command
 as `python -m tpurun` would, instead of a new interpreter that spends ~5 CPU-s importing
 TensorFlow again. The rest is what subprocess.Popen gives the supervisor: the trainer is
 its child (its pid, its exit status from waitpid, -N for a signal), in a session of its
@@ -34,7 +34,7 @@ import warnings
 
 from forked.server import exit_code  # the interpreter's, as a forked child's
 
-import tpurun.supervisor
+import tpurun.supervisor.restarts
 
 
 class ForkedTrainer:
@@ -97,7 +97,9 @@ def _trainer(args: list[str], env: dict, new_session: bool, preexec_fn) -> int:
     ends (non-daemon threads joined, atexit run, streams flushed); its exit code."""
     code = 1
     try:
-        tpurun.supervisor.subprocess = subprocess  # the supervisor's own again, unused here
+        tpurun.supervisor.restarts.subprocess = (
+            subprocess  # the supervisor's own again, unused here
+        )
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if new_session:
@@ -130,8 +132,8 @@ def _trainer(args: list[str], env: dict, new_session: bool, preexec_fn) -> int:
 
 
 if __name__ == "__main__":
-    tpurun.supervisor.BACKOFF = float(sys.argv.pop(1))
-    tpurun.supervisor.subprocess = type(
+    tpurun.supervisor.restarts.BACKOFF = float(sys.argv.pop(1))
+    tpurun.supervisor.restarts.subprocess = type(
         "ForkingSubprocess", (), {"Popen": ForkedTrainer}
     )  # only the supervisor's module: nothing else in this process forks this way
     sys.argv[0] = "tpurun"

@@ -7,8 +7,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from tpurun import cluster
-from tpurun.cluster import Cluster, is_chief_process, is_chief_task, strategy
+from tpurun import cluster, tpu_vm
+from tpurun.cluster import Cluster, is_chief_process, is_chief_task, machines, strategy
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.tpu_vm import devices
@@ -136,7 +136,7 @@ def machine(monkeypatch):
         return object() if name in Machine.packages else None
 
     monkeypatch.setattr(devices.glob, "glob", glob)
-    monkeypatch.setattr(cluster.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(machines.importlib.util, "find_spec", find_spec)
     return Machine
 
 
@@ -151,7 +151,7 @@ def machine(monkeypatch):
 )
 def test_tpu_device_files(machine, devices, files):
     machine.devices = devices
-    assert cluster.tpu_device_files() == files
+    assert tpu_vm.devices.tpu_device_files() == files
 
 
 @pytest.mark.parametrize(

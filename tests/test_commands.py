@@ -3,6 +3,7 @@ through the CLI in the scenario tests: test_e2e_iris.py, test_cli_errors.py, ...
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -11,9 +12,10 @@ import pytest
 import tensorflow as tf
 from tpurun.models.iris import Iris
 
-from tpurun import commands
+from tpurun.commands import model_dir as commands_model_dir
+from tpurun.commands import running
 from tpurun.errors import RunError, tf_errors
-from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config import RunConfig, command_table, config_files, flag_table, merge_flags
 
 
 def iris_run(model_dir, command: str = "train", **fields) -> RunConfig:
@@ -68,7 +70,7 @@ def test_workers_probing_one_model_dir_at_once_all_find_it_writable(tmp_path):
     def probe_many_times() -> None:
         for _ in range(200):
             try:
-                commands.prepare_model_dir(run)
+                commands_model_dir.prepare_model_dir(run)
             except Exception as e:  # noqa: BLE001 - collected and shown below
                 failures.append(e)
 
@@ -85,19 +87,19 @@ def test_workers_probing_one_model_dir_at_once_all_find_it_writable(tmp_path):
 def test_prepare_model_dir_says_whether_it_created_the_dir(tmp_path, exists):
     if exists:
         (tmp_path / "model").mkdir()
-    assert commands.prepare_model_dir(iris_run(tmp_path / "model")) is not exists
+    assert commands_model_dir.prepare_model_dir(iris_run(tmp_path / "model")) is not exists
     assert os.listdir(tmp_path / "model") == []
 
 
 def test_an_unwritable_model_dir_is_a_run_error_naming_it(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(RunError, match=r"cannot write to --model_dir=.*/afile/model \("):
-        commands.prepare_model_dir(iris_run(tmp_path / "afile" / "model"))
+        commands_model_dir.prepare_model_dir(iris_run(tmp_path / "afile" / "model"))
 
 
 def test_the_run_record_is_the_run_config_with_versions(tmp_path, capsys):
     run = iris_run(tmp_path, "eval")
-    path, written = commands.write_record(run)
+    path, written = commands_model_dir.write_record(run)
     assert json.loads(open(path).read()) == written
     assert path.startswith(str(tmp_path / "runs")) and path.endswith("-eval.json")
     record = json.loads(open(path).read())
@@ -132,13 +134,13 @@ ERROR = tf.errors.InvalidArgumentError(None, None, "Key: label. Data types don't
 def test_diagnose_data_asks_the_model_about_the_commands_data(tmp_path, command, answer, expected):
     model = Diagnosing(iris_run(tmp_path).config)
     model.answer = answer
-    assert commands.diagnose_data(iris_run(tmp_path, command), model, ERROR) == expected
+    assert running.diagnose_data(iris_run(tmp_path, command), model, ERROR) == expected
 
 
 def test_a_failing_diagnosis_is_a_warning_and_hides_nothing(tmp_path, caplog):
     model = Diagnosing(iris_run(tmp_path).config)
     model.answer = OSError("cannot read the data again")
-    assert commands.diagnose_data(iris_run(tmp_path), model, ERROR) is None
+    assert running.diagnose_data(iris_run(tmp_path), model, ERROR) is None
     assert "Diagnosing.diagnose_data(train) failed: cannot read the data again" in caplog.messages
 
 
@@ -151,6 +153,28 @@ def test_diagnose_data_leaves_a_generating_model_alone(tmp_path):
 
     model = Generating(iris_run(tmp_path).config)
     # predict ran generate(), not input_fn(PREDICT): the data are not what failed.
-    assert commands.diagnose_data(iris_run(tmp_path, "predict"), model, ERROR) is None
+    assert running.diagnose_data(iris_run(tmp_path, "predict"), model, ERROR) is None
     # Its train data still are.
-    assert commands.diagnose_data(iris_run(tmp_path), model, ERROR) == "not asked (train)"
+    assert running.diagnose_data(iris_run(tmp_path), model, ERROR) == "not asked (train)"
+
+
+@pytest.mark.parametrize("command", command_table.COMMANDS, ids=lambda c: c.name)
+def test_every_command_names_the_function_that_runs_it(command):
+    """The table names each function as text (the CLI imports no TensorFlow): a renamed
+    or moved function fails here, not when a user runs the command."""
+    function = command.function()
+    assert callable(function)
+    # What the CLI calls it with, by what the command parses and does with model_dir.
+    takes = len(inspect.signature(function).parameters)
+    if command.parses is not command_table.Parses.CONFIG:
+        assert takes == 0
+    elif command.model_dir is command_table.ModelDir.NONE:
+        assert takes >= 1  # check: the RunConfig (and where to print)
+    else:
+        assert takes == 2  # the RunConfig and what commands.run prepared
+
+
+def test_the_table_and_the_flag_table_know_the_same_commands():
+    assert list(flag_table.COMMAND_FLAGS) == [c.name for c in command_table.COMMANDS]
+    named = {name for flag in flag_table.FLAGS for name in flag.commands}
+    assert named <= set(command_table.COMMAND)

@@ -21,10 +21,10 @@ from fakes import FakeClock
 from tpurun.actions.base import Action, LoopStats
 from tpurun.cluster import Cluster
 from tpurun.errors import Preempted, RunError
-from tpurun.run_config import RunConfig, config_files, merge_flags
+from tpurun.run_config import RunConfig, config_files, epochs, merge_flags
 from tpurun.runners import controller
 from tpurun.runners.controller import Controller, sigterm_notice
-from tpurun.storage import checkpoints, train_config
+from tpurun.storage import checkpoints
 from tpurun.storage.background import Writer
 
 LOOP_SECONDS = 7.0  # fake seconds each host loop takes
@@ -113,12 +113,12 @@ def clock(monkeypatch) -> FakeClock:
 def make_run(model_dir, examples=None, **flags) -> RunConfig:
     """Iris's config with flags; no time cadence unless asked for (the default is 600 s).
 
-    `examples`: the training examples counted (as commands.count_examples does)."""
+    `examples`: the training examples counted (as tpurun.commands.running.resolve_length does)."""
     flags.setdefault("save_checkpoints_secs", 0)
     flags.setdefault("save_checkpoints_steps", 0)
     config = merge_flags(config_files.load(config_files.resolve("iris")), flags)
     run = RunConfig("train", "iris", config, model_dir=str(model_dir))
-    return train_config.resolve_length(run, examples) if examples else run
+    return epochs.resolve_length(run, epochs.Counted(examples, "given")) if examples else run
 
 
 def train(

@@ -77,7 +77,7 @@ def test_a_bug_of_tpurun_itself_is_still_called_unexpected(tpurun_cli, tmp_path,
     from tpurun import commands
 
     # Raised from tpurun's own call, with no user code on the way: a lookup that fails.
-    monkeypatch.setattr(commands, "write_record", functools.partial(dict.__getitem__, {}))
+    monkeypatch.setattr(commands.running, "write_record", functools.partial(dict.__getitem__, {}))
     result = tpurun_cli("train", "--train_steps=1", f"--model_dir={tmp_path / 'm'}")
     assert_fails(result, RUN_FAILURE, "unexpected KeyError: RunConfig(")
 
@@ -232,7 +232,7 @@ def test_what_tensorflow_drops_after_swallowing_a_sigterm_is_not_printed():
         assert moment > 10 and errors.sigterm_seen()  # the handler ran inside flatten
         assert [f"{type(e).__name__}: {e}" for e in dropped] == []
 
-        errors._SIGTERM_SEEN.clear()  # noqa: SLF001 - no SIGTERM came: a real error prints
+        errors.sigterm._SIGTERM_SEEN.clear()  # noqa: SLF001 - no SIGTERM came: a real error prints
         left_set = SystemError(
             "<built-in function __import__> returned a result with an exception set"
         )
@@ -243,7 +243,7 @@ def test_what_tensorflow_drops_after_swallowing_a_sigterm_is_not_printed():
         sys.setprofile(None)
         signal.signal(signal.SIGTERM, handler)
         sys.unraisablehook = previous
-        errors._SIGTERM_SEEN.clear()  # noqa: SLF001 - the next tests' runs are not stopped
+        errors.sigterm._SIGTERM_SEEN.clear()  # noqa: SLF001 - the next tests' runs are not stopped
 
 
 # --- nonsense values: one line with the allowed range --------------------------------
@@ -398,7 +398,7 @@ def test_a_sigterm_swallowed_at_start_up_ends_the_run_before_it_trains(
 
     seen = threading.Event()
     seen.set()
-    monkeypatch.setattr(errors, "_SIGTERM_SEEN", seen)
+    monkeypatch.setattr(errors.sigterm, "_SIGTERM_SEEN", seen)
     model_dir = tmp_path / "model"
     result = tpurun_cli("train", "--config=iris", "--train_steps=20", f"--model_dir={model_dir}")
     assert result.returncode == errors.EXIT_PREEMPTED, result.stderr

@@ -43,7 +43,7 @@ def config(**values) -> ml_collections.FrozenConfigDict:
 def registry(monkeypatch) -> dict:
     """The model registry, emptied for the test and restored after it."""
     empty: dict = {}
-    monkeypatch.setattr(model_lib, "_REGISTRY", empty)
+    monkeypatch.setattr(model_lib.registry, "_REGISTRY", empty)
     return empty
 
 

@@ -125,3 +125,36 @@ def test_mnist_trains_to_090_on_synthetic_digits_and_predicts_exports_and_resume
         "mnist", tmp_path, overrides, min_accuracy=0.9, num_shards=2, resume_to=70
     )
     print(f"mnist accuracy on the synthetic test digits: {accuracy:.4f}")
+
+
+def test_epochs_count_the_records_the_data_hold_not_the_declared_60000(
+    tpurun_cli, tmp_path, data_dir
+):
+    """config.data.train_examples says MNIST's 60,000; the data_dir holds 400 digits."""
+    result = tpurun_cli(
+        "train",
+        "--config=mnist",
+        f"--data_dir={data_dir}",
+        "--use_tpu=false",
+        "--num_shards=1",
+        "--config.conv_filters=(8, 16)",
+        "--config.hidden_units=32",
+        "--batch_size=32",
+        "--train_epochs=0.16",
+        f"--model_dir={tmp_path / 'm'}",
+    )
+    assert result.returncode == 0, result.stderr
+    where = "counted in the 4 TFRecord files of the training data"
+    # One warning of the count (others, such as an input-bound one, depend on the machine).
+    warned = [line for line in result.stderr.splitlines() if "train_examples" in line]
+    assert (
+        len(warned) == 1
+        and warned[0].startswith("W")
+        and warned[0].endswith(
+            f"config.data.train_examples=60000, but the training data hold 400 examples ({where}): "
+            "epochs count the 400."
+        )
+    ), warned
+    said = f"--train_epochs=0.16: 2 steps (ceil(0.16 epochs x 400 training examples ({where}) "
+    assert said in result.stderr
+    assert (tmp_path / "m" / "ckpt-2.index").exists()

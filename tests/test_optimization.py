@@ -33,7 +33,7 @@ def recipe_config(**keys) -> ml_collections.ConfigDict:
 
 def recipe(**keys) -> ml_collections.FrozenConfigDict:
     config = ml_collections.FrozenConfigDict(recipe_config(**keys))
-    recipe_keys.validate(config, train_steps=config.train.steps)
+    recipe_keys.validate(config)
     return config
 
 
@@ -123,7 +123,7 @@ def resnet_main_rate(step: int, batch: int = 1024, examples: int = 1_281_167) ->
 
 
 def test_the_recipe_in_epochs_is_resnet_mains_schedule_step_by_step(tmp_path):
-    from tpurun.storage import train_config
+    from tpurun.run_config import epochs
 
     config = recipe_config(
         name="sgd",
@@ -137,7 +137,7 @@ def test_the_recipe_in_epochs_is_resnet_mains_schedule_step_by_step(tmp_path):
     config.data = ml_collections.ConfigDict({"train_examples": 1_281_167})
     config = merge_flags(config, {"batch_size": 1024, "train_epochs": 90})
     run = RunConfig(command="train", config_name="r", config=config, model_dir=str(tmp_path))
-    resolved = train_config.resolve_length(run, None)
+    resolved = epochs.resolve_length(run)
     recipe = resolved.config.optimizer
     # ceil(5 x 1281167 / 1024) = 6256; the last steps at each rate: 37534, 75068, 100091.
     assert (recipe.warmup_steps, tuple(recipe.boundaries)) == (6256, (37534, 75068, 100091))
@@ -481,10 +481,6 @@ def test_build_errors_name_the_key(name, key, value, words):
                 "config.optimizer.schedule='cosin'",
                 "constant, exponential, piecewise, cosine, linear",
             ],
-        ),
-        (
-            {"warmup_steps": STEPS},
-            [f"config.optimizer.warmup_steps={STEPS}", f"train.steps={STEPS}"],
         ),
         ({"warmup_steps": -1}, ["config.optimizer.warmup_steps=-1", ">= 0"]),
         ({"clip_norm": -1.0}, ["config.optimizer.clip_norm=-1.0", ">= 0"]),

@@ -294,7 +294,7 @@ def test_mixed_bfloat16_mnist_matches_float32_and_exports_float32(tpurun_cli, tm
     "flags, keywords",
     [
         (["--config.optimizer.schedule=sawtooth"], ["schedule", "sawtooth", "cosine"]),
-        (["--config.optimizer.warmup_steps=1000", "--train_steps=1000"], ["warmup_steps=1000"]),
+        (["--config.optimizer.warmup_steps=-1"], ["warmup_steps=-1", "integer >= 0"]),
         (["--config.optimizer.clip_norm=-1"], ["clip_norm=-1"]),
         (
             ["--config.train.accumulate_steps=0"],
@@ -308,7 +308,7 @@ def test_mixed_bfloat16_mnist_matches_float32_and_exports_float32(tpurun_cli, tm
     ],
     ids=[
         "unknown_schedule",
-        "warmup_past_the_end",
+        "negative_warmup",
         "negative_clip",
         "no_accumulation",
         "float16_on_a_tpu",

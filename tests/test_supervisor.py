@@ -25,8 +25,9 @@ from test_tpu import PROJECT, ZONE, FakeCloudTpuApi
 from tpurun import report
 from tpurun.layout.plain_files import GcsObjects
 from tpurun.storage import lease
-from tpurun.supervisor import child_argv, tpu_wait
+from tpurun.supervisor import tpu_wait
 from tpurun.supervisor.exits import Ending
+from tpurun.supervisor.restarts import child_argv
 
 # --- Unit tests ------------------------------------------------------------------------
 
@@ -59,7 +60,7 @@ def test_the_child_gets_the_same_flags_without_max_restarts():
 
 
 def test_a_multi_worker_cluster_is_counted_from_tf_config(monkeypatch):
-    from tpurun.supervisor import cluster_size
+    from tpurun.supervisor.restarts import cluster_size
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cluster_size() == 1
@@ -132,7 +133,7 @@ def supervise_stubs(
     `backoff`: the seconds before a first restart."""
     from iris_runs import iris_run
 
-    import tpurun.supervisor as supervisor
+    from tpurun.supervisor import restarts as supervisor
 
     (model_dir.parent / "plan.json").write_text(json.dumps(plan))
     said: list[str] = []
@@ -247,14 +248,14 @@ pytestmark_slow = pytest.mark.slow
 STARTED = re.compile(r"trainer started \(pid (\d+)")
 
 
-# `python -m tpurun` with the supervisor's first backoff (tpurun.supervisor.BACKOFF, 1 s:
+# `python -m tpurun` with the supervisor's first backoff (tpurun.supervisor.restarts.BACKOFF, 1 s:
 # BACKOFF * 2^(k-1) before restart k) set to argv[1] seconds: the restarts below are
 # about what ends and resumes, not about how long the supervisor waits (the backoff a
 # SIGTERM interrupts: test_a_sigterm_during_the_backoff_ends_with_one_line_and_exit_75).
 SHORT_BACKOFF = """
 import sys
-import tpurun.supervisor
-tpurun.supervisor.BACKOFF = float(sys.argv.pop(1))
+import tpurun.supervisor.restarts
+tpurun.supervisor.restarts.BACKOFF = float(sys.argv.pop(1))
 sys.argv[0] = "tpurun"
 from tpurun.__main__ import main
 

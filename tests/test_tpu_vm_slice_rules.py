@@ -53,7 +53,7 @@ def no_load_library_set(monkeypatch):
 @pytest.fixture
 def tpu_chips(monkeypatch):
     """This machine shows TPU chips (as a TPU VM's /dev does)."""
-    monkeypatch.setattr(tpu_vm, "tpu_device_files", lambda: ["/dev/accel0"])
+    monkeypatch.setattr(tpu_vm.checks, "tpu_device_files", lambda: ["/dev/accel0"])
 
 
 def served(monkeypatch, attributes: dict[str, str]) -> FakeMetadataServer:
@@ -167,7 +167,7 @@ def test_no_metadata_server_changes_nothing(monkeypatch, connections, tmp_path):
 
 def test_a_laptop_asks_nothing(monkeypatch, connections, tmp_path):
     """No TPU chips and no --tpu=local: not one connection, so nothing to wait for."""
-    monkeypatch.setattr(tpu_vm, "tpu_device_files", lambda: [])
+    monkeypatch.setattr(tpu_vm.checks, "tpu_device_files", lambda: [])
     for args in (["--use_tpu=false"], [], ["--tpu=grpc://127.0.0.1:1"], ["--tpu=pod"]):
         argv, run = parsed("train", "--config=iris", *args, *ZONE_AND_PROJECT)
         tpu_vm.prepare(argv, run)

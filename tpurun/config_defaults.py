@@ -25,7 +25,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # computed in float32.
     config.precision = "float32"
 
-    # The training recipe, built into a Keras optimizer by tpurun/optimization/__init__.py and
+    # The training recipe, built into a Keras optimizer by tpurun/optimization/building.py and
     # checked by tpurun/run_config/recipe_keys.py (`optimizer_recipe` has its keys).
     config.optimizer = optimizer_recipe()
     # Named optimizers, for a model whose own train_step updates several parts with
@@ -34,87 +34,103 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # over the variables the model gives it (by default, those of its model of the
     # same name). With any, config.optimizer stays at its defaults.
     config.optimizers = ml_collections.ConfigDict()
+    config.train = _train_section()
+    config.eval = _eval_section()
+    config.predict = _predict_section()
+    return config
 
-    config.train = ml_collections.ConfigDict()
-    config.train.batch_size = 128  # global: split evenly across replicas
-    config.train.steps = 1000  # total (max_steps): a resumed run continues to it
+
+def _train_section() -> ml_collections.ConfigDict:
+    """`config.train`: how long, how often to save and evaluate, and how the loop runs."""
+    train = ml_collections.ConfigDict()
+    train.batch_size = 128  # global: split evenly across replicas
+    train.steps = 1000  # total (max_steps): a resumed run continues to it
     # Or how long in epochs (--train_epochs), 0 = off: train.steps is then derived when
     # the run starts, ceil(epochs x training examples / examples per step), where a step
     # takes batch_size x accumulate_steps examples and the training examples are the
-    # model's train_arrays, else config.data.train_examples (a key a config with a
-    # tf.data input adds). Exclusive with train.steps on the command line.
-    config.train.epochs = 0.0
-    config.train.iterations = 100  # steps per host loop (iterations_per_loop)
+    # model's train_arrays, a TFDS dataset's record or its TFRecord files counted, else
+    # config.data.train_examples (a key a config with a tf.data input adds). Exclusive
+    # with train.steps on the command line.
+    train.epochs = 0.0
+    train.iterations = 100  # steps per host loop (iterations_per_loop)
     # A checkpoint every N steps (rounded up to a multiple of iterations) or every
     # N seconds, whichever comes first; 0 turns one off. Always one at the end.
-    config.train.save_checkpoints_steps = 0
-    config.train.save_checkpoints_secs = 600  # TPUEstimator's default
-    config.train.keep_checkpoint_max = 5
+    train.save_checkpoints_steps = 0
+    train.save_checkpoints_secs = 600  # TPUEstimator's default
+    train.keep_checkpoint_max = 5
     # A save copies the state at its step to host memory (all the loop waits for) and
     # writes it in the background while training goes on; at most one is in flight.
     # The last save, one before a stop and one --eval_every evaluates are waited for.
     # false: the loop waits for every whole save (docs/checkpoints.md).
-    config.train.async_checkpoint = True
+    train.async_checkpoint = True
     # On gs://, TensorBoard events are written in memory and uploaded in the background
     # every this many seconds and at the end (TensorBoard shows them that late at most);
     # on a local disk they are written there directly.
-    config.train.summary_upload_secs = 30.0
+    train.summary_upload_secs = 30.0
     # Steps between evals in the training process, 0 = never; or "epoch": at the end of
-    # every epoch. Of type object, so that --config.train.eval_every takes both.
-    config.train.eval_every = ml_collections.FieldReference(0, field_type=object)
+    # every epoch. Of type object, so that --train.eval_every takes both.
+    train.eval_every = ml_collections.FieldReference(0, field_type=object)
     # Initialise from another run's checkpoint (ckpt-N or a model_dir), then train
     # from step 0; only variables whose checkpoint key matches the regex are taken.
-    config.train.warm_start_from = ""
-    config.train.warm_start_vars = ".*"
+    train.warm_start_from = ""
+    train.warm_start_vars = ".*"
     # An exponential moving average of the trainable weights, 0 = off: after each step
     # average = ema_decay x average + (1 - ema_decay) x weights (the first step copies
     # them). Kept by the optimizer beside the weights and saved in every checkpoint;
     # training itself always continues from the raw weights.
-    config.train.ema_decay = 0.0
+    train.ema_decay = 0.0
     # Gradient accumulation: one step sums the gradients of this many micro-batches of
     # train.batch_size each (in-graph), then applies them once, so the effective global
     # batch is accumulate_steps x train.batch_size. Steps, cadences and the step
     # counter count optimizer steps.
-    config.train.accumulate_steps = 1
+    train.accumulate_steps = 1
     # Device data: a model whose training examples are in-memory arrays (Model.train_arrays)
     # gets them placed once in every replica's memory, and each replica step gathers its
     # own batch, in the order tf.data would give (false: through tf.data). With one
     # replica the whole host loop is then compiled by XLA.
-    config.train.device_data = True
+    train.device_data = True
     # The most memory per device (MB) the arrays may take, else they stay in tf.data;
     # 0 = automatic: 256 on CPU replicas, 2048 on a TPU core or GPU.
-    config.train.device_data_mb = 0.0
+    train.device_data_mb = 0.0
     # With device data and one replica, compile the whole host loop with XLA: true, false
     # (a plain tf.function) or "auto": a run of at most 500 steps runs the plain one (XLA's
     # compile would cost more than it saves); a longer one times XLA's loop at the start
     # (and the plain one unless XLA's step is under 1 ms) and runs the plain one if 1.3x
     # faster or more; a resumed run keeps its first run's choice. "auto" never compiles on a CPU under
     # mixed_bfloat16, whose XLA backend has no fast bfloat16 matmuls (docs/device-data.md).
-    # Of type object, so that --config.train.xla takes all three.
-    config.train.xla = ml_collections.FieldReference("auto", field_type=object)
+    # Of type object, so that --train.xla takes all three.
+    train.xla = ml_collections.FieldReference("auto", field_type=object)
+    return train
 
-    config.eval = ml_collections.ConfigDict()
-    config.eval.batch_size = 128  # global
-    config.eval.steps = 0  # 0 = one exact pass over the eval data
+
+def _eval_section() -> ml_collections.ConfigDict:
+    """`config.eval`: the exact pass, and the split and metric that choose the best."""
+    evaluation = ml_collections.ConfigDict()
+    evaluation.batch_size = 128  # global
+    evaluation.steps = 0  # 0 = one exact pass over the eval data
     # The checkpoint with the best value of this eval metric on best_split is kept in
     # model_dir/best (for `--best`); best_mode says whether "min" or "max" is best.
-    config.eval.best_metric = "loss"
-    config.eval.best_mode = "min"
+    evaluation.best_metric = "loss"
+    evaluation.best_mode = "min"
     # The split (one of the model's eval_splits) that chooses the best checkpoint;
     # "" = "val" if the model has one, else its first split. No other touches best/.
-    config.eval.best_split = ""
+    evaluation.best_split = ""
     # The split `tpurun eval` evaluates (--split); "" = best_split.
-    config.eval.split = ""
+    evaluation.split = ""
     # More splits `train --eval_every` evaluates after best_split, comma-separated
     # (e.g. "test"): reported and recorded, never choosing the best.
-    config.eval.also = ""
+    evaluation.also = ""
+    return evaluation
 
-    config.predict = ml_collections.ConfigDict()
-    config.predict.batch_size = 128  # global
-    config.predict.input = ""  # a file of rows to predict; "" = the model's own examples
+
+def _predict_section() -> ml_collections.ConfigDict:
+    """`config.predict`: what `tpurun predict` reads and where it writes."""
+    predict = ml_collections.ConfigDict()
+    predict.batch_size = 128  # global
+    predict.input = ""  # a file of rows to predict; "" = the model's own examples
     # JSON lines, or by the extension .npz (arrays) or .png (a grid of images); "" = stdout
-    config.predict.output = ""
-    return config
+    predict.output = ""
+    return predict
 
 
 def image_records_data() -> ml_collections.ConfigDict:

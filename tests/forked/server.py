@@ -39,7 +39,11 @@ def preload() -> None:
 
     import tpurun  # noqa: F401 - first: it keeps jax out, as in every tpurun process
     import tpurun.cli  # noqa: F401
-    import tpurun.commands  # noqa: F401 - every command's modules
+    import tpurun.commands  # noqa: F401
+    from tpurun.run_config.command_table import COMMANDS
+
+    for command in COMMANDS:  # every command's modules
+        command.function()
 
     if context.context()._context_handle is not None:  # noqa: SLF001 - the one check there is
         sys.exit(

@@ -56,7 +56,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import datasets, inputs, precision
+from tpurun import inputs, precision
 from tpurun import model as model_lib
 from tpurun.actions.progress import announced
 from tpurun.check import targets
@@ -72,10 +72,10 @@ from tpurun.check.sizing.tpu_compiler import client
 from tpurun.check.sizing.tpu_compiler.sizing import TpuSizer
 from tpurun.check.targets import Target
 from tpurun.cluster import Cluster, strategy
+from tpurun.datasets import train_count
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
-from tpurun.run_config import RunConfig
-from tpurun.storage import train_config
+from tpurun.run_config import RunConfig, epochs
 from tpurun.tpu_vm import installed, launch_lines
 
 # The cores of a Cloud TPU v2-8 / v3-8: what `tpurun check` checks for by default.
@@ -103,8 +103,8 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
     arrays = None
     if run.needs_examples:  # steps from epochs: the horizon of cosine and linear schedules
         arrays = inputs.train_arrays(model)
-        examples = arrays.num_examples if arrays else datasets.train_examples(run.config)
-        run = train_config.resolve_length(run, examples)
+        # check neither reads nor writes a model_dir: no recorded examples.
+        run = epochs.resolve_length(run, train_count.counted(model, arrays))
         model.config = run.config  # its optimizer's schedule, in the steps they made
     keras.utils.set_random_seed(run.seed)
     found = host = None

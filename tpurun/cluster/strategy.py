@@ -17,7 +17,8 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import tf_internals
-from tpurun.cluster import Cluster, is_chief_task, packed_reduction, tpu, tpu_vm_detected
+from tpurun.cluster import packed_reduction, tpu
+from tpurun.cluster.machines import Cluster, is_chief_task, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.run_config import RunConfig
 

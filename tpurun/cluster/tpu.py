@@ -30,11 +30,13 @@ from typing import TypeVar
 import tensorflow as tf
 from absl import logging
 
-from tpurun.cluster import Cluster, tpu_api, tpu_device_files, tpu_vm_detected
+from tpurun.cluster import tpu_api
+from tpurun.cluster.machines import Cluster, tpu_vm_detected
 from tpurun.errors import RunError, UsageError
 from tpurun.errors.tf_errors import first_line, one_line
 from tpurun.run_config import RunConfig, refuse_local_paths_on_a_tpu_node
 from tpurun.tpu_vm import installed
+from tpurun.tpu_vm.devices import tpu_device_files
 
 _T = TypeVar("_T")
 
@@ -129,7 +131,13 @@ def _resolve(
             f"--tpu={name} is a TPU name: pass --tpu_zone and --gcp_project too "
             "(tpurun does not wait on the metadata server to guess them)"
         )
+    return _resolve_named(run, name, deadline)
 
+
+def _resolve_named(
+    run: RunConfig, name: str, deadline: float
+) -> tuple[tf.distribute.cluster_resolver.TPUClusterResolver, _Target]:
+    """A TPU by its name: found in the Cloud TPU API, READY, with its workers' addresses."""
     discovery_url = os.environ.get(tpu_api.DISCOVERY_URL_ENV) or None
     credentials = tpu_api.credentials(run)
     node = _within(
@@ -151,7 +159,25 @@ def _resolve(
             "the Cloud TPU API lists no worker addresses for it; if it is a TPU VM, run tpurun "
             "on the TPU VM itself with --tpu=local"
         )
+    target = _named_target(run, name, node, endpoints)
+    for note in (target.version_note, target.health_note):
+        if note:
+            logging.warning("%s", note)
+    logging.info(
+        "Found %s: READY%s.", target.where, f", {node['health']}" if node.get("health") else ""
+    )
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu=name,
+        zone=run.tpu_zone,
+        project=run.gcp_project,
+        credentials=credentials,
+        discovery_url=discovery_url,
+    )
+    return resolver, target
 
+
+def _named_target(run: RunConfig, name: str, node: dict, endpoints: list[str]) -> _Target:
+    """What a TPU found by name is (its type, TensorFlow, addresses), as lines name it."""
     accelerator = node.get("acceleratorType")
     address = f"grpc://{endpoints[0]}" + (
         f" +{len(endpoints) - 1} workers" if len(endpoints) > 1 else ""
@@ -167,27 +193,13 @@ def _resolve(
         )
         if x
     )
-    target = _Target(
+    return _Target(
         where=f"the TPU {name!r} ({details})",
         kind="name",
         version_note=tpu_api.version_note(node.get("tensorflowVersion"), run),
         health_note=tpu_api.health_note(node),
         accelerator=accelerator,
     )
-    for note in (target.version_note, target.health_note):
-        if note:
-            logging.warning("%s", note)
-    logging.info(
-        "Found %s: READY%s.", target.where, f", {node['health']}" if node.get("health") else ""
-    )
-    resolver = TPUClusterResolver(
-        tpu=name,
-        zone=run.tpu_zone,
-        project=run.gcp_project,
-        credentials=credentials,
-        discovery_url=discovery_url,
-    )
-    return resolver, target
 
 
 # --- Connecting and initialising ----------------------------------------------------

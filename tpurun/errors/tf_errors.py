@@ -6,7 +6,8 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from tpurun.errors import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE, user_code
+from tpurun.errors import user_code
+from tpurun.errors.failures import EXIT_RUN_FAILURE, EXIT_UNAVAILABLE
 from tpurun.errors.user_code import unescaped
 
 if TYPE_CHECKING:  # tpurun's errors are described without importing TensorFlow

@@ -5,13 +5,16 @@ UsageError line naming the flag or config key and what it may be, instead of a
 run that hangs, allocates gigabytes or never saves. Each bound is a small value
 (`Integer(1, MAX_STEPS)`) that the flag table (`tpurun.run_config.flag_table`) gives
 to a flag or config key; `check(shown, value)` refuses a value out of it, `shown`
-being how the message names it (`--batch_size (config.train.batch_size)`).
+being how the message names it (`--batch_size (config.train.batch_size)`). And how
+they divide: a global batch evenly over the replicas (`check_divisible`), a cadence into
+whole host loops (`aligned_to_loop`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import TypeGuard
 
 from tpurun.errors import UsageError
@@ -35,6 +38,39 @@ MAX_ACCUMULATE_STEPS = 4096
 MAX_DEVICE_DATA_MB = 2**20  # 1 TB
 MAX_RESTARTS = 1000  # train --max_restarts
 MAX_CHECKPOINTS_KEPT = 10**6
+
+
+# How a run's numbers divide: a global batch over the replicas, a cadence into host loops.
+
+
+def split_fix(batch_size: int, num_replicas: int, flag: str = "") -> str | None:
+    """None when a global batch splits evenly over the replicas, else the fix to say.
+
+    `use a multiple of 8 (e.g. 96 or 104)`; with `flag`, `(e.g. --batch_size=96 or 104)`.
+    """
+    if not batch_size % num_replicas:
+        return None
+    lower = batch_size // num_replicas * num_replicas
+    upper = lower + num_replicas
+    name = f"{flag}=" if flag else ""
+    example = f"{name}{lower} or {upper}" if lower else f"{name}{upper}"
+    return f"use a multiple of {num_replicas} (e.g. {example})"
+
+
+def check_divisible(what: str, batch_size: int, num_replicas: int) -> None:
+    """A global batch must split evenly: every replica (TPU core) gets the same static shape."""
+    fix = split_fix(batch_size, num_replicas)
+    if fix:
+        raise UsageError(
+            f"{what}={batch_size} is not divisible by the {num_replicas} replicas; {fix}"
+        )
+
+
+def aligned_to_loop(steps: int, iterations: int) -> int:
+    """Rounds a step cadence up to a whole number of host loops (0 stays 0)."""
+    if steps <= 0:
+        return 0
+    return -(-steps // iterations) * iterations
 
 
 def is_number(value: object) -> bool:
@@ -148,4 +184,78 @@ class StepsOrEpoch:
             raise UsageError(f"{e}, or 'epoch' (at the end of every epoch)") from None
 
 
-Bound = Integer | Batch | Number | Boolean | BooleanOrWord | StepsOrEpoch
+# The bounds of a config's recipe keys (`tpurun.run_config.recipe_keys.RECIPE_BOUNDS`):
+# their messages show the value as the config file holds it (repr: 'cosin', (200, 100)).
+
+
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """A number (an integer with `integer`) >= low, or > low with `above`; `note` says
+    what the low end means or what the value is for (" (0 = no warmup)")."""
+
+    low: int
+    integer: bool = False
+    above: bool = False
+    note: str = ""
+
+    def check(self, shown: str, value: object) -> None:
+        kind = _is_integer(value) if self.integer else is_number(value)
+        if kind and (value > self.low if self.above else value >= self.low):  # type: ignore[operator]
+            return
+        what = "an integer" if self.integer else "a number"
+        raise UsageError(
+            f"{shown}={value!r} must be {what} {'>' if self.above else '>='} {self.low}{self.note}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Fraction:
+    """A number in [0, 1], or in [0, 1) with `below_one`; `note` says what it means."""
+
+    below_one: bool = False
+    note: str = ""
+
+    def check(self, shown: str, value: object) -> None:
+        if is_number(value) and (0 <= value < 1 if self.below_one else 0 <= value <= 1):  # type: ignore[operator]
+            return
+        interval = "[0, 1)" if self.below_one else "[0, 1]"
+        raise UsageError(f"{shown}={value!r} must be a number in {interval}{self.note}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """One of `choices`, each `what` (" a schedule")."""
+
+    choices: tuple[str, ...]
+    what: str
+
+    def check(self, shown: str, value: object) -> None:
+        if value not in self.choices:
+            raise UsageError(
+                f"{shown}={value!r} is not {self.what}; use one of {', '.join(self.choices)}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Regex:
+    """A regular expression Python compiles."""
+
+    def check(self, shown: str, value: object) -> None:
+        try:
+            re.compile(value)  # type: ignore[call-overload]
+        except (re.error, TypeError) as e:
+            raise UsageError(f"{shown}={value!r} is not a regex: {e}") from None
+
+
+Bound = (
+    Integer
+    | Batch
+    | Number
+    | Boolean
+    | BooleanOrWord
+    | StepsOrEpoch
+    | AtLeast
+    | Fraction
+    | OneOf
+    | Regex
+)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tpurun.errors import UsageError
 from tpurun.layout import names
+from tpurun.run_config import command_table
 from tpurun.run_config.bounds import (
     MAX_ACCUMULATE_STEPS,
     MAX_CHECKPOINTS_KEPT,
@@ -38,9 +39,20 @@ from tpurun.run_config.bounds import (
     StepsOrEpoch,
 )
 
-TRAIN, EVAL, PREDICT, EXPORT, CHECK = ("train",), ("eval",), ("predict",), ("export",), ("check",)
-REPORT = ("report",)
-RUNS = TRAIN + EVAL + PREDICT + EXPORT + CHECK  # the commands that run a config
+# The commands a flag row names, by the command table's names.
+TRAIN, EVAL, PREDICT, EXPORT, CHECK, REPORT = (
+    (command.name,)
+    for command in (
+        command_table.TRAIN,
+        command_table.EVAL,
+        command_table.PREDICT,
+        command_table.EXPORT,
+        command_table.CHECK,
+        command_table.REPORT,
+    )
+)
+# The commands that run a config.
+RUNS = tuple(c.name for c in command_table.COMMANDS if c.parses is command_table.Parses.CONFIG)
 EPOCH = "epoch"  # --eval_every=epoch
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OFF = " (0 = off)"
@@ -271,10 +283,10 @@ KEY_BOUNDS: Mapping[str, Bound] = {
     "train.device_data_mb": Number(0, MAX_DEVICE_DATA_MB, "MB", " (0 = automatic)"),
 }
 
-COMMANDS = (*RUNS, "list", *REPORT)
 # Each command's flags, in the table's order: what it takes and what its --help lists.
 COMMAND_FLAGS = {
-    command: tuple(flag.name for flag in FLAGS if command in flag.commands) for command in COMMANDS
+    command.name: tuple(flag.name for flag in FLAGS if command.name in flag.commands)
+    for command in command_table.COMMANDS
 }
 # Flag name -> the dotted config key it sets.
 FLAG_TO_CONFIG_KEY = {flag.name: flag.key for flag in FLAGS if flag.key}

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpurun.errors import UsageError
-from tpurun.run_config.bounds import is_number
+from tpurun.run_config.bounds import AtLeast, Boolean, Bound, Fraction, OneOf, Regex, is_number
 
 SCHEDULES = ("constant", "exponential", "piecewise", "cosine", "linear")
 # Schedules whose curve ends at train.steps: a resumed run may not change it (checkpoints.py).
@@ -80,6 +80,38 @@ KERAS_ARGUMENTS_NOT_PASSED = {
 # Keras optimizers that need a weight decay (AdamW is Adam with decoupled weight decay).
 NEEDS_WEIGHT_DECAY = ("adamw",)
 
+# The bound of every recipe's value of these keys (one UsageError line naming the key).
+RECIPE_BOUNDS: Mapping[str, Bound] = {
+    "schedule": OneOf(SCHEDULES, "a schedule"),
+    "learning_rate": AtLeast(0),
+    "base_batch_size": AtLeast(0, integer=True, note=" (0 = no scaling with the global batch)"),
+    "warmup_steps": AtLeast(0, integer=True, note=" (0 = no warmup)"),
+    "warmup_epochs": AtLeast(0, note=" (0 = no warmup)"),
+    "momentum": Fraction(below_one=True, note=" (0 = none)"),
+    "nesterov": Boolean(),
+    "weight_decay": AtLeast(0, note=" (0 = none)"),
+    "l2_weight_decay": AtLeast(0, note=" (0 = none)"),
+    "weight_decay_exclude": Regex(),
+    "clip_norm": AtLeast(0, note=" (0 = no clipping)"),
+}
+_EXPONENTIAL = " with schedule='exponential'"
+# ...and of the keys of one schedule, in a recipe of that schedule (piecewise's boundaries
+# and multipliers go together: `_validate_piecewise`).
+SCHEDULE_BOUNDS: Mapping[str, Mapping[str, Bound]] = {
+    "exponential": {
+        "decay_steps": AtLeast(
+            1,
+            integer=True,
+            note=f"{_EXPONENTIAL} (the rate is multiplied by decay_rate every decay_steps steps)",
+        ),
+        "decay_rate": AtLeast(0, above=True, note=f"{_EXPONENTIAL} (e.g. 0.94)"),
+        "staircase": Boolean(),
+    },
+    "cosine": {"alpha": Fraction(note=" (the final rate, as a fraction of learning_rate)")},
+    "linear": {"end_learning_rate": AtLeast(0)},
+}
+EMA_DECAY = Fraction(below_one=True, note=" (0 = no moving average)")
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -89,12 +121,12 @@ def _fail(key: str, value: Any, allowed: str) -> UsageError:
     return UsageError(f"config.{key}={value!r} {allowed}")
 
 
-def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
+def validate(config: Mapping[str, Any]) -> None:
     """Raises UsageError, one line, for the first bad recipe key of `config` (the whole config).
 
-    `train_steps` is the run's final train.steps (the horizon of cosine and linear); None
-    while it is not known yet (a run counted in epochs, before its examples are counted).
-    Checks config.optimizer, and each named recipe of config.optimizers; with named
+    A warmup longer than the run is not refused: a smoke run shorter than its recipe's
+    warmup runs with a warning (`tpurun.run_config.epochs.warn_of_warmups`). Checks
+    config.optimizer, and each named recipe of config.optimizers; with named
     ones, config.optimizer must stay at its defaults (it would not be read).
     """
     from tpurun.config_defaults import base_config
@@ -103,14 +135,10 @@ def validate(config: Mapping[str, Any], train_steps: int | None) -> None:
     named = config.get("optimizers") or {}
     if named:
         _validate_names(named, config["optimizer"], defaults)
-    _validate_recipe(config["optimizer"], "optimizer", defaults, train_steps)
+    _validate_recipe(config["optimizer"], "optimizer", defaults)
     for name in named:
-        _validate_recipe(named[name], f"optimizers.{name}", defaults, train_steps)
-    ema_decay = config["train"]["ema_decay"]
-    if not is_number(ema_decay) or not 0 <= ema_decay < 1:
-        raise _fail(
-            "train.ema_decay", ema_decay, "must be a number in [0, 1) (0 = no moving average)"
-        )
+        _validate_recipe(named[name], f"optimizers.{name}", defaults)
+    EMA_DECAY.check("config.train.ema_decay", config["train"]["ema_decay"])
 
 
 def _validate_names(
@@ -143,32 +171,29 @@ def _validate_names(
 
 
 def _validate_recipe(
-    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any], train_steps: int | None
+    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any]
 ) -> None:
     """The checks of one recipe; its keys are named `config.<prefix>.<key>`."""
-    name = str(optimizer["name"]).lower()
     schedule = optimizer["schedule"]
+    for key, bound in RECIPE_BOUNDS.items():
+        bound.check(f"config.{prefix}.{key}", optimizer.get(key, defaults[key]))
+    _validate_lengths(optimizer, prefix)
+    for key, owner in SCHEDULE_KEYS.items():
+        if owner != schedule and optimizer[key] != defaults[key]:
+            raise _fail(
+                f"{prefix}.{key}",
+                optimizer[key],
+                f"is a parameter of schedule={owner!r}, not of {schedule!r}; remove it",
+            )
+    for key, bound in SCHEDULE_BOUNDS.get(schedule, {}).items():
+        bound.check(f"config.{prefix}.{key}", optimizer[key])
+    if schedule == "piecewise":
+        _validate_piecewise(optimizer, prefix)
+    _validate_optimizer_keys(optimizer, prefix, defaults)
 
-    if schedule not in SCHEDULES:
-        raise _fail(
-            f"{prefix}.schedule", schedule, f"is not a schedule; use one of {', '.join(SCHEDULES)}"
-        )
-    if not is_number(optimizer["learning_rate"]) or optimizer["learning_rate"] < 0:
-        raise _fail(f"{prefix}.learning_rate", optimizer["learning_rate"], "must be a number >= 0")
-    if not _is_int(optimizer["base_batch_size"]) or optimizer["base_batch_size"] < 0:
-        raise _fail(
-            f"{prefix}.base_batch_size",
-            optimizer["base_batch_size"],
-            "must be an integer >= 0 (0 = no scaling with the global batch)",
-        )
-    warmup = optimizer["warmup_steps"]
-    if not _is_int(warmup) or warmup < 0:
-        raise _fail(f"{prefix}.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
-    warmup_epochs = optimizer.get("warmup_epochs", 0.0)
-    if not is_number(warmup_epochs) or warmup_epochs < 0:
-        raise _fail(
-            f"{prefix}.warmup_epochs", warmup_epochs, "must be a number >= 0 (0 = no warmup)"
-        )
+
+def _validate_lengths(optimizer: Mapping[str, Any], prefix: str) -> None:
+    """A length is said in steps or in epochs, not both."""
     for epochs_key, steps_key in EPOCH_KEYS.items():
         if optimizer.get(epochs_key) and optimizer[steps_key]:
             raise _fail(
@@ -177,21 +202,13 @@ def _validate_recipe(
                 f"and {prefix}.{steps_key}={optimizer[steps_key]!r} both say where it is: "
                 "give one (in epochs, the steps are counted when the run starts)",
             )
-    if warmup and train_steps is not None and warmup >= train_steps:
-        raise _fail(
-            f"{prefix}.warmup_steps",
-            warmup,
-            f"must be less than train.steps={train_steps} (0 = no warmup)",
-        )
-    for key, owner in SCHEDULE_KEYS.items():
-        if owner != schedule and optimizer[key] != defaults[key]:
-            raise _fail(
-                f"{prefix}.{key}",
-                optimizer[key],
-                f"is a parameter of schedule={owner!r}, not of {schedule!r}; remove it",
-            )
-    _validate_schedule(optimizer, schedule, prefix)
 
+
+def _validate_optimizer_keys(
+    optimizer: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any]
+) -> None:
+    """The keys that depend on which Keras optimizer the recipe names, and on each other."""
+    name = str(optimizer["name"]).lower()
     for key, takers in OPTIMIZER_KEYS.items():
         if optimizer[key] != defaults[key] and name not in takers:
             raise _fail(
@@ -199,33 +216,14 @@ def _validate_recipe(
                 optimizer[key],
                 f"does not apply to {name} (only to {', '.join(takers)}); remove it",
             )
-    momentum = optimizer["momentum"]
-    if not is_number(momentum) or not 0 <= momentum < 1:
-        raise _fail(f"{prefix}.momentum", momentum, "must be a number in [0, 1) (0 = none)")
-    if not isinstance(optimizer["nesterov"], bool):
-        raise _fail(f"{prefix}.nesterov", optimizer["nesterov"], "must be true or false")
-    if optimizer["nesterov"] and not momentum:
+    if optimizer["nesterov"] and not optimizer["momentum"]:
         raise _fail(f"{prefix}.nesterov", True, f"needs config.{prefix}.momentum > 0 (e.g. 0.9)")
-    weight_decay = optimizer["weight_decay"]
-    if not is_number(weight_decay) or weight_decay < 0:
-        raise _fail(f"{prefix}.weight_decay", weight_decay, "must be a number >= 0 (0 = none)")
-    l2 = optimizer.get("l2_weight_decay", 0.0)
-    if not is_number(l2) or l2 < 0:
-        raise _fail(f"{prefix}.l2_weight_decay", l2, "must be a number >= 0 (0 = none)")
-    if name in NEEDS_WEIGHT_DECAY and not weight_decay:
+    if name in NEEDS_WEIGHT_DECAY and not optimizer["weight_decay"]:
         raise _fail(
             f"{prefix}.weight_decay",
-            weight_decay,
+            optimizer["weight_decay"],
             f"must be > 0 with {name} (Keras' default is 0.004), or use name='adam'",
         )
-    exclude = optimizer["weight_decay_exclude"]
-    try:
-        re.compile(exclude)
-    except (re.error, TypeError) as e:
-        raise _fail(f"{prefix}.weight_decay_exclude", exclude, f"is not a regex: {e}") from None
-    clip_norm = optimizer["clip_norm"]
-    if not is_number(clip_norm) or clip_norm < 0:
-        raise _fail(f"{prefix}.clip_norm", clip_norm, "must be a number >= 0 (0 = no clipping)")
     for key in optimizer.keys():
         if key in KERAS_ARGUMENTS_NOT_PASSED:
             raise _fail(
@@ -235,68 +233,39 @@ def _validate_recipe(
             )
 
 
-def _validate_schedule(optimizer: Mapping[str, Any], schedule: str, prefix: str) -> None:
-    if schedule == "exponential":
-        decay_steps, decay_rate = optimizer["decay_steps"], optimizer["decay_rate"]
-        if not _is_int(decay_steps) or decay_steps < 1:
+def _validate_piecewise(optimizer: Mapping[str, Any], prefix: str) -> None:
+    """Increasing boundaries (in steps, or in epochs), and one more multiplier than them."""
+    boundaries, multipliers = tuple(optimizer["boundaries"]), tuple(optimizer["multipliers"])
+    in_epochs = tuple(optimizer.get("boundary_epochs", ()))
+    if in_epochs:
+        if not all(is_number(b) and b > 0 for b in in_epochs) or not _increasing(in_epochs):
             raise _fail(
-                f"{prefix}.decay_steps",
-                decay_steps,
-                "must be an integer >= 1 with schedule='exponential' "
-                "(the rate is multiplied by decay_rate every decay_steps steps)",
+                f"{prefix}.boundary_epochs",
+                in_epochs,
+                "must be increasing epochs > 0, e.g. (30, 60, 80)",
             )
-        if not is_number(decay_rate) or decay_rate <= 0:
-            raise _fail(
-                f"{prefix}.decay_rate",
-                decay_rate,
-                "must be a number > 0 with schedule='exponential' (e.g. 0.94)",
-            )
-        if not isinstance(optimizer["staircase"], bool):
-            raise _fail(f"{prefix}.staircase", optimizer["staircase"], "must be true or false")
-    elif schedule == "piecewise":
-        boundaries, multipliers = tuple(optimizer["boundaries"]), tuple(optimizer["multipliers"])
-        in_epochs = tuple(optimizer.get("boundary_epochs", ()))
-        if in_epochs:
-            if not all(is_number(b) and b > 0 for b in in_epochs) or any(
-                a >= b for a, b in zip(in_epochs, in_epochs[1:], strict=False)
-            ):
-                raise _fail(
-                    f"{prefix}.boundary_epochs",
-                    in_epochs,
-                    "must be increasing epochs > 0, e.g. (30, 60, 80)",
-                )
-            boundaries, what = in_epochs, "boundary_epochs"
-        elif not all(_is_int(b) and b > 0 for b in boundaries) or any(
-            a >= b for a, b in zip(boundaries, boundaries[1:], strict=False)
-        ):
-            raise _fail(
-                f"{prefix}.boundaries",
-                boundaries,
-                "must be increasing step numbers > 0, e.g. (30000, 60000) (or boundary_epochs)",
-            )
-        else:
-            what = "boundaries"
-        if len(multipliers) != len(boundaries) + 1 or not all(
-            is_number(m) and m >= 0 for m in multipliers
-        ):
-            raise _fail(
-                f"{prefix}.multipliers",
-                multipliers,
-                f"must be {len(boundaries) + 1} numbers >= 0, one more than the "
-                f"{len(boundaries)} {what} (factors of learning_rate, e.g. (1.0, 0.1, 0.01))",
-            )
-    elif schedule == "cosine":
-        alpha = optimizer["alpha"]
-        if not is_number(alpha) or not 0 <= alpha <= 1:
-            raise _fail(
-                f"{prefix}.alpha",
-                alpha,
-                "must be a number in [0, 1] (the final rate, as a fraction of learning_rate)",
-            )
-    elif schedule == "linear":
-        end = optimizer["end_learning_rate"]
-        if not is_number(end) or end < 0:
-            raise _fail(f"{prefix}.end_learning_rate", end, "must be a number >= 0")
+        boundaries, what = in_epochs, "boundary_epochs"
+    elif not all(_is_int(b) and b > 0 for b in boundaries) or not _increasing(boundaries):
+        raise _fail(
+            f"{prefix}.boundaries",
+            boundaries,
+            "must be increasing step numbers > 0, e.g. (30000, 60000) (or boundary_epochs)",
+        )
+    else:
+        what = "boundaries"
+    if len(multipliers) != len(boundaries) + 1 or not all(
+        is_number(m) and m >= 0 for m in multipliers
+    ):
+        raise _fail(
+            f"{prefix}.multipliers",
+            multipliers,
+            f"must be {len(boundaries) + 1} numbers >= 0, one more than the "
+            f"{len(boundaries)} {what} (factors of learning_rate, e.g. (1.0, 0.1, 0.01))",
+        )
+
+
+def _increasing(values: tuple[Any, ...]) -> bool:
+    return all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
 def counts_epochs(config: Mapping[str, Any]) -> bool:

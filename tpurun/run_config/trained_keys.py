@@ -36,7 +36,7 @@ import ml_collections
 
 from tpurun.errors import CheckpointMismatch, UsageError
 from tpurun.layout import names
-from tpurun.run_config import DATA_LOCATION_SUFFIXES
+from tpurun.run_config.tpu_node import DATA_LOCATION_SUFFIXES
 
 # Keys, and sections (ending in "."), that say how the command runs: the command line's
 # and the config file's, never the model_dir's.

@@ -72,7 +72,7 @@ class Cadence:
         every_epoch = evaluating and run.config.train.eval_every == EPOCH
         epochs = epoch_count(run) if every_epoch else None
         if every_epoch and epochs is None:
-            # commands.count_examples counts them before the Controller starts
+            # tpurun.commands.running.resolve_length counts them before the Controller starts
             raise RunError("--eval_every=epoch: the training examples were not counted")
         return cls(
             last_step=run.train_steps,

@@ -5,10 +5,9 @@ is restored, so that a run resumed, evaluated or exported with another config
 fails at once with both config names and what differs, instead of deep inside
 a restore.
 
-It also keeps how long a run trains when it counts in epochs: `resolve_length`
-turns `train.epochs` into `train.steps` from the training examples, and the
-examples an epoch counted are recorded here, so a resumed run keeps counting in
-the same steps.
+It also keeps the training examples an epoch counted (a run that counts in epochs,
+`tpurun.run_config.epochs.resolve_length`), so a resumed run keeps counting in the
+same steps.
 """
 
 from __future__ import annotations
@@ -17,22 +16,14 @@ import dataclasses
 import json
 from typing import Any
 
-import ml_collections
 from absl import logging
 
 from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.layout import names
-from tpurun.run_config import (
-    DATA_LOCATION_SUFFIXES,
-    EPOCH,
-    RunConfig,
-    bounds,
-    recipe_keys,
-    trained_keys,
-)
-from tpurun.run_config.epochs import resolve_epochs, steps_for_epochs
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, recipe_keys, trained_keys
+from tpurun.run_config.epochs import Counted
 from tpurun.storage import records
 
 FILE = names.TRAIN_CONFIG
@@ -248,103 +239,13 @@ def check_resume(run: RunConfig) -> None:
     )
 
 
-def resolve_length(run: RunConfig, counted: int | None) -> RunConfig:
-    """The run with its training examples counted, and its train.steps when it counts in
-    epochs (ceil(epochs x examples / examples per step)); `run` itself when it needs
-    neither (see RunConfig.needs_examples).
-
-    `counted`: the model's in-memory training examples (TrainArrays.num_examples), or the
-    train split of the TFDS dataset config.data names (its record counts them,
-    `tpurun.datasets.train_examples`); None for another tf.data input, whose examples
-    only `config.data.train_examples` says: TRAIN
-    repeats forever, and the cardinality under its `.repeat()` counts batches, shards or
-    windows as often as examples. A model_dir whose record counted examples keeps
-    counting those: with the same batch, a resumed run trains to the same step as the
-    first one did, even if its data moved to files of another size. A batch changed on
-    resume (--force_resume) counts its epochs in the new batch, as the input stream does
-    (step s is at example s x global batch).
-    """
-    if not run.needs_examples:
-        return run
-    config = run.config
-    declared = (config.get("data") or {}).get("train_examples") or 0
-    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 0:
-        raise UsageError(
-            f"config.data.train_examples={declared!r} must be an integer >= 0: the number of "
-            "training examples an epoch counts (0 = unknown)"
-        )
-    if counted and declared and counted != declared:
-        logging.warning(
-            "config.data.train_examples=%d, but the training data hold %d examples: "
-            "epochs count the %d.",
-            declared,
-            counted,
-            counted,
-        )
-    examples = counted or declared
-    # check neither reads nor writes a model_dir.
-    recorded = recorded_examples(run) if run.command != "check" else None
-    if recorded and examples and recorded != examples:
-        logging.warning(
-            "%s counted epochs of %d training examples (%s), and the data now have %d: "
-            "epochs keep counting %d, so a resumed run trains to the same step (a new "
-            "--model_dir counts the new data).",
-            run.model_dir,
-            recorded,
-            FILE,
-            examples,
-            recorded,
-        )
-    examples = recorded or examples
-    why = (
-        f"--train_epochs={config.train.epochs:g}"
-        if config.train.epochs
-        else "--eval_every=epoch"
-        if config.train.eval_every == EPOCH
-        else "the optimizer's warmup_epochs or boundary_epochs"
-    )
-    if not examples:
-        raise UsageError(
-            f"{why} needs the number of training examples, and {run.config_name}'s model has "
-            "no train_arrays to count them in: add `config.data.train_examples = <N>` to the "
-            "config (or pass --config.data.train_examples=N if it has the key), or count in "
-            "--train_steps"
-        )
-    train = config.train
-    per_step = train.batch_size * train.accumulate_steps
-    with_steps = ml_collections.ConfigDict(config.to_dict())
-    resolve_epochs(with_steps, examples, per_step)
-    if not config.train.epochs:
-        return dataclasses.replace(
-            run, config=ml_collections.FrozenConfigDict(with_steps), train_examples=examples
-        )
-    steps = steps_for_epochs(train.epochs, examples, per_step)
-    if steps > bounds.MAX_STEPS:
-        raise UsageError(
-            f"{why} of {examples} examples at {per_step} per step is {steps} steps, "
-            f"more than {bounds.MAX_STEPS}: fewer epochs"
-        )
-    logging.info(
-        "%s: %d steps (ceil(%g epochs x %d training examples / %d examples per step)).",
-        why,
-        steps,
-        train.epochs,
-        examples,
-        per_step,
-    )
-    with_steps.train.steps = steps
-    try:  # validated again, now with its steps (a warmup must end before them)
-        return dataclasses.replace(
-            run, config=ml_collections.FrozenConfigDict(with_steps), train_examples=examples
-        )
-    except UsageError as e:
-        raise UsageError(f"{e}; {why} is {steps} steps") from None
-
-
-def recorded_examples(run: RunConfig) -> int | None:
-    """The training examples model_dir's epochs counted, if its record kept them."""
+def recorded_examples(run: RunConfig) -> Counted | None:
+    """The training examples model_dir's epochs counted, if its record kept them
+    (`tpurun.run_config.epochs.resolve_length` keeps counting them)."""
     examples = _recorded(run, EXAMPLES_KEY)
-    return examples if isinstance(examples, int) and examples > 0 else None
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples <= 0:
+        return None
+    return Counted(examples, storage.join(run.model_dir, FILE))
 
 
 def recorded_loop_times(run: RunConfig) -> dict[str, Any] | None:

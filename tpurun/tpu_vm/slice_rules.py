@@ -23,16 +23,14 @@ from collections.abc import Sequence
 
 from tpurun.errors import UsageError
 from tpurun.run_config import RunConfig
+from tpurun.run_config.command_table import COMMAND
 from tpurun.tpu_vm.installed import LOAD_LIBRARY_ENV
 from tpurun.tpu_vm.metadata import SliceFacts
-
-# The commands that run a job on the TPU (`check` traces on the CPU, `list`/`report` run nothing).
-TPU_COMMANDS = ("train", "eval", "predict", "export")
 
 
 def uses_tpu(run: RunConfig, tpu_chips: bool) -> bool:
     """Whether `run` would run on a TPU, as `tpurun.cluster.strategy.build` decides it."""
-    if run.command not in TPU_COMMANDS or run.use_tpu is False:
+    if not COMMAND[run.command].on_tpu or run.use_tpu is False:
         return False
     return run.use_tpu is True or bool(run.tpu) or tpu_chips
 
