@@ -41,9 +41,13 @@ A rule
 * The separator is the last `->` of the rule; spaces around it are ignored.
 * Rules are tried in order; the first whose SOURCE matches a name decides it. A name no
   rule matches is left over: reported (optimizer slots by kind, `global_step`, the
-  others), never an error. A TF1 optimizer's slots (`.../Momentum`, `.../adam_m`) need
-  no rule unless an earlier, broader rule would catch them: then put `(.*)/adam_[mv] -> -`
-  before it.
+  others), never an error.
+* A TF1 optimizer's slots need no rule: a slot is `<variable>/<slot>` of another variable
+  of the checkpoint (`conv2d/kernel/Momentum`, `.../adam_m`, `.../ExponentialMovingAverage`),
+  and one that a broad rule sends to no variable of the model (`bert/(.*) -> \1` sends
+  `bert/.../kernel/adam_m` to `.../kernel/adam_m`) is left over as a slot, not refused.
+  A rule may still send a slot to a model variable: `(.*)/ExponentialMovingAverage -> \1`
+  serves the moving averages (then leave the raw weights out with `SOURCE -> -` rules).
 
 What is refused, each in one line and exit 2, before anything runs: a rule without `->`
 or without a TARGET, a SOURCE that does not compile, a map of which no rule matches any
