@@ -29,6 +29,7 @@ def write_checkpoint(
 ) -> str:
     """`<prefix>-<global_step>` (or `<prefix>` without a step) in its directory, with the
     `checkpoint` state file naming it; returns the checkpoint's prefix."""
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         _variables(values, global_step)
         session.run(tf.compat.v1.global_variables_initializer())

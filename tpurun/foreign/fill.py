@@ -13,31 +13,30 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tpurun.foreign.plan import Plan
-from tpurun.foreign.sources import SourceVariable, read_failure
+from tpurun.foreign.sources import Source, SourceVariable, read_failure
 
 
-def read(prefix: str, variables: list[SourceVariable], flag: str, given: str) -> list[tf.Tensor]:
-    """The values of `variables` in checkpoint `prefix`, read on the host in one op."""
+def read(source: Source, variables: list[SourceVariable]) -> list[tf.Tensor]:
+    """The values of `variables` of `source`, read on the host in one op."""
     if not variables:
         return []
     try:
         with tf.device("CPU:0"):
             return list(
                 tf.raw_ops.RestoreV2(
-                    prefix=prefix,
+                    prefix=source.prefix,
                     tensor_names=[v.key for v in variables],
                     shape_and_slices=[""] * len(variables),
                     dtypes=[v.dtype for v in variables],
                 )
             )
     except (tf.errors.OpError, ValueError, IndexError) as e:
-        raise read_failure(flag, given, e, f"{prefix}.data") from None
+        raise read_failure(source.flag, source.given, e, f"{source.prefix}.data") from None
 
 
-def fill(plan: Plan, flag: str) -> None:
+def fill(plan: Plan) -> None:
     """Reads the plan's taken values and assigns them (reshaped where its rule says so)."""
-    source = plan.source
-    values = read(source.prefix, [t.source for t in plan.taken], flag, source.given)
+    values = read(plan.source, [t.source for t in plan.taken])
     for taken, value in zip(plan.taken, values, strict=True):
         if taken.reshape:
             value = tf.reshape(value, taken.target.shape)

@@ -2,8 +2,9 @@
 
 A published checkpoint is served directly, as run_pretraining.py's `--do_eval
 --init_checkpoint` did: a TF1 name-based one (a prefix, a TPUEstimator model_dir, an
-Estimator SavedModel) through config.name_map, or tpurun's own (another run's ckpt-N
-or model_dir) as a restore reads it, its moving averages too. The step reported is
+Estimator SavedModel) through config.name_map, a TF2 SavedModel (tpurun's export) by
+its variables' saved paths, or tpurun's own checkpoint (another run's ckpt-N or
+model_dir) as a restore reads it, its moving averages too. The step reported is
 the checkpoint's global_step (0 when it records none).
 
 The source is only read: the run's record and outputs go to --model_dir, which may
@@ -55,15 +56,17 @@ class Outside:
     step: int
 
     @property
-    def by_names(self) -> bool:
-        """Whether it is read through config.name_map (else as a tpurun restore reads it)."""
-        return self.source.kind is Kind.NAMES
+    def planned(self) -> bool:
+        """Whether it is read through a plan (`fill`): a name-based checkpoint, through
+        config.name_map, or a TF2 SavedModel; else it is tpurun's own, read as a restore
+        reads model_dir's (its moving averages too)."""
+        return self.source.kind is Kind.NAMES or self.source.saved_model
 
     def fill(self, models: dict[str, keras.Model], serving_model: str) -> None:
-        """Fills the serving model from a name-based checkpoint, saying the mapping first."""
+        """Fills the serving model through the plan (`planned`), saying the mapping first."""
         if len(models) > 1 and self.run.command == "eval":
             raise UsageError(
-                f"{FLAG}={self.source.given} is a name-based checkpoint, which fills one Keras "
+                f"{FLAG}={self.source.given} is not tpurun's checkpoint: it fills one Keras "
                 f"model, and this model evaluates several ({', '.join(models)}); evaluate a "
                 "tpurun checkpoint of it instead"
             )
@@ -74,7 +77,7 @@ class Outside:
             logging.info(line)
         if planned.problems:
             raise report.refusal(planned, FLAG, FIX)
-        fill(planned, FLAG)
+        fill(planned)
 
 
 def step_in_model_dir(run: RunConfig) -> RunConfig:

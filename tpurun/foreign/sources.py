@@ -58,6 +58,7 @@ class SourceVariable:
     key: str
     shape: tuple[int, ...]
     dtype: tf.DType
+    saved_as: str = ""  # object-based: the name its writer gave it (a Keras variable's path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Source:
     """A checkpoint tpurun did not necessarily write, opened (its .index read) but not loaded."""
 
     given: str  # the path as the user gave it
+    flag: str  # where it was given (--warm_start_from, --checkpoint), for the errors
     prefix: str  # the checkpoint read: <prefix>.index and its .data files
     kind: Kind
     origin: str  # how `prefix` was found from `given`, for the report ("": it is `given`)
@@ -72,13 +74,15 @@ class Source:
     saved_model: bool  # a SavedModel's variables (`directory` is the SavedModel)
     variables: dict[str, SourceVariable]  # by name, in the checkpoint's (sorted) order
     reader: tf.train.CheckpointReader = dataclasses.field(repr=False, compare=False)
+    graph: tf_internals.ObjectGraph | None = dataclasses.field(repr=False, compare=False)
 
     @property
     def described(self) -> str:
         """`/m/model.ckpt-100 (a name-based (TF1) checkpoint: the newest of /m, as its checkpoint
         file says)`."""
         origin = f": {self.origin}" if self.origin else ""
-        return f"{self.prefix} (a {self.kind.value} checkpoint{origin})"
+        article = "an" if self.kind is Kind.OBJECTS else "a"
+        return f"{self.prefix} ({article} {self.kind.value} checkpoint{origin})"
 
     def global_step(self) -> int | None:
         """The step the checkpoint was saved at: its `global_step` (TF1), its `step` (tpurun),
@@ -86,7 +90,10 @@ class Source:
         for name in (GLOBAL_STEP, "step", "optimizer/iterations", "optimizer/_iterations"):
             variable = self.variables.get(name)
             if variable is not None and variable.dtype.is_integer and not variable.shape:
-                return int(self.reader.get_tensor(variable.key))
+                try:
+                    return int(self.reader.get_tensor(variable.key))
+                except _DAMAGE + (tf.errors.OpError,) as e:
+                    raise read_failure(self.flag, self.given, e, self.prefix + ".data") from None
         match = _STEP.fullmatch(storage.basename(self.prefix))
         return int(match.group(1)) if match else None
 
@@ -107,19 +114,25 @@ def open_source(path: str, flag: str) -> Source:
         prefix, origin = _newest_in(path, names, flag)
     elif _exists(path + ".index", flag, path):
         prefix, origin = path, ""
+    elif storage.isdir(path):
+        raise UsageError(f"{flag}={path} is an empty directory: it holds no checkpoint")
     else:
-        there = "an empty directory" if storage.isdir(path) else f"no {path}.index"
         raise UsageError(
             f"{flag}={path} is neither a checkpoint (a prefix such as model.ckpt-100, whose "
-            f".index is beside it), a model_dir nor a SavedModel directory ({there})"
+            f".index is beside it: no {path}.index), a model_dir nor a SavedModel directory"
         )
     reader = _reader(prefix, flag, path)
-    objects = reader.has_tensor(OBJECT_GRAPH_KEY)
-    kind = Kind.OBJECTS if objects else Kind.NAMES
+    graph = None
+    if reader.has_tensor(OBJECT_GRAPH_KEY):
+        try:
+            graph = tf_internals.object_graph(reader, prefix)
+        except _DAMAGE + (tf.errors.OpError,) as e:
+            raise read_failure(flag, path, e, prefix + ".data") from None
+    kind = Kind.OBJECTS if graph else Kind.NAMES
     directory = path if names else (prefix.rpartition("/")[0] or ".")
     saved = prefix.endswith("/" + SAVED_MODEL_VARIABLES)
-    variables = _variables(reader, objects)
-    return Source(path, prefix, kind, origin, directory, saved, variables, reader)
+    variables = _variables(reader, graph)
+    return Source(path, flag, prefix, kind, origin, directory, saved, variables, reader, graph)
 
 
 def _exists(file: str, flag: str, path: str) -> bool:
@@ -215,15 +228,19 @@ def _reader(prefix: str, flag: str, path: str) -> tf.train.CheckpointReader:
         raise read_failure(flag, path, e, prefix + ".index") from None
 
 
-def _variables(reader: tf.train.CheckpointReader, objects: bool) -> dict[str, SourceVariable]:
+def _variables(
+    reader: tf.train.CheckpointReader, graph: tf_internals.ObjectGraph | None
+) -> dict[str, SourceVariable]:
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     variables = {}
     for key in sorted(shapes):
-        if objects:
+        if graph is not None:
             if not key.endswith(VALUE_SUFFIX):
                 continue  # the object graph, a Keras config: not a variable's value
             name = key[: -len(VALUE_SUFFIX)]
         else:
             name = key
-        variables[name] = SourceVariable(name, key, tuple(shapes[key]), tf.as_dtype(dtypes[key]))
+        saved_as = graph.full_names.get(key, "") if graph else ""
+        shape, dtype = tuple(shapes[key]), tf.as_dtype(dtypes[key])
+        variables[name] = SourceVariable(name, key, shape, dtype, saved_as)
     return variables

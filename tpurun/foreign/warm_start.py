@@ -41,7 +41,7 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     for line in report.lines(planned, "Warm start", planned.source.global_step()):
         logging.info(line)
     _refuse(planned, run)
-    fill(planned, FLAG)
+    fill(planned)
     logging.info(
         "Warm-started %d of %d variables from %s; training starts at step 0.",
         len(planned.taken),
