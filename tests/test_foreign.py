@@ -320,3 +320,40 @@ def test_a_hostile_source_is_one_line_and_loses_nothing(tf1, tmp_path, case, unt
     assert_fails(result, code, *words)
     assert hashes(directory) == before
     assert not (tmp_path / "model").exists()
+
+
+# --- On gs:// --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def on_gcs(tf1, bucket) -> str:
+    """The TF1 model_dir copied to a bucket: gs://<bucket>/tpuestimator."""
+    for path in tf1.model_dir.iterdir():
+        tf.io.gfile.copy(str(path), f"{bucket}/tpuestimator/{path.name}")
+    return f"{bucket}/tpuestimator"
+
+
+def test_a_gs_source_is_read_in_one_pass_and_never_written(tf1, on_gcs, gcs, tmp_path):
+    with gcs.counting() as log:
+        result = tpurun_in_process(
+            "train", tf1.config, *FROZEN, f"--warm_start_from={on_gcs}", f"--model_dir={tmp_path}"
+        )
+    assert_ok(result)
+    assert same_weights(tmp_path / "ckpt-2", tf1.values)
+    requests = "\n".join(map(str, log))
+    # The weights and the step in one read of the .data file (not one per variable), the
+    # .index by one reader (its footer, index and blocks: 3 ranged reads), 10 requests in
+    # all; nothing written, deleted or copied there.
+    assert log.count(kind="download", path=r"model\.ckpt-300\.data-") == 1, requests
+    assert log.count(kind="download", path=r"model\.ckpt-300\.index") <= 3, requests
+    assert len(log) <= 10, requests
+    assert not [r for r in log if r.kind in ("upload", "delete", "copy")], requests
+
+
+def test_a_gs_source_gone_midway_is_one_line_and_nothing_is_left(tf1, on_gcs, gcs, tmp_path):
+    gcs.fail(404, kind="download", path=r"model\.ckpt-300\.data-", times=None)
+    result = tpurun_in_process(
+        "train", tf1.config, *FROZEN, f"--warm_start_from={on_gcs}", f"--model_dir={tmp_path / 'm'}"
+    )
+    assert_fails(result, 1, f"--warm_start_from={on_gcs}", "disappeared while it was read")
+    assert not (tmp_path / "m").exists()

@@ -105,4 +105,6 @@ def test_a_warm_start_that_cannot_be_done_says_why(source, tmp_path, where, over
     with pytest.raises(UsageError) as raised:
         warm_start(model, keras_model, run)
     assert message in str(raised.value), str(raised.value)
-    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, keras_model.variables))
+    assert all(
+        np.array_equal(b, v.numpy()) for b, v in zip(before, keras_model.variables, strict=True)
+    )

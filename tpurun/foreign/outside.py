@@ -47,13 +47,14 @@ FIX = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Outside:
-    """A checkpoint given by --checkpoint=PATH, opened; `step` is its global_step."""
+    """A checkpoint given by --checkpoint=PATH, opened; `step` is its global_step, known once
+    it was read (0 when it records none)."""
 
     source: Source
     run: RunConfig
-    step: int
+    step: int = 0
 
     @property
     def planned(self) -> bool:
@@ -70,14 +71,15 @@ class Outside:
                 f"model, and this model evaluates several ({', '.join(models)}); evaluate a "
                 "tpurun checkpoint of it instead"
             )
-        planned = plan(
-            self.source, models[serving_model], rules_for(self.source, self.run, FLAG), None
-        )
+        rules = rules_for(self.source, self.run, FLAG)
+        planned = plan(self.source, models[serving_model], rules, None)
+        if planned.problems:
+            for line in report.lines(planned, "Reading", None):
+                logging.info(line)
+            raise report.refusal(planned, FLAG, FIX)
+        self.step = _said(fill(planned))
         for line in report.lines(planned, "Reading", self.step):
             logging.info(line)
-        if planned.problems:
-            raise report.refusal(planned, FLAG, FIX)
-        fill(planned)
 
 
 def step_in_model_dir(run: RunConfig) -> RunConfig:
@@ -128,11 +130,17 @@ def open_outside(run: RunConfig) -> Outside:
     """Opens --checkpoint=PATH (its .index, its global_step), its map checked."""
     source = open_source(str(run.checkpoint), FLAG)
     rules_for(source, run, FLAG)
-    step = source.global_step()
+    logging.info("Reading %s: %s.", FLAG, source.described)
+    outside = Outside(source, run)
+    if not outside.planned:  # read by a restore: its step alone, now
+        outside.step = _said(source.global_step())
+    return outside
+
+
+def _said(step: int | None) -> int:
     if step is None:
         logging.info("%s records no global_step: its results are reported as step 0.", FLAG)
-    logging.info("Reading %s: %s.", FLAG, source.described)
-    return Outside(source, run, step or 0)
+    return step or 0
 
 
 def results_path(model_dir: str, outside: Outside, split: str) -> str:

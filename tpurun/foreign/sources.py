@@ -84,18 +84,30 @@ class Source:
         article = "an" if self.kind is Kind.OBJECTS else "a"
         return f"{self.prefix} ({article} {self.kind.value} checkpoint{origin})"
 
-    def global_step(self) -> int | None:
-        """The step the checkpoint was saved at: its `global_step` (TF1), its `step` (tpurun),
-        else the step in its name (`ckpt-300`); None when none says it."""
+    def step_variable(self) -> SourceVariable | None:
+        """The variable that says the step it was saved at: `global_step` (TF1), `step`
+        (tpurun), an optimizer's iterations; None when it has none."""
         for name in (GLOBAL_STEP, "step", "optimizer/iterations", "optimizer/_iterations"):
             variable = self.variables.get(name)
             if variable is not None and variable.dtype.is_integer and not variable.shape:
-                try:
-                    return int(self.reader.get_tensor(variable.key))
-                except _DAMAGE + (tf.errors.OpError,) as e:
-                    raise read_failure(self.flag, self.given, e, self.prefix + ".data") from None
+                return variable
+        return None
+
+    def step_in_name(self) -> int | None:
+        """The step its name says (`model.ckpt-300`, `ckpt-300`), if it says one."""
         match = _STEP.fullmatch(storage.basename(self.prefix))
         return int(match.group(1)) if match else None
+
+    def global_step(self) -> int | None:
+        """The step the checkpoint was saved at (`step_variable`, read alone: a request on
+        gs://), else the step in its name; None when neither says it."""
+        variable = self.step_variable()
+        if variable is None:
+            return self.step_in_name()
+        try:
+            return int(self.reader.get_tensor(variable.key))
+        except _DAMAGE + (tf.errors.OpError,) as e:
+            raise read_failure(self.flag, self.given, e, self.prefix + ".data") from None
 
 
 def open_source(path: str, flag: str) -> Source:
@@ -148,14 +160,16 @@ def read_failure(flag: str, path: str, error: BaseException, prefix: str = "") -
     damaged file (`prefix`: the checkpoint whose .index or .data it is)."""
     message = str(getattr(error, "message", None) or error)
     explained = storage_errors.explain(message, type(error).__name__)
+    gone = isinstance(error, tf.errors.NotFoundError) or storage_errors.status_in(message) == 404
+    if gone and (explained is None or "does not exist" not in explained):  # not the bucket
+        where = storage_errors.path_in(message) or prefix or path
+        return RunError(
+            f"cannot read {flag}={path}: {where} disappeared while it was read (deleted or "
+            "moved meanwhile?); nothing was taken from it"
+        )
     if explained is not None:
         transient = storage_errors.is_transient(message, type(error).__name__)
         return (Unavailable if transient else RunError)(f"cannot read {flag}={path}: {explained}")
-    if isinstance(error, tf.errors.NotFoundError):
-        return RunError(
-            f"cannot read {flag}={path}: a file of it disappeared while it was read "
-            f"({one_line(error, 160)}); nothing was taken from it"
-        )
     if not prefix or not isinstance(error, _DAMAGE + (tf.errors.OpError,)):
         return RunError(f"cannot read {flag}={path}: {one_line(error, 200)}")
     return RunError(
@@ -223,7 +237,9 @@ def _named_by_state(path: str, flag: str) -> str | None:
 
 def _reader(prefix: str, flag: str, path: str) -> tf.train.CheckpointReader:
     try:
-        return tf.train.load_checkpoint(prefix)
+        # The reader of the prefix itself: tf.train.load_checkpoint first asks whether the
+        # path is a directory (two more requests on gs://).
+        return tf.compat.v1.train.NewCheckpointReader(prefix)
     except _DAMAGE + (tf.errors.OpError,) as e:
         raise read_failure(flag, path, e, prefix + ".index") from None
 
