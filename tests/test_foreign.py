@@ -238,6 +238,15 @@ def test_the_model_dir_may_not_be_where_the_checkpoint_lives(tf1, untouched):
     )
 
 
+def test_a_failed_eval_of_an_outside_checkpoint_leaves_no_model_dir(tf1, tmp_path, untouched):
+    damaged = _damaged(tmp_path / "sources", tf1, ".data-00000-of-00001")
+    result = tpurun_in_process(
+        "eval", tf1.config, f"--checkpoint={damaged}", f"--model_dir={tmp_path / 'new'}"
+    )
+    assert_fails(result, 1, f"--checkpoint={damaged}", "is damaged or truncated")
+    assert not (tmp_path / "new").exists()
+
+
 # --- Hostile sources: one line each, an exit code, and the source untouched -------------
 
 

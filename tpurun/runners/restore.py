@@ -71,6 +71,10 @@ def restore_weights(
     if isinstance(path, Outside):
         if path.planned:
             path.fill(models, serving_model or next(iter(models)))
+            if averages is not None:
+                logging.info(
+                    "%s keeps no moving averages: its weights are used.", path.source.prefix
+                )
             return
         path = path.source.prefix
     if len(models) == 1:
