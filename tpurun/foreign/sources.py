@@ -38,6 +38,7 @@ SAVED_MODEL_VARIABLES = "variables/variables"
 # A checkpoint's files: `<prefix>.index`, `<prefix>.data-00000-of-00001`.
 _INDEX = re.compile(r"(?P<prefix>.+)\.index")
 _STEP = re.compile(r".*-(\d+)")
+_FILE_OF = re.compile(r"\.(index|data-\d{5}-of-\d{5})$")
 # What reading a damaged .index raises (an OpError "not an sstable", DataLoss, ...);
 # a failed storage request is told apart by storage_errors (tpurun.commands.run).
 _DAMAGE = (tf.errors.DataLossError, tf.errors.OutOfRangeError, ValueError, IndexError)
@@ -116,6 +117,8 @@ def open_source(path: str, flag: str) -> Source:
     `flag`: where the path came from (`--warm_start_from`, `--checkpoint`), for errors.
     """
     path = path.rstrip("/") or path
+    # A file of a checkpoint given for the checkpoint: its prefix.
+    path = _FILE_OF.sub("", path) if _FILE_OF.search(storage.basename(path)) else path
     try:
         names = storage.listdir(path)
     except tf.errors.OpError as e:
