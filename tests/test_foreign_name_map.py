@@ -1,4 +1,4 @@
-"""tpurun.foreign.name_map: the rules of config.name_map, parsed and applied to names (no TensorFlow)."""
+"""tpurun.foreign.name_map: config.name_map's rules, parsed and applied to names (no TensorFlow)."""
 
 from __future__ import annotations
 

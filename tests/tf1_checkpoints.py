@@ -1,4 +1,4 @@
-"""TF1-style checkpoints for the tests, written as a TPUEstimator program wrote them, never by tpurun.
+"""TF1-style checkpoints for the tests, written as a TPUEstimator program wrote them: never by tpurun.
 
 TensorFlow 2.21 has no tf.compat.v1.layers without tf-keras, so the variables are made
 by their names (`tf.compat.v1.get_variable`), in graph mode, and saved by a name-based

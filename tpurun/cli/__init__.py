@@ -35,12 +35,12 @@ FLAGS = flags.FLAGS
 
 COMMAND_HELP = {
     "train": "train the model; resumes from the latest checkpoint in --model_dir",
-    "eval": "evaluate the latest checkpoint (--best, --checkpoint=N or =PATH: another; --continuous: "
-    "every new one) on one split (--split), one exact pass",
-    "predict": "predict with the latest checkpoint (--best, --checkpoint=N or =PATH: another); one "
-    "output per input row, in order",
-    "export": "export the latest (--best, --checkpoint=N or =PATH: another) checkpoint as a SavedModel "
-    "for serving",
+    "eval": "evaluate the latest checkpoint (--best, --checkpoint=N or =PATH: another; "
+    "--continuous: every new one) on one split (--split), one exact pass",
+    "predict": "predict with the latest checkpoint (--best, --checkpoint=N or =PATH: another); "
+    "one output per input row, in order",
+    "export": "export the latest (--best, --checkpoint=N or =PATH: another) checkpoint as a "
+    "SavedModel for serving",
     "list": "list the registered configs, and the config files in this directory",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
     "(--target=v5e-8: and whether each fits its memory)",
