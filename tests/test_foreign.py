@@ -24,6 +24,8 @@ from tf1_checkpoints import hashes, with_slots, write_checkpoint, write_saved_mo
 
 from tpurun.foreign.outside import RESULTS_DIR
 
+pytestmark = pytest.mark.slow  # runs of the CLI (in this process), seconds each
+
 STEP = 300
 FEATURES = ("SepalLength", "SepalWidth", "PetalLength", "PetalWidth")
 # A user's config file: tpurun's Iris model, and the map of the TF1 program's names.
