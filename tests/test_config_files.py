@@ -172,7 +172,7 @@ def test_check_override_keys_accepts_known_keys(iris_config, argv):
             "--config.learning_rate=0.05",
             "--config.learning_rate: the config has no key 'learning_rate' at the top level; "
             "known keys there: data, eval, hidden_units, model, model_module, n_classes, "
-            "optimizer, optimizers, precision, predict, seed, train",
+            "name_map, optimizer, optimizers, precision, predict, seed, train",
         ),
         (
             "--config.optimizer.lr=0.05",

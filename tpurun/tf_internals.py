@@ -17,7 +17,7 @@ moves them fails CI instead of silently degrading a run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -31,6 +31,11 @@ try:  # The `checkpoint` state file's proto (public only through a deprecated he
     from tensorflow.python.training import checkpoint_state_pb2 as _checkpoint_state
 except ImportError:  # pragma: no cover
     _checkpoint_state = None  # type: ignore[assignment]
+
+try:  # An object-based checkpoint's object graph, read from a reader already open.
+    from tensorflow.core.protobuf import trackable_object_graph_pb2 as _object_graph
+except ImportError:  # pragma: no cover
+    _object_graph = None  # type: ignore[assignment]
 
 try:  # A checkpoint's values in host memory, written by another thread (the background save).
     from tensorflow.python.checkpoint import checkpoint as _checkpoint
@@ -54,6 +59,8 @@ def missing() -> list[str]:
         absent.append("PerReplica/Mirrored values and regroup (the packed all-reduce)")
     if not coordination_service_available():
         absent.append("the coordination service's configuration (the bounded multi-worker start)")
+    if _object_graph is None:
+        absent.append("an object-based checkpoint's object graph (tpurun.foreign: read twice)")
     if not hasattr(_checkpoint_state, "CheckpointState"):
         absent.append("the CheckpointState proto (the state file's format)")
     if not host_copy_available():
@@ -72,6 +79,45 @@ def checkpoint_state_proto() -> Any:
     proto = tf.compat.v1.train.generate_checkpoint_state_proto("/", "/ckpt-0")
     proto.Clear()
     return proto
+
+
+class ObjectGraph(NamedTuple):
+    """An object-based checkpoint's object graph: each node's children by name, the
+    checkpoint keys of each node's values (a variable's: one), and the name each value was
+    saved as (its `full_name`: a Keras variable's path), by key."""
+
+    children: dict[int, dict[str, int]]
+    keys: dict[int, list[str]]
+    full_names: dict[str, str]
+
+
+def object_graph(reader: Any, prefix: str) -> ObjectGraph:
+    """The object graph of the checkpoint `prefix`, from the proto in the reader tpurun.foreign
+    has open. Fallback: the public tf.train.CheckpointView (which reads the checkpoint's
+    index again), each value's key made as TensorFlow makes it, from the node's first
+    path from the root; no full names.
+    """
+    if _object_graph is not None:
+        graph = _object_graph.TrackableObjectGraph()
+        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+        nodes = list(enumerate(graph.nodes))
+        return ObjectGraph(
+            children={i: {c.local_name: c.node_id for c in n.children} for i, n in nodes},
+            keys={i: [a.checkpoint_key for a in n.attributes] for i, n in nodes},
+            full_names={a.checkpoint_key: a.full_name for _, n in nodes for a in n.attributes},
+        )
+    view = tf.train.CheckpointView(prefix)
+    children, paths, queue = {}, {0: ""}, [0]
+    while queue:
+        node = queue.pop(0)
+        children[node] = dict(view.children(node))
+        for name, child in children[node].items():
+            if child not in paths:
+                escaped = name.replace(".", ".S").replace("/", "..")
+                paths[child] = f"{paths[node]}/{escaped}" if paths[node] else escaped
+                queue.append(child)
+    keys = {node: [f"{path}/.ATTRIBUTES/VARIABLE_VALUE"] for node, path in paths.items()}
+    return ObjectGraph(children, keys, {})
 
 
 # --- Distributed values, for the packed all-reduce ----------------------------------

@@ -17,6 +17,7 @@ from ml_collections import config_flags
 
 from tpurun.cli import handles
 from tpurun.errors import UsageError
+from tpurun.foreign import name_map
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.run_config.command_table import COMMAND, ModelDir, Parses
 from tpurun.run_config.flag_table import ABSL_FLAGS, COMMAND_FLAGS, FLAG, FLAG_TO_CONFIG_KEY
@@ -130,7 +131,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         flag.name: flag.value_of(handles.value(flag.name)) for flag in FLAGS_TABLE if flag.field
     }
     given = {*overridden, *(FLAG_TO_CONFIG_KEY[n] for n, v in flag_values.items() if v is not None)}
-    return RunConfig(
+    run = RunConfig(
         command=command,
         config_name=source.name,
         config=config,
@@ -139,6 +140,10 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         given_keys=tuple(sorted(given)),
         **fields,
     )
+    if run.config.train.warm_start_from or isinstance(run.checkpoint, str):
+        # A rule that does not parse fails here, before TensorFlow loads.
+        name_map.parse(run.config.get(name_map.CONFIG_KEY, ()))
+    return run
 
 
 def parse_own_flags(command: str, argv: list[str]) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from absl import logging
 
+from tpurun import storage
 from tpurun.actions.evaluation import ReportEval
 from tpurun.cluster import Cluster
 from tpurun.commands.model_dir import chosen_checkpoint
 from tpurun.commands.running import Prepared
 from tpurun.errors import UsageError
+from tpurun.foreign import outside
 from tpurun.run_config import (
     RunConfig,
     splits,
@@ -42,6 +44,9 @@ def evaluate(run: RunConfig, prepared: Prepared) -> None:
         print(line, flush=True)
         return
     path = chosen_checkpoint(run)
+    if isinstance(path, outside.Outside):
+        evaluate_outside(run, cluster, split, path, evaluator.evaluate(path, split))
+        return
     if run.best:
         evaluate_best(run, cluster, split, evaluator.evaluate(path, split))
         return
@@ -57,3 +62,19 @@ def evaluate_best(run: RunConfig, cluster: Cluster, split: str, results: dict[st
     if cluster.is_chief:
         logging.info("Wrote %s.", write_json(best.results_path(run.model_dir, split), results))
     print(summary_line(results, split) + " (the best checkpoint)", flush=True)
+
+
+def evaluate_outside(
+    run: RunConfig,
+    cluster: Cluster,
+    split: str,
+    checkpoint: outside.Outside,
+    results: dict[str, float],
+) -> None:
+    """`eval --checkpoint=PATH`: the results are recorded apart (outside/<name>/), never
+    among model_dir's own steps' (eval/<split>/) nor offered to best/."""
+    if cluster.is_chief:
+        path = outside.results_path(run.model_dir, checkpoint, split)
+        storage.make_dir(run.model_dir, path.rpartition("/")[0])
+        logging.info("Wrote %s.", write_json(path, results))
+    print(f"{summary_line(results, split)} ({checkpoint.source.prefix})", flush=True)

@@ -16,11 +16,13 @@ from tpurun.actions.goodput import initial_account
 from tpurun.cluster import is_chief_process
 from tpurun.errors import RunError, Unavailable, storage_errors
 from tpurun.errors.tf_errors import one_line
+from tpurun.foreign import outside
 from tpurun.layout import names, time_account
 from tpurun.run_config import (
     RunConfig,
 )
 from tpurun.run_config.command_table import COMMAND, ModelDir
+from tpurun.runners import restore
 from tpurun.storage import best, checkpoints
 
 
@@ -30,12 +32,15 @@ def require_checkpoint(run: RunConfig) -> None:
     checkpoints.require_latest(run)
     if run.best:
         best.require(run)
-    elif run.checkpoint is not None:
+    elif isinstance(run.checkpoint, int):
         checkpoints.require_step(run, run.checkpoint)
 
 
-def chosen_checkpoint(run: RunConfig) -> str:
-    """What eval, predict and export read: --best's, --checkpoint=N's, else the latest."""
+def chosen_checkpoint(run: RunConfig) -> restore.Chosen:
+    """What eval, predict and export read: --best's, --checkpoint=N's or =PATH's, else the
+    latest."""
+    if isinstance(run.checkpoint, str):
+        return outside.open_outside(run)
     if run.best:
         chosen = best.require(run)
         logging.info(

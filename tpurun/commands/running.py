@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import check, inputs, precision, run_account
+from tpurun import check, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster, is_chief_process, strategy
@@ -27,6 +27,7 @@ from tpurun.commands.model_dir import (
 )
 from tpurun.datasets import train_count
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
+from tpurun.foreign import outside
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.run_config import (
     FLOAT16_ON_TPU,
@@ -88,7 +89,7 @@ def _run(run: RunConfig) -> None:
     # eval, predict, export: the model keys the command line changed from the trained ones.
     overridden: tuple[Difference, ...] = ()
     if command.model_dir is ModelDir.READS:
-        run, overridden = ready_to_read(run)
+        run, overridden, created_dir = ready_to_read(run)
     outputs_before = outputs(run)
     record = None
     account: GoodputRecord | None = None
@@ -126,19 +127,27 @@ def _run(run: RunConfig) -> None:
         held.release()
 
 
-def ready_to_read(run: RunConfig) -> tuple[RunConfig, tuple[Difference, ...]]:
+def ready_to_read(run: RunConfig) -> tuple[RunConfig, tuple[Difference, ...], bool]:
     """eval, predict, export before anything is written: a checkpoint to read (a sidecar
     waits for the first instead, writing nothing, not even model_dir, until there is one)
     and an --output tpurun may write (checked again when it writes). The run with the model
-    its checkpoints hold, whatever the config file says now, and the model keys the
-    command line changed from the trained ones."""
+    its checkpoints hold, whatever the config file says now, the model keys the command
+    line changed from the trained ones, and whether the run will create model_dir (for
+    the outputs of a checkpoint outside it alone: it goes again if the command fails)."""
+    created_dir = False
     if run.continuous:
         sidecar.wait_for_checkpoint(run)
     else:
-        require_checkpoint(run)
+        run = outside.step_in_model_dir(run)
+        if isinstance(run.checkpoint, str):
+            outside.check_paths(run)  # --checkpoint=PATH: nothing written into it
+            created_dir = not storage.isdir(run.model_dir)
+        else:
+            require_checkpoint(run)
         if "output" in COMMAND_FLAGS[run.command] and run.config.predict.output:
             output_target(run.config.predict.output, run.model_dir)
-    return train_config.for_serving(run)
+    run, overridden = outside.for_serving(run)
+    return run, overridden, created_dir
 
 
 def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]:

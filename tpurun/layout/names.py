@@ -16,6 +16,8 @@ The one module that spells them (tests/test_layout.py checks that no other does)
       best/best.json                    the best checkpoint so far, copied into best/,
       best/results-<split>.json           and `eval --best`'s results of it
       export/<time>/                    SavedModels (--export_dir elsewhere)
+      outside/<name>-<hash>/results-<split>.json   eval --checkpoint=PATH's results of a
+                                        checkpoint outside model_dir
       damaged/                          damaged checkpoints and records, set aside
       .scratch/<task>                   a non-chief worker's copy of a save, deleted after it
       plugins/profile/                  --profile_steps's traces (TensorFlow's profiler)
@@ -109,6 +111,12 @@ def checkpoint_of(file: str) -> str:
     return re.sub(f"(?:{_BUNDLE_SUFFIX})$", "", file)
 
 
+def is_checkpoint_file(file: str) -> bool:
+    """Whether `file` (a name or path) is a checkpoint's index or data file (any prefix:
+    tpurun's ckpt-N, a TF1 model.ckpt-N, a SavedModel's variables/variables)."""
+    return bool(re.search(f"(?:{_BUNDLE_SUFFIX})$", file))
+
+
 def is_file_of(checkpoint: str, file: str) -> bool:
     """Whether the file named `file` is the index or a data shard of the checkpoint named
     `checkpoint`, by exact name."""
@@ -150,6 +158,7 @@ BEST_RECORD = "best.json"
 # Where tpurun before 0.3 kept the old best while renaming the new one into place.
 PREVIOUS_BEST = ".best.previous"
 EXPORT_DIR = "export"
+OUTSIDE_DIR = "outside"  # eval's results of checkpoints outside model_dir (--checkpoint=PATH)
 DAMAGED_DIR = "damaged"
 SCRATCH_DIR = ".scratch"
 SCRATCH_TASK = re.compile(r"(chief|worker)-\d+")  # a worker's scratch in it, by task
@@ -230,6 +239,13 @@ def eval_summaries_dir(model_dir: str, split: str | None) -> str:
 def best_results_path(model_dir: str, split: str) -> str:
     """Where `eval --best --split=S` records its results: best/results-<S>.json."""
     return join(model_dir, BEST_DIR, f"results-{split}.json")
+
+
+def outside_results_path(model_dir: str, checkpoint: str, split: str) -> str:
+    """Where `eval --checkpoint=PATH` records the results of a checkpoint outside model_dir:
+    outside/<checkpoint>/results-<split>.json (`checkpoint`: a name told apart by its
+    source's hash), never among model_dir's own steps' nor best/'s."""
+    return join(model_dir, OUTSIDE_DIR, checkpoint, f"results-{split}.json")
 
 
 def export_path(model_dir: str, stamp: int) -> str:

@@ -106,7 +106,7 @@ TRAIN = Command(
 )
 EVAL = Command(
     "eval",
-    "evaluate the latest checkpoint (--best, --checkpoint=N: another; --continuous: "
+    "evaluate the latest checkpoint (--best, --checkpoint=N or =PATH: another; --continuous: "
     "every new one) on one split (--split), one exact pass",
     "tpurun.commands.evaluate:evaluate",
     model_dir=ModelDir.READS,
@@ -118,7 +118,7 @@ EVAL = Command(
 )
 PREDICT = Command(
     "predict",
-    "predict with the latest checkpoint (--best, --checkpoint=N: another); one output per "
+    "predict with the latest checkpoint (--best, --checkpoint=N or =PATH: another); one output per "
     "input row, in order",
     "tpurun.commands.predict:predict",
     model_dir=ModelDir.READS,
@@ -128,7 +128,7 @@ PREDICT = Command(
 )
 EXPORT = Command(
     "export",
-    "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel for serving",
+    "export the latest (--best, --checkpoint=N or =PATH: another) checkpoint as a SavedModel for serving",
     "tpurun.commands.export:export_command",
     model_dir=ModelDir.READS,
     on_tpu=True,
