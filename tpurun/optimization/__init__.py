@@ -64,6 +64,7 @@ import tensorflow as tf
 from tpurun.config_defaults import base_config
 from tpurun.errors import CheckpointMismatch, RunError, UsageError
 from tpurun.errors.tf_errors import one_line
+from tpurun.optimization.adam_weight_decay import AdamWeightDecay
 from tpurun.optimization.schedules import learning_rate
 from tpurun.run_config.recipe_keys import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
 
@@ -261,6 +262,7 @@ def optimizer_classes() -> dict[str, type]:
             and attribute.lower() not in _WRAPPERS
         ):
             classes[attribute.lower()] = cls
+    classes["adamweightdecay"] = AdamWeightDecay  # tpurun's own: google-research/bert's
     return classes
 
 

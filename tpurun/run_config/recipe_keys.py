@@ -16,6 +16,7 @@ from tpurun.errors import UsageError
 from tpurun.run_config.bounds import is_number
 
 SCHEDULES = ("constant", "exponential", "piecewise", "cosine", "linear")
+WARMUP_TARGETS = ("schedule", "peak")
 # Schedules whose curve ends at train.steps: a resumed run may not change it (checkpoints.py).
 SCHEDULES_ENDING_AT_TRAIN_STEPS = ("cosine", "linear")
 
@@ -28,6 +29,7 @@ RECIPE_KEYS = (
     "base_batch_size",
     "schedule",
     "warmup_steps",
+    "warmup_target",
     "warmup_epochs",
     "decay_steps",
     "decay_rate",
@@ -164,6 +166,14 @@ def _validate_recipe(
     warmup = optimizer["warmup_steps"]
     if not _is_int(warmup) or warmup < 0:
         raise _fail(f"{prefix}.warmup_steps", warmup, "must be an integer >= 0 (0 = no warmup)")
+    target = optimizer.get("warmup_target", "schedule")
+    if target not in WARMUP_TARGETS:
+        raise _fail(
+            f"{prefix}.warmup_target",
+            target,
+            "is not a warmup target; use 'schedule' (the schedule's rate at warmup_steps) "
+            "or 'peak' (learning_rate, as google-research/bert's optimization.py)",
+        )
     warmup_epochs = optimizer.get("warmup_epochs", 0.0)
     if not is_number(warmup_epochs) or warmup_epochs < 0:
         raise _fail(
