@@ -13,8 +13,8 @@ from conftest import capture_info_logs
 from iris_runs import iris_checkpoint, iris_run
 
 from tpurun.errors import RunError, UsageError
+from tpurun.foreign.warm_start import warm_start
 from tpurun.model import create
-from tpurun.runners.warm_start import warm_start
 
 
 @pytest.fixture(scope="module")

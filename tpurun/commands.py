@@ -24,11 +24,12 @@ from tpurun.actions.progress import ResumeCost
 from tpurun.cluster import Cluster, is_chief_process, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
+from tpurun.foreign import outside
 from tpurun.model import Mode, Model, TrainArrays
 from tpurun.report.run_records import record_name
 from tpurun.run_config import FLOAT16_ON_TPU, RunConfig, refuse_local_paths_on_a_tpu_node, splits
 from tpurun.run_config.trained_keys import Difference, conflicts
-from tpurun.runners import sidecar
+from tpurun.runners import restore, sidecar
 from tpurun.runners.controller import Controller
 from tpurun.runners.evaluate import Evaluator, eval_metrics
 from tpurun.runners.export import export
@@ -75,11 +76,15 @@ def _run(run: RunConfig) -> None:
         else:
             # Before anything is written: eval/predict/export of nothing is an error, as
             # is an --output tpurun may not write (checked again when it writes).
-            require_checkpoint(run)
+            run = outside.step_in_model_dir(run)
+            if isinstance(run.checkpoint, str):
+                outside.check_paths(run)  # --checkpoint=PATH: nothing written into it
+            else:
+                require_checkpoint(run)
             if run.command == "predict" and run.config.predict.output:
                 output_target(run.config.predict.output, run.model_dir)
         # The model its checkpoints hold, whatever the config file says now.
-        run, overridden = train_config.for_serving(run)
+        run, overridden = outside.for_serving(run)
     outputs_before = _outputs(run)
     record = None
     account: GoodputRecord | None = None
@@ -140,12 +145,15 @@ def require_checkpoint(run: RunConfig) -> None:
     checkpoints.require_latest(run)
     if run.best:
         best.require(run)
-    elif run.checkpoint is not None:
+    elif isinstance(run.checkpoint, int):
         checkpoints.require_step(run, run.checkpoint)
 
 
-def chosen_checkpoint(run: RunConfig) -> str:
-    """What eval, predict and export read: --best's, --checkpoint=N's, else the latest."""
+def chosen_checkpoint(run: RunConfig) -> restore.Chosen:
+    """What eval, predict and export read: --best's, --checkpoint=N's or =PATH's, else the
+    latest."""
+    if isinstance(run.checkpoint, str):
+        return outside.open_outside(run)
     if run.best:
         chosen = best.require(run)
         logging.info(
@@ -359,6 +367,9 @@ def evaluate(run: RunConfig, cluster: Cluster, model: Model) -> None:
         print(line, flush=True)
         return
     path = chosen_checkpoint(run)
+    if isinstance(path, outside.Outside):
+        evaluate_outside(run, cluster, split, path, evaluator.evaluate(path, split))
+        return
     if run.best:
         evaluate_best(run, cluster, split, evaluator.evaluate(path, split))
         return
@@ -374,6 +385,22 @@ def evaluate_best(run: RunConfig, cluster: Cluster, split: str, results: dict[st
     if cluster.is_chief:
         logging.info("Wrote %s.", write_json(best.results_path(run.model_dir, split), results))
     print(summary_line(results, split) + " (the best checkpoint)", flush=True)
+
+
+def evaluate_outside(
+    run: RunConfig,
+    cluster: Cluster,
+    split: str,
+    checkpoint: outside.Outside,
+    results: dict[str, float],
+) -> None:
+    """`eval --checkpoint=PATH`: the results are recorded apart (outside/<name>/), never
+    among model_dir's own steps' (eval/<split>/) nor offered to best/."""
+    if cluster.is_chief:
+        path = outside.results_path(run.model_dir, checkpoint, split)
+        storage.make_dir(run.model_dir, path.rpartition("/")[0])
+        logging.info("Wrote %s.", write_json(path, results))
+    print(f"{summary_line(results, split)} ({checkpoint.source.prefix})", flush=True)
 
 
 def predict(run: RunConfig, cluster: Cluster, model: Model) -> None:

@@ -24,6 +24,12 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # checkpoints, stay float32 under every one; loss, metrics and predictions are
     # computed in float32.
     config.precision = "float32"
+    # How the model's variables were named in checkpoints tpurun did not write (TF1
+    # name-based ones, TPUEstimator model_dirs, Estimator SavedModels), read by
+    # --warm_start_from and --checkpoint=PATH: rules "SOURCE_REGEX -> model/variable/path"
+    # ("SOURCE -> -" leaves SOURCE out), first match wins. The format:
+    # tpurun/foreign/name_map.py; docs/checkpoints.md, "From a TPUEstimator model_dir".
+    config.name_map = ()
 
     # The training recipe, built into a Keras optimizer by tpurun/optimization/__init__.py and
     # checked by tpurun/run_config/recipe_keys.py (`optimizer_recipe` has its keys).

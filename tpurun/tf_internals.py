@@ -32,6 +32,11 @@ try:  # The `checkpoint` state file's proto (public only through a deprecated he
 except ImportError:  # pragma: no cover
     _checkpoint_state = None  # type: ignore[assignment]
 
+try:  # An object-based checkpoint's object graph, read from a reader already open.
+    from tensorflow.core.protobuf import trackable_object_graph_pb2 as _object_graph
+except ImportError:  # pragma: no cover
+    _object_graph = None  # type: ignore[assignment]
+
 try:  # A checkpoint's values in host memory, written by another thread (the background save).
     from tensorflow.python.checkpoint import checkpoint as _checkpoint
     from tensorflow.python.checkpoint import functional_saver as _functional_saver
@@ -54,6 +59,8 @@ def missing() -> list[str]:
         absent.append("PerReplica/Mirrored values and regroup (the packed all-reduce)")
     if not coordination_service_available():
         absent.append("the coordination service's configuration (the bounded multi-worker start)")
+    if _object_graph is None:
+        absent.append("an object-based checkpoint's object graph (tpurun.foreign: read twice)")
     if not hasattr(_checkpoint_state, "CheckpointState"):
         absent.append("the CheckpointState proto (the state file's format)")
     if not host_copy_available():
@@ -72,6 +79,38 @@ def checkpoint_state_proto() -> Any:
     proto = tf.compat.v1.train.generate_checkpoint_state_proto("/", "/ckpt-0")
     proto.Clear()
     return proto
+
+
+def object_graph(
+    reader: Any, prefix: str
+) -> tuple[dict[int, dict[str, int]], dict[int, list[str]]]:
+    """An object-based checkpoint's object graph: each node's children by name, and the
+    checkpoint keys of each node's values (a variable's: one).
+
+    Read from the proto in the reader tpurun.foreign has open. Fallback: the public
+    tf.train.CheckpointView (which reads the checkpoint's index again), each value's key
+    made as TensorFlow makes it, from the node's first path from the root.
+    """
+    if _object_graph is not None:
+        graph = _object_graph.TrackableObjectGraph()
+        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+        children = {
+            i: {c.local_name: c.node_id for c in n.children} for i, n in enumerate(graph.nodes)
+        }
+        keys = {i: [a.checkpoint_key for a in n.attributes] for i, n in enumerate(graph.nodes)}
+        return children, keys
+    view = tf.train.CheckpointView(prefix)
+    children, paths, queue = {}, {0: ""}, [0]
+    while queue:
+        node = queue.pop(0)
+        children[node] = dict(view.children(node))
+        for name, child in children[node].items():
+            if child not in paths:
+                escaped = name.replace(".", ".S").replace("/", "..")
+                paths[child] = f"{paths[node]}/{escaped}" if paths[node] else escaped
+                queue.append(child)
+    keys = {node: [f"{path}/.ATTRIBUTES/VARIABLE_VALUE"] for node, path in paths.items()}
+    return children, keys
 
 
 # --- Distributed values, for the packed all-reduce ----------------------------------

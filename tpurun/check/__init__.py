@@ -72,6 +72,7 @@ from tpurun.check.tpu_compiler import client
 from tpurun.check.tpu_compiler.sizing import TpuSizer
 from tpurun.cluster import Cluster, strategy
 from tpurun.errors import RunError, UsageError
+from tpurun.foreign.warm_start import print_mapping
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
 from tpurun.storage import train_config
@@ -199,6 +200,8 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
     # Before XLA's probe, which runs this process's first op and so fixes TensorFlow's
     # devices: the CPU is split into the traced replicas first, or the split fails.
     cluster = cpu_cluster(_traced_replicas(run, target))
+    if run.config.train.warm_start_from:  # the warm start's mapping, refused as train would
+        print_mapping(model_lib.create(run.config), run, out)
     missing = xla.cpu_compiler_missing() if target else None
     if missing:  # neither XLA's CPU estimate nor (beside tensorflow-tpu) the TPU compiler
         raise RunError(

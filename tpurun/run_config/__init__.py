@@ -47,7 +47,9 @@ class RunConfig:
     num_shards: int | None = None  # None: every local device (or every TPU core)
     export_dir: str | None = None
     best: bool = False  # eval/predict/export: the best checkpoint instead of the latest
-    checkpoint: int | None = None  # eval/predict/export: the step of ckpt-N instead of the latest
+    # eval/predict/export: the step of model_dir's ckpt-N instead of the latest, or the path
+    # of a checkpoint outside it (tpurun.foreign.outside)
+    checkpoint: int | str | None = None
     force_resume: bool = False  # train: resume even though the config changed the model
     force_takeover: bool = False  # train: take model_dir's lease from another trainer
     hang_timeout: float = 3600  # train: seconds without progress before failing; 0 = never

@@ -11,6 +11,7 @@ the flag -> config-key map (`FLAG_TO_CONFIG_KEY`: `--batch_size` is a shortcut f
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,17 +47,22 @@ OFF = " (0 = off)"
 MAX_PRICE = 10**6  # $ per chip-hour
 
 
-def parse_checkpoint(text: str | None) -> int | None:
-    """--checkpoint=ckpt-N or --checkpoint=N as the step N (None: not given)."""
+def parse_checkpoint(text: str | None) -> int | str | None:
+    """--checkpoint=ckpt-N or --checkpoint=N: the step N of model_dir's ckpt-N; any other text
+    is the path of a checkpoint outside it (tpurun.foreign: a prefix, a model_dir or a
+    SavedModel, local or gs://), made absolute when local. None: not given."""
     if text is None:
         return None
     match = re.fullmatch(r"\s*(?:ckpt-)?(\d+)\s*", text)
-    if not match:
+    if match:
+        return int(match.group(1))
+    path = text.strip()
+    if not path:
         raise UsageError(
-            f"--checkpoint={text} is not a checkpoint of model_dir; give ckpt-N or its step N "
-            "(e.g. --checkpoint=ckpt-300 or --checkpoint=300)"
+            "--checkpoint= is empty; give ckpt-N or its step N (of model_dir), or the path of "
+            "a checkpoint (e.g. --checkpoint=gs://bucket/run/model.ckpt-112590)"
         )
-    return int(match.group(1))
+    return path if "://" in path else os.path.abspath(path)
 
 
 def parse_step_range(text: str | None) -> tuple[int, int] | None:
@@ -184,10 +190,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("keep_checkpoint_max", "integer", TRAIN, key="train.keep_checkpoint_max", bound=Integer(1, MAX_CHECKPOINTS_KEPT),
          help="Keep this many most recent checkpoints (the best one is kept apart, see --eval_every)."
               " Config key train.keep_checkpoint_max."),
-    Flag("warm_start_from", "string", TRAIN, key="train.warm_start_from",
-         help="Initialise the model from another run's checkpoint (a ckpt-N path or a model_dir), "
-              "then train from step 0; only variables matching config.train.warm_start_vars (a regex,"
-              " default all) are taken. Config key train.warm_start_from."),
+    Flag("warm_start_from", "string", TRAIN + CHECK, key="train.warm_start_from",
+         help="Initialise the model from a checkpoint, then train from step 0: tpurun's (a ckpt-N "
+              "or a model_dir) or a TPUEstimator's (a model.ckpt-N prefix, a model_dir, a SavedModel),"
+              " read through config.name_map; only variables matching config.train.warm_start_vars "
+              "(a regex, default all) are taken. check: print the mapping. Config key "
+              "train.warm_start_from."),
     Flag("force_resume", "bool", TRAIN, default=False, field=True,
          help="Resume from model_dir's checkpoint even though this config changes the model or the "
               "batch size (tpurun refuses and lists the differences otherwise)."),
@@ -236,7 +244,9 @@ FLAGS: tuple[Flag, ...] = (
               "eval --best records its results in best/results-<split>.json."),
     Flag("checkpoint", "string", EVAL + PREDICT + EXPORT, field=True, parse=parse_checkpoint,
          help="eval/predict/export: the checkpoint ckpt-N of model_dir (--checkpoint=ckpt-N or "
-              "--checkpoint=N) instead of the latest."),
+              "--checkpoint=N) instead of the latest; or the path of one outside it (another run's, "
+              "a TPUEstimator's model.ckpt-N, model_dir or SavedModel, read through "
+              "config.name_map), reported at its global_step."),
     Flag("target", "string", CHECK, field=True,
          help="check: a Cloud TPU accelerator type (v2-8, v3-8, v4-8, v5litepod-8 or v5e-8, v5p-8, "
               "v6e-8, or a larger slice): also size each step's memory per replica on it, compiled by"

@@ -13,7 +13,7 @@ the config file only what says how the command itself runs:
   the optimizer that kept them) and `train.ema_decay` (whether the averages it kept
   are what is served);
 * from the command line and the config file: `model`, `model_module` (where to import
-  it from), `seed`, the rest of `train.*` (how training runs: `eval --continuous`
+  it from), `seed`, `name_map` (how a foreign checkpoint names the model's variables), the rest of `train.*` (how training runs: `eval --continuous`
   waits for its last step), `eval.*`, `predict.*` and where data live (the `data.*`
   keys ending in path, dir, files or pattern; `--data_dir`).
 
@@ -39,7 +39,8 @@ from tpurun.run_config import DATA_LOCATION_SUFFIXES
 
 # Keys, and sections (ending in "."), that say how the command runs: the command line's
 # and the config file's, never the model_dir's.
-RUN_KEYS = ("model", "model_module", "seed", "train.", "eval.", "predict.")
+# (name_map: how a checkpoint tpurun did not write names the model's variables.)
+RUN_KEYS = ("model", "model_module", "seed", "name_map", "train.", "eval.", "predict.")
 # ...except these of train.*: whether a served model is its moving averages.
 TRAINED_RUN_KEYS = ("train.ema_decay",)
 # Sections taken whole from the model_dir, unless a key in them is given: a recipe of

@@ -24,12 +24,12 @@ from tpurun.actions.base import Action, LoopStats, Saved
 from tpurun.actions.save import SaveCheckpoint
 from tpurun.cluster import Cluster, replica_sum
 from tpurun.errors import Preempted, RunError
+from tpurun.foreign.warm_start import warm_start
 from tpurun.run_config import RunConfig
 from tpurun.run_config.epochs import epoch_count
 from tpurun.runners.cadence import Cadence
 from tpurun.runners.host_loops import LoopTimes
 from tpurun.runners.train import Trainer
-from tpurun.runners.warm_start import warm_start
 from tpurun.storage import checkpoints, train_config
 from tpurun.storage.background import Writer
 

@@ -14,7 +14,6 @@ from tpurun.errors import RunError
 from tpurun.model import Mode, Model, build_models
 from tpurun.run_config import RunConfig
 from tpurun.runners import restore
-from tpurun.storage import checkpoints
 from tpurun.storage.eval_results import NOT_METRICS
 from tpurun.training_step.state import unique
 
@@ -104,13 +103,15 @@ class Evaluator:
         for variable, value in zip(variables, summed, strict=True):
             variable.assign(tf.cast(value, variable.dtype))
 
-    def evaluate(self, checkpoint_path: str, split: str) -> dict[str, float]:
+    def evaluate(self, checkpoint_path: restore.Chosen, split: str) -> dict[str, float]:
         """The checkpoint's metrics over one exact pass (or --eval_steps) of `split`."""
         if self.num_workers > 1:
             # Every worker reads the chief's files: in train --eval_every the others
             # may finish their part of the save before the chief has written its.
             self._barrier()
-        restore.restore_weights(self.models, checkpoint_path, self._averages)
+        restore.restore_weights(
+            self.models, checkpoint_path, self._averages, self.model.serving_model
+        )
         for metric in (*self.metrics.values(), self.num_examples):
             metric.reset_state()
         limit = self.run.config.eval.steps
@@ -141,7 +142,7 @@ class Evaluator:
             )
         results = {name: float(metric.result()) for name, metric in self.metrics.items()}
         results["num_examples"] = count
-        results["global_step"] = checkpoints.step_of(checkpoint_path)
+        results["global_step"] = restore.step_of(checkpoint_path)
         logging.info(
             "Evaluated %d examples of %s in %d steps (%.2fs).",
             count,

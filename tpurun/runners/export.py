@@ -18,7 +18,6 @@ from tpurun.errors import RunError, UsageError
 from tpurun.model import InputParams, Mode, Model, build_models
 from tpurun.run_config import RunConfig
 from tpurun.runners import restore
-from tpurun.storage import checkpoints
 
 
 def serving_signatures(model: Model) -> dict[str, Any]:
@@ -69,7 +68,7 @@ def target_dir(run: RunConfig) -> str:
     return storage.join(base, str(stamp))
 
 
-def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
+def export(run: RunConfig, model: Model, checkpoint_path: restore.Chosen) -> str:
     """Exports the checkpoint; returns the SavedModel directory.
 
     Written to a temporary directory of this process beside the target and
@@ -79,7 +78,7 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
     models = build_models(model)  # default strategy: serving has no replicas
     keras_model = models[model.serving_model]  # what the signature serves
     averages = restore.averages_of(model, models, run.config)
-    restore.restore_weights(models, checkpoint_path, averages)
+    restore.restore_weights(models, checkpoint_path, averages, model.serving_model)
     # keras.export.ExportArchive, not tf.saved_model.save: only it saves Keras 3
     # variables so that TF1-style loaders (saved_model_cli, TF Serving) find them.
     archive = keras.export.ExportArchive()
@@ -110,5 +109,5 @@ def export(run: RunConfig, model: Model, checkpoint_path: str) -> str:
                 f"cannot write the export to {final}, nothing was left behind: {storage.failure(e)}"
             ) from None
         raise
-    logging.info("Exported step %d to %s.", checkpoints.step_of(checkpoint_path), final)
+    logging.info("Exported step %d to %s.", restore.step_of(checkpoint_path), final)
     return final

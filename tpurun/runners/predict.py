@@ -70,13 +70,17 @@ class Predictor:
         outputs = traced.get_concrete_function(spec).structured_outputs
         png_image({name: (t.dtype.as_numpy_dtype, t.shape[1:]) for name, t in outputs.items()})
 
-    def predict(self, checkpoint_path: str, output: str = "") -> Iterator[dict[str, Any]]:
+    def predict(
+        self, checkpoint_path: restore.Chosen, output: str = ""
+    ) -> Iterator[dict[str, Any]]:
         """Yields one dict of numpy values per input row; padding rows are dropped.
 
         For a model with its own `generate`: the rows it returns (for a .png `output`,
         the first checked before any other is made).
         """
-        restore.restore_weights(self.models, checkpoint_path, self._averages)
+        restore.restore_weights(
+            self.models, checkpoint_path, self._averages, self.model.serving_model
+        )
         if has_generate(self.model):
             rows = iter(self.model.generate(self.keras_model, self.strategy))
             first = next(rows, None)

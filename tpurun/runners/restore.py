@@ -18,7 +18,9 @@ from absl import logging
 from tpurun import optimization
 from tpurun.errors import CheckpointMismatch
 from tpurun.errors.tf_errors import one_line
+from tpurun.foreign.outside import Outside
 from tpurun.model import OPTIMIZER, Model
+from tpurun.storage import checkpoints
 from tpurun.storage.checkpoints import CheckpointGone
 
 
@@ -45,11 +47,31 @@ def averages_of(
     return optimization.MovingAverages(variables, config, name)
 
 
+# What eval, predict and export read: a checkpoint of model_dir (its path), or one
+# --checkpoint=PATH gave from outside it.
+Chosen = str | Outside
+
+
+def step_of(checkpoint: Chosen) -> int:
+    """The step a checkpoint's results are reported at: ckpt-N's N, an outside one's global_step."""
+    return checkpoint.step if isinstance(checkpoint, Outside) else checkpoints.step_of(checkpoint)
+
+
 def restore_weights(
-    models: dict[str, keras.Model], path: str, averages: optimization.MovingAverages | None
+    models: dict[str, keras.Model],
+    path: Chosen,
+    averages: optimization.MovingAverages | None,
+    serving_model: str = "",
 ) -> None:
     """The weights eval, predict and export use (`averages_of`): the moving averages or the
-    trained weights, of `models` (`build_models`: one, or several by name)."""
+    trained weights, of `models` (`build_models`: one, or several by name). A name-based
+    checkpoint from outside fills the serving model through config.name_map (it keeps
+    no moving averages); tpurun's own from outside is read as model_dir's are."""
+    if isinstance(path, Outside):
+        if path.by_names:
+            path.fill(models, serving_model or next(iter(models)))
+            return
+        path = path.source.prefix
     if len(models) == 1:
         restore_model(next(iter(models.values())), path)
     else:

@@ -59,6 +59,8 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.warm_start_from",
     "train.warm_start_vars",
+    # How foreign checkpoints' names are read: nothing of the model.
+    "name_map",
     # Variables are float32 under every policy: a checkpoint reads the same.
     "precision",
     # Where the training batches are made: the same batches either way.
