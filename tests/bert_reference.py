@@ -31,7 +31,7 @@ v1 = tf.compat.v1
 SHAPE = {
     "vocab_size": 99,
     "hidden_size": 32,
-    "num_hidden_layers": 2,
+    "num_hidden_layers": 1,
     "num_attention_heads": 2,
     "intermediate_size": 37,
     "hidden_act": "gelu",
