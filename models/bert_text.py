@@ -110,9 +110,10 @@ def wordpiece_tokenizer(vocab: dict[str, int], lower_case: bool) -> Any:
     return tokenizer
 
 
-def read_rows(path: str, text_a: str, text_b: str, label: str) -> Any:
+def read_rows(path: str, text_a: str, text_b: str | None, label: str) -> Any:
     """The columns of a TSV (by its extension .tsv, else CSV) with a header row, as strings:
-    a pandas DataFrame of text_a, text_b ("" without one) and label ("" without one)."""
+    a pandas DataFrame of text_a, text_b ("" without one) and label ("" without one).
+    `text_b` None: the column text_b if there is one."""
     import pandas as pd
 
     tsv = path.endswith((".tsv", ".tsv.gz"))
@@ -132,6 +133,8 @@ def read_rows(path: str, text_a: str, text_b: str, label: str) -> Any:
         ) from None
     if not text_a:
         raise UsageError("--text_a is empty: name the column of the first text")
+    if text_b is None:
+        text_b = "text_b" if "text_b" in table else ""
     wanted = {"--text_a": text_a, "--text_b": text_b, "--label": label}
     absent = [f"{flag}={name}" for flag, name in wanted.items() if name and name not in table]
     if absent:
@@ -230,7 +233,7 @@ def convert(
     do_lower_case: bool = True,
     max_seq_length: int = 128,
     labels: str = "",
-    columns: tuple[str, str, str] = ("text_a", "text_b", "label"),
+    columns: tuple[str, str | None, str] = ("text_a", None, "label"),
 ) -> dict[str, Any]:
     """Converts one TSV/CSV file; returns what a user needs next: examples, truncated, labels."""
     if max_seq_length < 3:
@@ -255,11 +258,17 @@ def convert(
 
 
 def main(argv: Sequence[str]) -> int:
-    from absl import app, flags
+    """The command: `python -m tpurun.models.bert_text --flag=value ...`; its exit code."""
+    from absl import flags
 
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}; flags are written --name=value")
-    values = flags.FLAGS
+    values = _flag_values()
+    try:
+        extra = values(list(argv))[1:]
+        if extra:
+            raise flags.Error(f"unexpected arguments {extra}; flags are written --name=value")
+    except flags.Error as e:
+        print(f"bert_text: error: {e}", file=sys.stderr)
+        return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         done = convert(
@@ -286,26 +295,31 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _define_flags() -> None:
-    """The converter's flags, named as run_classifier.py's where it has them (defined only
-    when run as a program: tpurun's own process never sees them)."""
+def _flag_values() -> Any:
+    """The converter's flags, named as run_classifier.py's where it has them, in a FlagValues
+    of their own (tpurun's --input is another flag)."""
     from absl import flags
 
-    flags.DEFINE_string("input", None, "A TSV (.tsv) or CSV file with a header row.", required=True)
-    flags.DEFINE_string(
-        "output", None, "The TFRecord file to write (local or gs://).", required=True
-    )
-    flags.DEFINE_string("vocab_file", None, "The checkpoint's vocab.txt.", required=True)
-    flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
-    flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, [CLS] and [SEP] included.")
-    flags.DEFINE_string("labels", "", "The labels in id order, comma-separated; default: sorted.")
-    flags.DEFINE_string("text_a", "text_a", "The column of the first text.")
-    flags.DEFINE_string("text_b", "text_b", 'The column of the second text ("": single texts).')
-    flags.DEFINE_string("label", "label", 'The column of the label ("": unlabelled, id 0).')
+    values = flags.FlagValues()
+
+    def define(kind: Any, name: str, default: Any, text: str, **more: Any) -> None:
+        kind(name, default, text, flag_values=values, **more)
+
+    define(flags.DEFINE_string, "input", None, "A TSV (.tsv) or CSV file with a header row.",
+           required=True)  # fmt: skip
+    define(flags.DEFINE_string, "output", None, "The TFRecord file to write (local or gs://).",
+           required=True)  # fmt: skip
+    define(flags.DEFINE_string, "vocab_file", None, "The checkpoint's vocab.txt.", required=True)
+    define(flags.DEFINE_bool, "do_lower_case", True, "Lower-case and strip accents (uncased).")
+    define(flags.DEFINE_integer, "max_seq_length", 128, "Tokens per example, [CLS] and [SEP] in.")
+    define(flags.DEFINE_string, "labels", "", "The labels in id order, comma-separated; "
+           "default: the input's, sorted (as numbers if they all are).")  # fmt: skip
+    define(flags.DEFINE_string, "text_a", "text_a", "The column of the first text.")
+    define(flags.DEFINE_string, "text_b", None, "The column of the second text (default: "
+           'text_b if the input has one; "": single texts).')  # fmt: skip
+    define(flags.DEFINE_string, "label", "label", 'The column of the label ("": unlabelled: id 0).')
+    return values
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    _define_flags()
-    app.run(main)
+    sys.exit(main(sys.argv))
