@@ -91,7 +91,9 @@ def basic_tokenize(text: str, lower_case: bool) -> list[str]:
     return " ".join(tokens).strip().split()
 
 
-def wordpiece(word: str, vocab: dict[str, int], unk: str = "[UNK]", max_chars: int = 200) -> list[str]:
+def wordpiece(
+    word: str, vocab: dict[str, int], unk: str = "[UNK]", max_chars: int = 200
+) -> list[str]:
     if len(word) > max_chars:
         return [unk]
     pieces, start = [], 0

@@ -605,7 +605,9 @@ def bert_recipe() -> ml_collections.FrozenConfigDict:
 def test_warmup_to_the_peak_is_optimization_pys_rate(step):
     optimizer = built(bert_recipe(), [keras.Variable([1.0])])
     assert float(optimization.learning_rate_at(optimizer, step)) == pytest.approx(
-        bert_rate(step), rel=1e-6, abs=1e-6 * BERT_LR  # float32, as TF1 computed it
+        bert_rate(step),
+        rel=1e-6,
+        abs=1e-6 * BERT_LR,  # float32, as TF1 computed it
     )
 
 
