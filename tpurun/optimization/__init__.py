@@ -41,6 +41,9 @@ What Keras 3 (TensorFlow backend) does under tf.distribute, and what tpurun adds
   training; `finalize_variable_values` would overwrite them for good, so tpurun uses
   `swap_in_ema` (in-process) and `restore_ema_weights` (an evaluator that restores a
   checkpoint) instead.
+* AdamWeightDecay (`adam_weight_decay`, `name="adamweightdecay"`): google-research/bert's
+  optimizer, Adam without bias correction, for its recipes (configs/bert.py); the
+  decoupled decay and its exclusions are Keras' and tpurun's as above.
 * Schedules are Keras LearningRateSchedules, which Keras evaluates at
   `optimizer.iterations`; `follow_step` makes them follow the run's global step
   instead (a GAN's critic updates several times per step), the step a checkpoint
