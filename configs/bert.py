@@ -81,6 +81,24 @@ def bert_model_config(config: ml_collections.ConfigDict, shape: dict) -> None:
     config.max_seq_length = 128  # must match the records' (create_pretraining_data's)
 
 
+def optimization_py(config: ml_collections.ConfigDict, learning_rate: float) -> None:
+    """optimization.py's create_optimizer, but for its warmup's length: AdamWeightDecay, the
+    gradients clipped to norm 1.0, learning_rate reached linearly over the warmup, then
+    decayed linearly to 0 at the last step (counted from step 0)."""
+    config.optimizer.name = "adamweightdecay"
+    config.optimizer.learning_rate = learning_rate
+    config.optimizer.beta_1 = 0.9
+    config.optimizer.beta_2 = 0.999
+    config.optimizer.epsilon = 1e-6
+    config.optimizer.weight_decay = 0.01
+    # optimization.py's exclude_from_weight_decay, searched in the variables' paths (the
+    # TF1 names): every LayerNorm and every bias, output_bias included.
+    config.optimizer.weight_decay_exclude = "LayerNorm|layer_norm|bias"
+    config.optimizer.clip_norm = 1.0
+    config.optimizer.schedule = "linear"  # polynomial_decay(power=1) to 0 at train.steps
+    config.optimizer.warmup_target = "peak"  # to learning_rate, then the decay from step 0
+
+
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="bert")
     config.name_map = NAME_MAP
@@ -100,19 +118,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # What an epoch counts (--train_epochs): TFRecords do not say how many they hold.
     config.data.train_examples = 0
 
-    config.optimizer.name = "adamweightdecay"
-    config.optimizer.learning_rate = 1e-4
-    config.optimizer.beta_1 = 0.9
-    config.optimizer.beta_2 = 0.999
-    config.optimizer.epsilon = 1e-6
-    config.optimizer.weight_decay = 0.01
-    # optimization.py's exclude_from_weight_decay, searched in the variables' paths (the
-    # TF1 names): every LayerNorm and every bias, output_bias included.
-    config.optimizer.weight_decay_exclude = "LayerNorm|layer_norm|bias"
-    config.optimizer.clip_norm = 1.0
-    config.optimizer.schedule = "linear"  # polynomial_decay(power=1) to 0 at train.steps
+    optimization_py(config, learning_rate=1e-4)
     config.optimizer.warmup_steps = 10_000
-    config.optimizer.warmup_target = "peak"  # to learning_rate, then the decay from step 0
 
     config.train.batch_size = 256
     config.train.steps = 900_000  # phase 1: 90% of the paper's 1M steps

@@ -64,17 +64,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # The training examples an epoch counts: the converter prints it.
     config.data.train_examples = 0
 
-    config.optimizer.name = "adamweightdecay"
-    config.optimizer.learning_rate = 2e-5
-    config.optimizer.beta_1 = 0.9
-    config.optimizer.beta_2 = 0.999
-    config.optimizer.epsilon = 1e-6
-    config.optimizer.weight_decay = 0.01
-    config.optimizer.weight_decay_exclude = "LayerNorm|layer_norm|bias"
-    config.optimizer.clip_norm = 1.0
-    config.optimizer.schedule = "linear"
+    pretraining.optimization_py(config, learning_rate=2e-5)
     config.optimizer.warmup_epochs = 0.3  # run_classifier's warmup_proportion 0.1 of 3 epochs
-    config.optimizer.warmup_target = "peak"
 
     config.train.batch_size = 32
     config.train.epochs = 3.0

@@ -48,6 +48,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="steps timed per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; median reported")
+    parser.add_argument(
+        "--no_dropout", action="store_true", help="training: dropout 0 in both (its cost)"
+    )
     parser.add_argument("--lines", type=int, default=100_000, help="converter: TSV lines")
     parser.add_argument("--reference_lines", type=int, default=20_000, help="FullTokenizer's")
     parser.add_argument("--worker", choices=("training", "converter"), help=argparse.SUPPRESS)
@@ -64,14 +67,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as data_dir:
         common = [sys.executable, os.path.abspath(__file__), f"--data_dir={data_dir}"]
         found = run_json_worker(
-            [*common, "--worker=training", f"--steps={args.steps}", f"--repeats={args.repeats}"]
-        )
+            [*common, "--worker=training", f"--steps={args.steps}", f"--repeats={args.repeats}",
+             *(["--no_dropout"] if args.no_dropout else [])]
+        )  # fmt: skip
         text = run_json_worker(
             [*common, "--worker=converter", f"--lines={args.lines}",
              f"--reference_lines={args.reference_lines}"]
         )  # fmt: skip
     assert isinstance(found, dict) and isinstance(text, dict)
-    print(f"\nBERT-Tiny pretraining (configs/bert.py:tiny), global batch {found['batch']}, float32")
+    dropout = " (dropout off)" if args.no_dropout else ""
+    print(
+        f"\nBERT-Tiny pretraining (configs/bert.py:tiny), global batch {found['batch']}, float32{dropout}"
+    )
     print(f"{'loop':<40} {'examples/s':>12}")
     print(f"{'tpurun (BertPretraining.train_step)':<40} {found['tpurun']:>12.1f}")
     print(f"{'keras fit (jit_compile=' + found['jit_compile'] + ')':<40} {found['fit']:>12.1f}")
@@ -123,6 +130,8 @@ def run_training(args: argparse.Namespace) -> dict:
     write_records(records, 512, config.max_seq_length, config.max_predictions_per_seq,
                   config.bert.vocab_size)  # fmt: skip
     config.data.train_files = records
+    if args.no_dropout:
+        config.bert.hidden_dropout_prob = config.bert.attention_probs_dropout_prob = 0.0
     config = merge_flags(config, {"iterations": ITERATIONS, "precision": "float32"})
     run = RunConfig("train", "bert", config, model_dir=tempfile.mkdtemp())
     cluster = strategy.build(run)

@@ -26,6 +26,7 @@ import forked
 import numpy as np
 import pytest
 from conftest import OFFLINE_ENV, REPO, assert_ok
+from test_resume import weights
 
 pytestmark = pytest.mark.slow
 
@@ -77,17 +78,6 @@ def training(published: SimpleNamespace, model_dir: Path, shards: int = 1) -> tu
         "--config.optimizer.learning_rate=0.01",
         f"--model_dir={model_dir}",
     )
-
-
-def weights(checkpoint: Path) -> dict[str, np.ndarray]:
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(str(checkpoint))
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if not name.startswith("save_counter")
-    }
 
 
 @pytest.fixture(scope="module")
