@@ -196,3 +196,45 @@ def test_padding_examples_change_no_metric(tpurun_cli, published, fine_tuned):
         line = [x for x in result.stdout.splitlines() if x.startswith("eval at step 12")]
         results[name] = line
     assert results["dev"] == results["dev-real"] and "(13 examples)" in results["dev"][0]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"max_seq_length": 32},
+            "input_ids holds 16 values, not max_seq_length=32: set "
+            "--config.max_seq_length=16 (the length the records were written with)",
+        ),
+        (
+            {"max_predictions_per_seq": 2},
+            "masked_lm_positions holds 4 values, not "
+            "max_predictions_per_seq=2: set --config.max_predictions_per_seq=4",
+        ),
+        ({"bert": {"vocab_size": 50}}, "input_ids holds"),
+    ],
+    ids=["length", "predictions", "vocab"],
+)
+def test_records_of_another_shape_are_named_with_the_fix(published, override, message):
+    """After a run fails on its records, the model names the first bad one (file, record)."""
+    import ml_collections
+    from tpurun.configs import bert as bert_config
+    from tpurun.models import bert
+
+    from tpurun.model import Mode
+
+    config = bert_config.get_config("tiny")
+    config.bert.update(reference.SHAPE)
+    config.max_seq_length, config.max_predictions_per_seq = (
+        reference.SEQ_LENGTH,
+        reference.PREDICTIONS,
+    )
+    config.data.train_files = str(published.root / "pretrain.tfrecord")
+    for key, value in override.items():
+        if isinstance(value, dict):
+            config[key].update(value)
+        else:
+            config[key] = value
+    found = bert.BertPretraining(ml_collections.FrozenConfigDict(config)).diagnose_data(Mode.TRAIN)
+    assert found and found.startswith(f"data file {published.root / 'pretrain.tfrecord'}, record ")
+    assert message in found
