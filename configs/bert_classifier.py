@@ -14,7 +14,8 @@ publishes them, the classifier head new):
       --config.data.train_files=gs://BUCKET/glue/train.tfrecord \
       --config.data.eval_files=gs://BUCKET/glue/dev.tfrecord \
       --config.data.train_examples=3668 --eval_every=epoch
-  tpurun export --config=bert_classifier --model_dir=gs://BUCKET/mrpc
+  tpurun export --config=bert_classifier --model_dir=gs://BUCKET/mrpc \
+      --config.data.eval_files=gs://BUCKET/glue/dev.tfrecord
 (docs/bert.md: converting text, fine-tuning, serving.)
 
 Variants: `bert_classifier` fine-tunes BERT-Base, `bert_classifier:large` BERT-Large,

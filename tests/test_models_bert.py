@@ -238,3 +238,22 @@ def test_records_of_another_shape_are_named_with_the_fix(published, override, me
     found = bert.BertPretraining(ml_collections.FrozenConfigDict(config)).diagnose_data(Mode.TRAIN)
     assert found and found.startswith(f"data file {published.root / 'pretrain.tfrecord'}, record ")
     assert message in found
+
+
+def test_export_serves_int_ids_and_returns_probabilities(tpurun_cli, published, fine_tuned):
+    import tensorflow as tf
+
+    assert_ok(
+        tpurun_cli(
+            "export", "--config=bert_classifier:tiny", "--use_tpu=false",
+            f"--model_dir={fine_tuned.model_dir}",
+            f"--config.data.eval_files={published.root / 'dev.tfrecord'}",
+        )
+    )  # fmt: skip
+    (exported,) = (fine_tuned.model_dir / "export").iterdir()
+    serve = tf.saved_model.load(str(exported)).signatures["serving_default"]
+    ids = tf.constant([[2, 5, 6, 3] + [0] * 12, [2, 7, 3, 8, 3] + [0] * 11], tf.int32)
+    inputs = {"input_ids": ids, "input_mask": tf.cast(ids > 0, tf.int32)}
+    served = serve(**inputs, segment_ids=tf.zeros_like(ids))
+    assert served["probabilities"].shape == (2, NUM_LABELS)
+    np.testing.assert_allclose(tf.reduce_sum(served["probabilities"], -1), 1.0, rtol=1e-6)
