@@ -174,6 +174,7 @@ def test_the_command_converts_a_csv_and_says_what_to_train_with(tmp_path, vocab_
     [
         ("text,label", {}, "has no column --text_a=text_a"),
         ("text_a,label", {"labels": "a"}, "label 'b' is not one of --labels=a"),
+        ("text_a,label\n", {}, "has a header and no rows"),
     ],
 )
 def test_bad_input_is_one_clear_error(tmp_path, vocab_file, header, flags, message):
@@ -182,7 +183,7 @@ def test_bad_input_is_one_clear_error(tmp_path, vocab_file, header, flags, messa
     from tpurun.errors import UsageError
 
     source = tmp_path / "bad.csv"
-    source.write_text(f"{header}\nthe,b\n", encoding="utf-8")
+    source.write_text(header if header.endswith("\n") else f"{header}\nthe,b\n", encoding="utf-8")
     with pytest.raises(UsageError, match=message):
         bert_text.convert(str(source), str(tmp_path / "out"), vocab_file, **flags)
     assert not (tmp_path / "out").exists()
