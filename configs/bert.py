@@ -33,11 +33,11 @@ mixed_bfloat16 on a TPU halves the memory and most of the time).
 
 Cost: BERT-Base is 110M parameters: ~6 x 110M x 128 = 85 GFLOP per 128-token sequence
 trained (plus attention and the masked LM), so the paper's 1M steps of 256 sequences are
-~2.5e19 FLOP: "4 days on 4 Cloud TPUs in Pod configuration (16 TPU chips total)" for
-Base, on 16 Cloud TPUs (64 chips) for Large. `tpurun check --target` prints the bound
-of any slice (docs/bert.md has v3-8 and v5e-8 beside the paper's). A CPU cannot
-pretrain it: BERT-Base runs ~4 sequences/s here. bert:tiny trains ~100 sequences/s on
-a 2-core CPU.
+~2e19 FLOP: "4 days on 4 Cloud TPUs in Pod configuration (16 TPU chips total)" for
+Base, 16 Cloud TPUs (64 chips) for Large. `tpurun check --target` bounds phase 1 at
+11.3 h on a v3-8 (45.3 ms a step, memory-bound; docs/bert.md has v5e-8 and the
+fine-tuning beside the published times). A CPU cannot pretrain BERT-Base; bert:tiny
+trains (scripts/bench_bert.py measures its examples/s on this machine).
 """
 
 import ml_collections
