@@ -105,7 +105,40 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.optimizer.multipliers = ()
     if "cpu" in variants:
         _cpu(config)
+    # Made for the final blocks (a variant's too); with --config.blocks=..., give the map
+    # of that depth as well (docs/checkpoints.md says how).
+    config.name_map = resnet_main_name_map(config.blocks)
     return config
+
+
+def resnet_main_name_map(blocks: tuple[int, ...]) -> tuple[str, ...]:
+    """config.name_map of tensorflow/tpu's resnet_main.py checkpoints (models/official/resnet).
+
+    Its resnet_model.py made its layers with tf.layers, which names them by graph-wide
+    counters in the order they are made: `conv2d`, `conv2d_1`, ... and
+    `batch_normalization`, `batch_normalization_1`, ..., then `dense`. The order: the
+    stem's convolution and batch norm; then in each block, the projection shortcut's
+    (first blocks only) before the block's three; ResNet-50 has conv2d .. conv2d_52. The
+    dense layer's 1000 classes are imagenet_input.py's labels minus one, as
+    models/imagenet_records.py reads them. Its Momentum slots and global_step are left.
+    """
+    layers = [("stem_conv", "stem_bn")]
+    for group, count in enumerate(blocks):
+        for block in range(count):
+            name = f"group{group + 1}_block{block + 1}"
+            if not block:
+                layers.append((f"{name}_project", f"{name}_project_bn"))
+            layers += [(f"{name}_conv{i}", f"{name}_bn{i}") for i in (1, 2, 3)]
+    rules = []
+    for index, (conv, batch_norm) in enumerate(layers):
+        suffix = f"_{index}" if index else ""
+        rules.append(f"conv2d{suffix}/kernel -> {conv}/kernel")
+        rules.append(
+            rf"batch_normalization{suffix}/(gamma|beta|moving_mean|moving_variance) -> "
+            rf"{batch_norm}/\1"
+        )
+    rules.append(r"dense/(kernel|bias) -> logits/\1")
+    return tuple(rules)
 
 
 def _cpu(config: ml_collections.ConfigDict) -> None:

@@ -14,6 +14,11 @@ because the recipe's network differs from that one where it matters:
 * a width and a depth to set (`config.width`, `config.blocks`), so that the tests
   and a laptop train the same code at 32x32 in seconds.
 
+To the last padding it is resnet_model.py's: a resnet_main.py checkpoint read through
+configs/resnet50.py's name map serves the probabilities of resnet_model.py's own TF1
+graph (tests/test_foreign_resnet50.py; docs/checkpoints.md, "From a TPUEstimator
+model_dir").
+
 Bottleneck blocks (3, 4, 6, 3) of widths 64, 128, 256, 512 (x4 out) after a 7x7/2
 convolution and a 3x3/2 max pool; global average pool; dense logits. The input is
 {"image": [batch, size, size, 3]}, pixel values in [0, 255]; the first layer

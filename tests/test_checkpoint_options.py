@@ -195,7 +195,7 @@ def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path, source):
         ),
         USAGE,
         "--warm_start_from=",
-        "neither a model_dir nor a checkpoint",
+        "is neither a checkpoint",
     )
     assert_fails(
         tpurun_cli(
@@ -216,8 +216,9 @@ def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path, source):
             "--config.hidden_units=(7,)",
             f"--model_dir={tmp_path / 'c'}",
         ),
-        1,
-        "cannot warm-start",
+        USAGE,
+        "cannot take the weights of --warm_start_from=",
+        "[4, 7] float32 here",
     )
     import tensorflow as tf
 
@@ -226,7 +227,7 @@ def test_warm_start_errors_are_one_line(tpurun_cli, tmp_path, source):
     assert_fails(
         tpurun_cli("train", *IRIS, f"--warm_start_from={foreign}", f"--model_dir={tmp_path / 'd'}"),
         USAGE,
-        "has no value for",
-        "leave them out with config.train.warm_start_vars",
+        "nothing fills",
+        "leave such variables out with config.train.warm_start_vars",
     )
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

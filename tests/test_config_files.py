@@ -172,7 +172,7 @@ def test_check_override_keys_accepts_known_keys(iris_config, argv):
             "--config.learning_rate=0.05",
             "--config.learning_rate: the config has no key 'learning_rate' at the top level; "
             "known keys there: data, eval, hidden_units, model, model_module, n_classes, "
-            "optimizer, optimizers, precision, predict, seed, train",
+            "name_map, optimizer, optimizers, precision, predict, seed, train",
         ),
         (
             "--config.optimizer.lr=0.05",
@@ -180,7 +180,7 @@ def test_check_override_keys_accepts_known_keys(iris_config, argv):
             "known keys there: alpha, base_batch_size, boundaries, boundary_epochs, "
             "clip_norm, decay_rate, decay_steps, end_learning_rate, l2_weight_decay, "
             "learning_rate, momentum, multipliers, name, nesterov, schedule, staircase, "
-            "warmup_epochs, warmup_steps, weight_decay, weight_decay_exclude",
+            "warmup_epochs, warmup_steps, warmup_target, weight_decay, weight_decay_exclude",
         ),
         (
             "--config.train.steps.max=3",

@@ -1,4 +1,4 @@
-"""TF1-style checkpoints for the tests, written as a TPUEstimator program wrote them, never by tpurun.
+"""TF1-style checkpoints for the tests, written as a TPUEstimator program wrote them: never by tpurun.
 
 TensorFlow 2.21 has no tf.compat.v1.layers without tf-keras, so the variables are made
 by their names (`tf.compat.v1.get_variable`), in graph mode, and saved by a name-based
@@ -29,6 +29,7 @@ def write_checkpoint(
 ) -> str:
     """`<prefix>-<global_step>` (or `<prefix>` without a step) in its directory, with the
     `checkpoint` state file naming it; returns the checkpoint's prefix."""
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         _variables(values, global_step)
         session.run(tf.compat.v1.global_variables_initializer())

@@ -79,6 +79,8 @@ def _run(run: RunConfig) -> None:
             run = outside.step_in_model_dir(run)
             if isinstance(run.checkpoint, str):
                 outside.check_paths(run)  # --checkpoint=PATH: nothing written into it
+                # A model_dir made for its outputs alone goes again if the command fails.
+                created_dir = not storage.isdir(run.model_dir)
             else:
                 require_checkpoint(run)
             if run.command == "predict" and run.config.predict.output:

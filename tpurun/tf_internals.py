@@ -17,7 +17,7 @@ moves them fails CI instead of silently degrading a run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -81,24 +81,31 @@ def checkpoint_state_proto() -> Any:
     return proto
 
 
-def object_graph(
-    reader: Any, prefix: str
-) -> tuple[dict[int, dict[str, int]], dict[int, list[str]]]:
-    """An object-based checkpoint's object graph: each node's children by name, and the
-    checkpoint keys of each node's values (a variable's: one).
+class ObjectGraph(NamedTuple):
+    """An object-based checkpoint's object graph: each node's children by name, the
+    checkpoint keys of each node's values (a variable's: one), and the name each value was
+    saved as (its `full_name`: a Keras variable's path), by key."""
 
-    Read from the proto in the reader tpurun.foreign has open. Fallback: the public
-    tf.train.CheckpointView (which reads the checkpoint's index again), each value's key
-    made as TensorFlow makes it, from the node's first path from the root.
+    children: dict[int, dict[str, int]]
+    keys: dict[int, list[str]]
+    full_names: dict[str, str]
+
+
+def object_graph(reader: Any, prefix: str) -> ObjectGraph:
+    """The object graph of the checkpoint `prefix`, from the proto in the reader tpurun.foreign
+    has open. Fallback: the public tf.train.CheckpointView (which reads the checkpoint's
+    index again), each value's key made as TensorFlow makes it, from the node's first
+    path from the root; no full names.
     """
     if _object_graph is not None:
         graph = _object_graph.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-        children = {
-            i: {c.local_name: c.node_id for c in n.children} for i, n in enumerate(graph.nodes)
-        }
-        keys = {i: [a.checkpoint_key for a in n.attributes] for i, n in enumerate(graph.nodes)}
-        return children, keys
+        nodes = list(enumerate(graph.nodes))
+        return ObjectGraph(
+            children={i: {c.local_name: c.node_id for c in n.children} for i, n in nodes},
+            keys={i: [a.checkpoint_key for a in n.attributes] for i, n in nodes},
+            full_names={a.checkpoint_key: a.full_name for _, n in nodes for a in n.attributes},
+        )
     view = tf.train.CheckpointView(prefix)
     children, paths, queue = {}, {0: ""}, [0]
     while queue:
@@ -110,7 +117,7 @@ def object_graph(
                 paths[child] = f"{paths[node]}/{escaped}" if paths[node] else escaped
                 queue.append(child)
     keys = {node: [f"{path}/.ATTRIBUTES/VARIABLE_VALUE"] for node, path in paths.items()}
-    return children, keys
+    return ObjectGraph(children, keys, {})
 
 
 # --- Distributed values, for the packed all-reduce ----------------------------------

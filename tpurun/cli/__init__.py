@@ -27,6 +27,7 @@ from ml_collections import config_flags
 from tpurun import __version__, errors, supervisor, tpu_vm
 from tpurun.cli import handles, terminal
 from tpurun.errors import TpurunError, UsageError, tf_errors
+from tpurun.foreign import name_map
 from tpurun.run_config import RunConfig, config_files, merge_flags
 from tpurun.run_config.flag_table import ABSL_FLAGS, COMMAND_FLAGS, FLAG, FLAG_TO_CONFIG_KEY
 from tpurun.run_config.flag_table import FLAGS as FLAGS_TABLE
@@ -35,12 +36,12 @@ FLAGS = flags.FLAGS
 
 COMMAND_HELP = {
     "train": "train the model; resumes from the latest checkpoint in --model_dir",
-    "eval": "evaluate the latest checkpoint (--best, --checkpoint=N: another; --continuous: "
-    "every new one) on one split (--split), one exact pass",
-    "predict": "predict with the latest checkpoint (--best, --checkpoint=N: another); one "
-    "output per input row, in order",
-    "export": "export the latest (--best, --checkpoint=N: another) checkpoint as a SavedModel "
-    "for serving",
+    "eval": "evaluate the latest checkpoint (--best, --checkpoint=N or =PATH: another; "
+    "--continuous: every new one) on one split (--split), one exact pass",
+    "predict": "predict with the latest checkpoint (--best, --checkpoint=N or =PATH: another); "
+    "one output per input row, in order",
+    "export": "export the latest (--best, --checkpoint=N or =PATH: another) checkpoint as a "
+    "SavedModel for serving",
     "list": "list the registered configs, and the config files in this directory",
     "check": "find what a TPU would reject: trace the steps on the CPU as on a v3-8 "
     "(--target=v5e-8: and whether each fits its memory)",
@@ -309,7 +310,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         flag.name: flag.value_of(handles.value(flag.name)) for flag in FLAGS_TABLE if flag.field
     }
     given = {*overridden, *(FLAG_TO_CONFIG_KEY[n] for n, v in flag_values.items() if v is not None)}
-    return RunConfig(
+    run = RunConfig(
         command=command,
         config_name=source.name,
         config=config,
@@ -318,6 +319,10 @@ def parse(command: str, argv: list[str]) -> RunConfig:
         given_keys=tuple(sorted(given)),
         **fields,
     )
+    if run.config.train.warm_start_from or isinstance(run.checkpoint, str):
+        # A rule that does not parse fails here, before TensorFlow loads.
+        name_map.parse(run.config.get(name_map.CONFIG_KEY, ()))
+    return run
 
 
 def parse_report(argv: list[str]) -> ReportRequest:

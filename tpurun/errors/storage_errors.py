@@ -40,6 +40,18 @@ def bucket_of(path: str) -> str:
     return "gs://" + path[len("gs://") :].split("/", 1)[0]
 
 
+def path_in(message: str) -> str | None:
+    """The gs:// path a TensorFlow message names, if it names one."""
+    match = _PATH.search(message)
+    return match.group(0).rstrip(".,;:") if match else None
+
+
+def status_in(message: str) -> int | None:
+    """The HTTP status a TensorFlow message of a failed gs:// request names, if it names one."""
+    match = _STATUS.search(" ".join(message.split()))
+    return int(match.group(1)) if match else None
+
+
 def missing_bucket(bucket: str, flag: str = "--model_dir") -> str:
     """The line for a bucket that does not exist (also said before anything is written)."""
     return (

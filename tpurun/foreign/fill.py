@@ -1,44 +1,44 @@
-"""A plan's values read in one pass and put into the model's variables.
+"""A plan's values, and the source's step, read in one pass and put into the model's variables.
 
-Every taken tensor is read by one RestoreV2 op: TensorFlow's reader sorts the keys,
-so a .data file is read front to back once, never a request per variable (each costs
-tens of milliseconds on gs://), and nothing of the source but its taken tensors: an
-optimizer's slots, often twice the weights, are not read at all. Nothing is assigned
-until every value was read, so a read that fails (a truncated .data, a file gone
-from gs:// midway) leaves the model as it was built.
+The taken tensors are read by the CheckpointReader that read the .index (not a second
+reader, which would read the .index again), in the order of their keys, which is the
+order of the data: the .data file is read front to back once, in as many requests as
+its read-ahead buffer takes (TensorFlow's GCS client: 64 MB each by default), never a
+request per variable (each costs tens of milliseconds on gs://). Nothing is assigned
+until every value was read, so a read that fails (a truncated .data, a file gone from
+gs:// midway) leaves the model as it was built.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from tpurun.foreign.plan import Plan
-from tpurun.foreign.sources import SourceVariable, read_failure
+from tpurun.foreign.sources import Source, SourceVariable, read_failure
 
 
-def read(prefix: str, variables: list[SourceVariable], flag: str, given: str) -> list[tf.Tensor]:
-    """The values of `variables` in checkpoint `prefix`, read on the host in one op."""
-    if not variables:
-        return []
+def read(source: Source, variables: list[SourceVariable]) -> list[np.ndarray]:
+    """The values of `variables` of `source`, read by the reader that read its .index, in
+    the order of their keys: the order of the data (a bundle is written sorted by key), so
+    the .data file is read front to back once, through the file's read-ahead buffer."""
+    by_key = sorted(variables, key=lambda v: v.key)
     try:
-        with tf.device("CPU:0"):
-            return list(
-                tf.raw_ops.RestoreV2(
-                    prefix=prefix,
-                    tensor_names=[v.key for v in variables],
-                    shape_and_slices=[""] * len(variables),
-                    dtypes=[v.dtype for v in variables],
-                )
-            )
+        values = {v.key: source.reader.get_tensor(v.key) for v in by_key}
     except (tf.errors.OpError, ValueError, IndexError) as e:
-        raise read_failure(flag, given, e, f"{prefix}.data") from None
+        raise read_failure(source.flag, source.given, e, f"{source.prefix}.data") from None
+    return [values[v.key] for v in variables]
 
 
-def fill(plan: Plan, flag: str) -> None:
-    """Reads the plan's taken values and assigns them (reshaped where its rule says so)."""
+def fill(plan: Plan) -> int | None:
+    """Reads the plan's taken values, with the step the source was saved at, in one pass;
+    assigns them (reshaped where the rule says so); returns that step (None: it says none)."""
     source = plan.source
-    values = read(source.prefix, [t.source for t in plan.taken], flag, source.given)
-    for taken, value in zip(plan.taken, values, strict=True):
+    step_variable = source.step_variable()
+    wanted = [t.source for t in plan.taken] + ([step_variable] if step_variable else [])
+    values = read(source, wanted)
+    for taken, value in zip(plan.taken, values, strict=False):
         if taken.reshape:
             value = tf.reshape(value, taken.target.shape)
         taken.target.assign(value)
+    return int(values[-1]) if step_variable else source.step_in_name()

@@ -2,8 +2,9 @@
 
 A published checkpoint is served directly, as run_pretraining.py's `--do_eval
 --init_checkpoint` did: a TF1 name-based one (a prefix, a TPUEstimator model_dir, an
-Estimator SavedModel) through config.name_map, or tpurun's own (another run's ckpt-N
-or model_dir) as a restore reads it, its moving averages too. The step reported is
+Estimator SavedModel) through config.name_map, a TF2 SavedModel (tpurun's export) by
+its variables' saved paths, or tpurun's own checkpoint (another run's ckpt-N or
+model_dir) as a restore reads it, its moving averages too. The step reported is
 the checkpoint's global_step (0 when it records none).
 
 The source is only read: the run's record and outputs go to --model_dir, which may
@@ -46,35 +47,39 @@ FIX = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Outside:
-    """A checkpoint given by --checkpoint=PATH, opened; `step` is its global_step."""
+    """A checkpoint given by --checkpoint=PATH, opened; `step` is its global_step, known once
+    it was read (0 when it records none)."""
 
     source: Source
     run: RunConfig
-    step: int
+    step: int = 0
 
     @property
-    def by_names(self) -> bool:
-        """Whether it is read through config.name_map (else as a tpurun restore reads it)."""
-        return self.source.kind is Kind.NAMES
+    def planned(self) -> bool:
+        """Whether it is read through a plan (`fill`): a name-based checkpoint, through
+        config.name_map, or a TF2 SavedModel; else it is tpurun's own, read as a restore
+        reads model_dir's (its moving averages too)."""
+        return self.source.kind is Kind.NAMES or self.source.saved_model
 
     def fill(self, models: dict[str, keras.Model], serving_model: str) -> None:
-        """Fills the serving model from a name-based checkpoint, saying the mapping first."""
+        """Fills the serving model through the plan (`planned`), saying the mapping first."""
         if len(models) > 1 and self.run.command == "eval":
             raise UsageError(
-                f"{FLAG}={self.source.given} is a name-based checkpoint, which fills one Keras "
+                f"{FLAG}={self.source.given} is not tpurun's checkpoint: it fills one Keras "
                 f"model, and this model evaluates several ({', '.join(models)}); evaluate a "
                 "tpurun checkpoint of it instead"
             )
-        planned = plan(
-            self.source, models[serving_model], rules_for(self.source, self.run, FLAG), None
-        )
+        rules = rules_for(self.source, self.run, FLAG)
+        planned = plan(self.source, models[serving_model], rules, None)
+        if planned.problems:
+            for line in report.lines(planned, "Reading", None):
+                logging.info(line)
+            raise report.refusal(planned, FLAG, FIX)
+        self.step = _said(fill(planned))
         for line in report.lines(planned, "Reading", self.step):
             logging.info(line)
-        if planned.problems:
-            raise report.refusal(planned, FLAG, FIX)
-        fill(planned, FLAG)
 
 
 def step_in_model_dir(run: RunConfig) -> RunConfig:
@@ -125,11 +130,17 @@ def open_outside(run: RunConfig) -> Outside:
     """Opens --checkpoint=PATH (its .index, its global_step), its map checked."""
     source = open_source(str(run.checkpoint), FLAG)
     rules_for(source, run, FLAG)
-    step = source.global_step()
+    logging.info("Reading %s: %s.", FLAG, source.described)
+    outside = Outside(source, run)
+    if not outside.planned:  # read by a restore: its step alone, now
+        outside.step = _said(source.global_step())
+    return outside
+
+
+def _said(step: int | None) -> int:
     if step is None:
         logging.info("%s records no global_step: its results are reported as step 0.", FLAG)
-    logging.info("Reading %s: %s.", FLAG, source.described)
-    return Outside(source, run, step or 0)
+    return step or 0
 
 
 def results_path(model_dir: str, outside: Outside, split: str) -> str:

@@ -2,7 +2,9 @@
 
 A name-based checkpoint goes through config.name_map (`name_map`); an object-based one
 (tpurun's own, any tf.train.Checkpoint) through the model's structure: its object graph
-walked beside `tf.train.Checkpoint(model=<the model>)`, as a restore would. Either way
+walked beside `tf.train.Checkpoint(model=<the model>)`, as a restore would; a TF2
+SavedModel (whose root is the exported module, not a `model`) by the paths its
+variables were saved with, which Keras' export records: the model's own. Either way
 the outcome is a `Plan`: the pairs taken, and everything a user must hear of before
 anything runs: the model variables that found nothing, the pairs whose shape or dtype
 differ, the map's targets the model does not have, and what of the checkpoint is left
@@ -20,7 +22,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tpurun import tf_internals
 from tpurun.foreign import name_map as name_map_lib
 from tpurun.foreign.sources import GLOBAL_STEP, Kind, Source, SourceVariable
 
@@ -56,7 +57,7 @@ class Plan:
     """What a fill from `source` would take, leave and refuse (`problems`)."""
 
     source: Source
-    how: str  # "through config.name_map (107 rules)", "by the model's structure"
+    how: str  # "through config.name_map (107 rules)", "by the model's structure", ...
     model_variables: int  # the model's variables that are weights (floating)
     taken: list[Taken]
     mismatches: list[Mismatch]
@@ -84,6 +85,9 @@ def plan(
     if source.kind is Kind.OBJECTS:
         pairs = _by_structure(source, keras_model)
         how = "by the model's structure (an object-based checkpoint: no name map)"
+        if not pairs and source.saved_model:
+            pairs = _by_saved_paths(source, keras_model)
+            how = "by the paths its variables were saved with (a TF2 SavedModel: no name map)"
     else:
         pairs, not_in_model, left_out = _by_names(source, weights, rules)
         how = f"through config.{name_map_lib.CONFIG_KEY} ({len(rules.rules)} rules)"
@@ -132,7 +136,7 @@ def _by_structure(
 ) -> dict[str, tuple[SourceVariable, bool]]:
     """Model variable path -> the source variable a restore of `Checkpoint(model=...)` reads:
     the checkpoint's object graph walked beside the model's trackable children."""
-    children, keys = tf_internals.object_graph(source.reader, source.prefix)
+    assert source.graph is not None
     by_key = {v.key: v for v in source.variables.values()}
     of_model = {id(v): v for v in keras_model.variables}
     pairs: dict[str, tuple[SourceVariable, bool]] = {}
@@ -146,14 +150,26 @@ def _by_structure(
             continue
         seen.add(node)
         if id(obj) in of_model:
-            found = [by_key[key] for key in keys.get(node, []) if key in by_key]
+            found = [by_key[key] for key in source.graph.keys.get(node, []) if key in by_key]
             if found:
                 pairs.setdefault(of_model[id(obj)].path, (found[0], False))
             continue
         own = tf.train.TrackableView.children(obj)
-        queue.extend(
-            (child, own[name]) for name, child in children.get(node, {}).items() if name in own
-        )
+        children = source.graph.children.get(node, {})
+        queue.extend((child, own[name]) for name, child in children.items() if name in own)
+    return pairs
+
+
+def _by_saved_paths(
+    source: Source, keras_model: keras.Model
+) -> dict[str, tuple[SourceVariable, bool]]:
+    """Model variable path -> the source variable saved with that path (Keras' export saves
+    each variable with its path): what a SavedModel of the same model holds."""
+    paths = {v.path for v in keras_model.variables}
+    pairs: dict[str, tuple[SourceVariable, bool]] = {}
+    for variable in source.variables.values():
+        if variable.saved_as in paths:
+            pairs.setdefault(variable.saved_as, (variable, False))
     return pairs
 
 
@@ -179,8 +195,11 @@ def _left(source: Source, used: set[str], left_out: set[str], not_in_model: set[
     <slot>` whose `<variable>` is in the checkpoint too: `.../Momentum`, `.../adam_m`), the
     step, the optimizer's own state (object-based), what the map left out, the rest."""
     groups: dict[str, list[str]] = collections.defaultdict(list)
-    for name in source.variables:
-        if name in used or name in not_in_model:
+    # An object-based checkpoint may hold a variable twice (a SavedModel's `variables` and
+    # `_all_variables`): the copy of a taken one is not left.
+    taken_as = {source.variables[name].saved_as for name in used} - {""}
+    for name, variable in source.variables.items():
+        if name in used or name in not_in_model or variable.saved_as in taken_as:
             continue
         if name in _STEP_NAMES or name.endswith(("/iterations", "/_iterations")):
             groups["step"].append(name)

@@ -38,6 +38,7 @@ SAVED_MODEL_VARIABLES = "variables/variables"
 # A checkpoint's files: `<prefix>.index`, `<prefix>.data-00000-of-00001`.
 _INDEX = re.compile(r"(?P<prefix>.+)\.index")
 _STEP = re.compile(r".*-(\d+)")
+_FILE_OF = re.compile(r"\.(index|data-\d{5}-of-\d{5})$")
 # What reading a damaged .index raises (an OpError "not an sstable", DataLoss, ...);
 # a failed storage request is told apart by storage_errors (tpurun.commands.run).
 _DAMAGE = (tf.errors.DataLossError, tf.errors.OutOfRangeError, ValueError, IndexError)
@@ -58,6 +59,7 @@ class SourceVariable:
     key: str
     shape: tuple[int, ...]
     dtype: tf.DType
+    saved_as: str = ""  # object-based: the name its writer gave it (a Keras variable's path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Source:
     """A checkpoint tpurun did not necessarily write, opened (its .index read) but not loaded."""
 
     given: str  # the path as the user gave it
+    flag: str  # where it was given (--warm_start_from, --checkpoint), for the errors
     prefix: str  # the checkpoint read: <prefix>.index and its .data files
     kind: Kind
     origin: str  # how `prefix` was found from `given`, for the report ("": it is `given`)
@@ -72,23 +75,40 @@ class Source:
     saved_model: bool  # a SavedModel's variables (`directory` is the SavedModel)
     variables: dict[str, SourceVariable]  # by name, in the checkpoint's (sorted) order
     reader: tf.train.CheckpointReader = dataclasses.field(repr=False, compare=False)
+    graph: tf_internals.ObjectGraph | None = dataclasses.field(repr=False, compare=False)
 
     @property
     def described(self) -> str:
         """`/m/model.ckpt-100 (a name-based (TF1) checkpoint: the newest of /m, as its checkpoint
         file says)`."""
         origin = f": {self.origin}" if self.origin else ""
-        return f"{self.prefix} (a {self.kind.value} checkpoint{origin})"
+        article = "an" if self.kind is Kind.OBJECTS else "a"
+        return f"{self.prefix} ({article} {self.kind.value} checkpoint{origin})"
 
-    def global_step(self) -> int | None:
-        """The step the checkpoint was saved at: its `global_step` (TF1), its `step` (tpurun),
-        else the step in its name (`ckpt-300`); None when none says it."""
+    def step_variable(self) -> SourceVariable | None:
+        """The variable that says the step it was saved at: `global_step` (TF1), `step`
+        (tpurun), an optimizer's iterations; None when it has none."""
         for name in (GLOBAL_STEP, "step", "optimizer/iterations", "optimizer/_iterations"):
             variable = self.variables.get(name)
             if variable is not None and variable.dtype.is_integer and not variable.shape:
-                return int(self.reader.get_tensor(variable.key))
+                return variable
+        return None
+
+    def step_in_name(self) -> int | None:
+        """The step its name says (`model.ckpt-300`, `ckpt-300`), if it says one."""
         match = _STEP.fullmatch(storage.basename(self.prefix))
         return int(match.group(1)) if match else None
+
+    def global_step(self) -> int | None:
+        """The step the checkpoint was saved at (`step_variable`, read alone: a request on
+        gs://), else the step in its name; None when neither says it."""
+        variable = self.step_variable()
+        if variable is None:
+            return self.step_in_name()
+        try:
+            return int(self.reader.get_tensor(variable.key))
+        except _DAMAGE + (tf.errors.OpError,) as e:
+            raise read_failure(self.flag, self.given, e, self.prefix + ".data") from None
 
 
 def open_source(path: str, flag: str) -> Source:
@@ -97,6 +117,8 @@ def open_source(path: str, flag: str) -> Source:
     `flag`: where the path came from (`--warm_start_from`, `--checkpoint`), for errors.
     """
     path = path.rstrip("/") or path
+    # A file of a checkpoint given for the checkpoint: its prefix.
+    path = _FILE_OF.sub("", path) if _FILE_OF.search(storage.basename(path)) else path
     try:
         names = storage.listdir(path)
     except tf.errors.OpError as e:
@@ -107,19 +129,25 @@ def open_source(path: str, flag: str) -> Source:
         prefix, origin = _newest_in(path, names, flag)
     elif _exists(path + ".index", flag, path):
         prefix, origin = path, ""
+    elif storage.isdir(path):
+        raise UsageError(f"{flag}={path} is an empty directory: it holds no checkpoint")
     else:
-        there = "an empty directory" if storage.isdir(path) else f"no {path}.index"
         raise UsageError(
             f"{flag}={path} is neither a checkpoint (a prefix such as model.ckpt-100, whose "
-            f".index is beside it), a model_dir nor a SavedModel directory ({there})"
+            f".index is beside it: no {path}.index), a model_dir nor a SavedModel directory"
         )
     reader = _reader(prefix, flag, path)
-    objects = reader.has_tensor(OBJECT_GRAPH_KEY)
-    kind = Kind.OBJECTS if objects else Kind.NAMES
+    graph = None
+    if reader.has_tensor(OBJECT_GRAPH_KEY):
+        try:
+            graph = tf_internals.object_graph(reader, prefix)
+        except _DAMAGE + (tf.errors.OpError,) as e:
+            raise read_failure(flag, path, e, prefix + ".data") from None
+    kind = Kind.OBJECTS if graph else Kind.NAMES
     directory = path if names else (prefix.rpartition("/")[0] or ".")
     saved = prefix.endswith("/" + SAVED_MODEL_VARIABLES)
-    variables = _variables(reader, objects)
-    return Source(path, prefix, kind, origin, directory, saved, variables, reader)
+    variables = _variables(reader, graph)
+    return Source(path, flag, prefix, kind, origin, directory, saved, variables, reader, graph)
 
 
 def _exists(file: str, flag: str, path: str) -> bool:
@@ -135,14 +163,16 @@ def read_failure(flag: str, path: str, error: BaseException, prefix: str = "") -
     damaged file (`prefix`: the checkpoint whose .index or .data it is)."""
     message = str(getattr(error, "message", None) or error)
     explained = storage_errors.explain(message, type(error).__name__)
+    gone = isinstance(error, tf.errors.NotFoundError) or storage_errors.status_in(message) == 404
+    if gone and (explained is None or "does not exist" not in explained):  # not the bucket
+        where = storage_errors.path_in(message) or prefix or path
+        return RunError(
+            f"cannot read {flag}={path}: {where} disappeared while it was read (deleted or "
+            "moved meanwhile?); nothing was taken from it"
+        )
     if explained is not None:
         transient = storage_errors.is_transient(message, type(error).__name__)
         return (Unavailable if transient else RunError)(f"cannot read {flag}={path}: {explained}")
-    if isinstance(error, tf.errors.NotFoundError):
-        return RunError(
-            f"cannot read {flag}={path}: a file of it disappeared while it was read "
-            f"({one_line(error, 160)}); nothing was taken from it"
-        )
     if not prefix or not isinstance(error, _DAMAGE + (tf.errors.OpError,)):
         return RunError(f"cannot read {flag}={path}: {one_line(error, 200)}")
     return RunError(
@@ -210,20 +240,26 @@ def _named_by_state(path: str, flag: str) -> str | None:
 
 def _reader(prefix: str, flag: str, path: str) -> tf.train.CheckpointReader:
     try:
-        return tf.train.load_checkpoint(prefix)
+        # The reader of the prefix itself: tf.train.load_checkpoint first asks whether the
+        # path is a directory (two more requests on gs://).
+        return tf.compat.v1.train.NewCheckpointReader(prefix)
     except _DAMAGE + (tf.errors.OpError,) as e:
         raise read_failure(flag, path, e, prefix + ".index") from None
 
 
-def _variables(reader: tf.train.CheckpointReader, objects: bool) -> dict[str, SourceVariable]:
+def _variables(
+    reader: tf.train.CheckpointReader, graph: tf_internals.ObjectGraph | None
+) -> dict[str, SourceVariable]:
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     variables = {}
     for key in sorted(shapes):
-        if objects:
+        if graph is not None:
             if not key.endswith(VALUE_SUFFIX):
                 continue  # the object graph, a Keras config: not a variable's value
             name = key[: -len(VALUE_SUFFIX)]
         else:
             name = key
-        variables[name] = SourceVariable(name, key, tuple(shapes[key]), tf.as_dtype(dtypes[key]))
+        saved_as = graph.full_names.get(key, "") if graph else ""
+        shape, dtype = tuple(shapes[key]), tf.as_dtype(dtypes[key])
+        variables[name] = SourceVariable(name, key, shape, dtype, saved_as)
     return variables

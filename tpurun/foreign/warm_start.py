@@ -38,10 +38,13 @@ def warm_start(model: Model, keras_model: keras.Model, run: RunConfig) -> None:
     """Fills `keras_model` (the serving model of `model`) from train.warm_start_from."""
     del model  # the serving model is the one filled, as with a restore
     planned = _plan(keras_model, run)
-    for line in report.lines(planned, "Warm start", planned.source.global_step()):
+    if planned.problems or not planned.taken:
+        for line in report.lines(planned, "Warm start", None):
+            logging.info(line)
+        _refuse(planned, run)
+    step = fill(planned)  # every value, and the step, read in one pass before any is said
+    for line in report.lines(planned, "Warm start", step):
         logging.info(line)
-    _refuse(planned, run)
-    fill(planned, FLAG)
     logging.info(
         "Warm-started %d of %d variables from %s; training starts at step 0.",
         len(planned.taken),

@@ -13,9 +13,10 @@ the config file only what says how the command itself runs:
   the optimizer that kept them) and `train.ema_decay` (whether the averages it kept
   are what is served);
 * from the command line and the config file: `model`, `model_module` (where to import
-  it from), `seed`, `name_map` (how a foreign checkpoint names the model's variables), the rest of `train.*` (how training runs: `eval --continuous`
-  waits for its last step), `eval.*`, `predict.*` and where data live (the `data.*`
-  keys ending in path, dir, files or pattern; `--data_dir`).
+  it from), `seed`, `name_map` (how a checkpoint tpurun did not write names the model's
+  variables), the rest of `train.*` (how training runs: `eval --continuous` waits for
+  its last step), `eval.*`, `predict.*` and where data live (the `data.*` keys ending
+  in path, dir, files or pattern; `--data_dir`).
 
 A key given on the command line always wins: `--precision=float32` predicts a
 bfloat16-trained model in float32, `--config.generate.count=16` draws fewer samples.

@@ -64,12 +64,17 @@ def restore_weights(
     serving_model: str = "",
 ) -> None:
     """The weights eval, predict and export use (`averages_of`): the moving averages or the
-    trained weights, of `models` (`build_models`: one, or several by name). A name-based
-    checkpoint from outside fills the serving model through config.name_map (it keeps
-    no moving averages); tpurun's own from outside is read as model_dir's are."""
+    trained weights, of `models` (`build_models`: one, or several by name). A checkpoint
+    from outside (--checkpoint=PATH) that tpurun did not write fills the serving model
+    through its plan (tpurun.foreign: no moving averages); tpurun's own is read as
+    model_dir's are."""
     if isinstance(path, Outside):
-        if path.by_names:
+        if path.planned:
             path.fill(models, serving_model or next(iter(models)))
+            if averages is not None:
+                logging.info(
+                    "%s keeps no moving averages: its weights are used.", path.source.prefix
+                )
             return
         path = path.source.prefix
     if len(models) == 1:
