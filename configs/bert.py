@@ -64,12 +64,10 @@ TINY = {**BASE, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads
         "intermediate_size": 512}  # fmt: skip
 
 # google-research/bert's checkpoints name the variables as this model's paths are named
-# (models/bert_modeling.py): everything under bert/ and cls/ is taken as it is;
-# optimization.py's Adam slots (a pretraining run's model.ckpt-N) are left out.
-NAME_MAP = (
-    r"(.*)/adam_[mv] -> -",
-    r"((bert|cls)/.*) -> \1",
-)
+# (models/bert_modeling.py): everything under bert/ and cls/ is taken as it is.
+# optimization.py's Adam slots (`.../adam_m`, `.../adam_v` of a pretraining run's
+# model.ckpt-N) and global_step are left, and said so, as slots and the step.
+NAME_MAP = (r"((bert|cls)/.*) -> \1",)
 
 
 def bert_model_config(config: ml_collections.ConfigDict, shape: dict) -> None:

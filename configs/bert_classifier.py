@@ -40,10 +40,9 @@ from tpurun.configs import bert as pretraining
 from tpurun import config_defaults
 
 # run_classifier's checkpoints name the encoder as pretraining's do and its head
-# `output_weights` / `output_bias` (no scope); optimization.py's slots are left out, and
-# so is pretraining's cls/ (the heads a classifier has no use for).
+# `output_weights` / `output_bias` (no scope); pretraining's cls/ (heads a classifier has
+# no use for), optimization.py's slots and global_step are left, and said so.
 NAME_MAP = (
-    r"(.*)/adam_[mv] -> -",
     r"(bert/.*) -> \1",
     r"output_(weights|bias) -> classifier/output_\1",
 )
