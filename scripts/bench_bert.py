@@ -38,9 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_wgan_gp import ITERATIONS, tpurun_loop  # host loops of 50 steps, as there
 from offline_env import run_json_worker  # scripts/offline_env.py
 
-ITERATIONS = 50  # steps per host call (tpurun) and per execution (fit)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -161,18 +161,6 @@ def run_training(args: argparse.Namespace) -> dict:
     per_cpu = {name: batch * args.steps / statistics.median(s) for name, s in cpu.items()}
     jit = loops["fit"].jit_compile  # type: ignore[attr-defined]
     return {**per_second, "batch": batch, "jit_compile": jit, "ratios": ratios, "per_cpu": per_cpu}
-
-
-def tpurun_loop(run, cluster, model):
-    from tpurun.runners.train import Trainer
-
-    trainer = Trainer(run, cluster, model)
-
-    def loop(steps: int) -> None:
-        for _ in range(steps // ITERATIONS):
-            trainer.train(ITERATIONS)
-
-    return loop
 
 
 def fit_loop(run, model):
