@@ -1,7 +1,8 @@
 # Common tasks. Every target that runs code first makes sure .venv exists and
 # holds tpurun (editable) with its test tools, the TPU compiler (the tpu-compile
 # extra, which `tpurun check --target` and its tests use) and TensorFlow Datasets
-# (the tfds extra, tpurun.datasets), so a fresh clone needs only Python 3.11.
+# (the tfds extra, tpurun.datasets) and the BERT converter's tokenizer (the text extra),
+# so a fresh clone needs only Python 3.11.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -28,8 +29,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv pip install --quiet --native-tls --compile-bytecode --python $(BIN)/python \
-	  -e '.[test,tpu-compile,docs,tfds]' \
-	  || $(BIN)/pip install --quiet -e '.[test,tpu-compile,docs,tfds]'
+	  -e '.[test,tpu-compile,docs,tfds,text]' \
+	  || $(BIN)/pip install --quiet -e '.[test,tpu-compile,docs,tfds,text]'
 	touch $(STAMP)
 
 # The TensorFlow a Cloud TPU VM runs: tensorflow-tpu 2.20 with its libtpu (requirements-tpu.txt,
@@ -49,7 +50,7 @@ $(STAMP_TPU): setup.cfg pyproject.toml requirements-tpu.txt
 	$(BIN_TPU)/pip install --quiet uv
 	echo tensorflow > $(VENV_TPU)/excludes.txt
 	$(BIN_TPU)/uv pip install --quiet --native-tls --compile-bytecode --python $(BIN_TPU)/python \
-	  -r requirements-tpu.txt --excludes $(VENV_TPU)/excludes.txt -e '.[test,docs,tfds]'
+	  -r requirements-tpu.txt --excludes $(VENV_TPU)/excludes.txt -e '.[test,docs,tfds,text]'
 	touch $(STAMP_TPU)
 
 demo: install

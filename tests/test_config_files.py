@@ -180,7 +180,7 @@ def test_check_override_keys_accepts_known_keys(iris_config, argv):
             "known keys there: alpha, base_batch_size, boundaries, boundary_epochs, "
             "clip_norm, decay_rate, decay_steps, end_learning_rate, l2_weight_decay, "
             "learning_rate, momentum, multipliers, name, nesterov, schedule, staircase, "
-            "warmup_epochs, warmup_steps, weight_decay, weight_decay_exclude",
+            "warmup_epochs, warmup_steps, warmup_target, weight_decay, weight_decay_exclude",
         ),
         (
             "--config.train.steps.max=3",

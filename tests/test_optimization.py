@@ -576,3 +576,67 @@ def test_every_recipe_key_has_a_default():
     optimizer = config_defaults.base_config(model="x").optimizer
     assert set(optimizer.keys()) == set(recipe_keys.RECIPE_KEYS)
     assert "ema_decay" in config_defaults.base_config(model="x").train
+
+
+# google-research/bert's optimization.py, restated: the rate, then AdamWeightDecayOptimizer.
+BERT_LR, BERT_WARMUP = 1e-4, 100
+
+
+def bert_rate(step: int) -> float:
+    """create_optimizer: polynomial_decay(power 1) to 0 at STEPS, init_lr x step / warmup
+    while step < warmup (the decay counted from step 0)."""
+    decayed = BERT_LR * (1 - min(step, STEPS) / STEPS)
+    return BERT_LR * step / BERT_WARMUP if step < BERT_WARMUP else decayed
+
+
+def bert_recipe() -> ml_collections.FrozenConfigDict:
+    return recipe(
+        name="adamweightdecay", learning_rate=BERT_LR, schedule="linear",
+        warmup_steps=BERT_WARMUP, warmup_target="peak", weight_decay=0.01,
+        weight_decay_exclude="LayerNorm|layer_norm|bias", beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("step", [0, 1, 50, 99, 100, 101, 500, 999, 1000, 1200])
+def test_warmup_to_the_peak_is_optimization_pys_rate(step):
+    optimizer = built(bert_recipe(), [keras.Variable([1.0])])
+    assert float(optimization.learning_rate_at(optimizer, step)) == pytest.approx(
+        bert_rate(step),
+        rel=1e-6,
+        abs=1e-6 * BERT_LR,  # float32, as TF1 computed it
+    )
+
+
+def test_adam_weight_decay_is_optimization_pys_update():
+    """Three steps from step 600 (past the warmup) on a decayed kernel and an excluded bias:
+    m and v without bias correction, epsilon outside the root, w -= rate x (update + 0.01 w)."""
+    kernel = keras.Variable(np.array([[0.5, -1.0], [2.0, 0.25]], np.float32), name="kernel")
+    bias = keras.Variable(np.array([0.3, -0.2], np.float32), name="bias")
+    optimizer = built(bert_recipe(), [kernel, bias])
+    optimizer.iterations.assign(600)
+    want = {"kernel": kernel.numpy().astype(np.float64), "bias": bias.numpy().astype(np.float64)}
+    moments = {name: [np.zeros_like(w), np.zeros_like(w)] for name, w in want.items()}
+    rng = np.random.default_rng(0)
+    for step in range(600, 603):
+        grads = {name: rng.normal(size=w.shape) for name, w in want.items()}
+        optimizer.apply_gradients(
+            [
+                (tf.constant(grads["kernel"], tf.float32), kernel),
+                (tf.constant(grads["bias"], tf.float32), bias),
+            ]
+        )
+        for name, w in want.items():
+            m, v = moments[name]
+            m[...] = 0.9 * m + 0.1 * grads[name]
+            v[...] = 0.999 * v + 0.001 * grads[name] ** 2
+            update = m / (np.sqrt(v) + 1e-6) + (0.01 * w if name == "kernel" else 0.0)
+            want[name] = w - bert_rate(step) * update
+    np.testing.assert_allclose(kernel.numpy(), want["kernel"], rtol=1e-6)
+    np.testing.assert_allclose(bias.numpy(), want["bias"], rtol=1e-6)
+
+
+def test_a_warmup_target_that_is_not_one_is_refused():
+    with pytest.raises(
+        UsageError, match="warmup_target='top' is not a warmup target; use one of schedule, peak"
+    ):
+        recipe(warmup_target="top")

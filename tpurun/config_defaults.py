@@ -196,6 +196,10 @@ def optimizer_recipe(**keys: object) -> ml_collections.ConfigDict:
     # Linear from 0 to the schedule's rate at step warmup_steps, then the schedule;
     # 0 = none. The decay keeps counting from step 0 (it is not shifted by the warmup).
     recipe.warmup_steps = 0
+    # Where the warmup climbs to: "schedule" = the schedule's rate at warmup_steps (a
+    # continuous curve); "peak" = learning_rate itself, the decay taking over at
+    # warmup_steps (google-research/bert's optimization.py, Model Garden's WarmUp).
+    recipe.warmup_target = "schedule"
     # Or the warmup in epochs (a float), 0 = none: made warmup_steps when the run starts,
     # ceil(epochs x training examples / examples per step), the examples counted as for
     # --train_epochs (config.data.train_examples, or the model's train_arrays).

@@ -10,6 +10,8 @@ own (not yet summed) gradients.
 * `recipe_optimizer`: the mixin: clipping by the global norm of the summed gradients,
   weight decay excluded by a regex, L2 in the gradient, the all-reduce without its
   gradient (and why Keras' own do not do);
+* `adam_weight_decay`: google-research/bert's AdamWeightDecay (`name="adamweightdecay"`),
+  Adam without bias correction, for its recipes (configs/bert.py);
 * `schedules`: the learning rate over the steps (one Keras schedule);
 * `step_schedule`: the schedule evaluated at the run's global step, and the rate at a step;
 * `ema`: the moving averages of the weights, read, swapped in and restored;

@@ -16,6 +16,7 @@ import ml_collections
 
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
+from tpurun.optimization.adam_weight_decay import AdamWeightDecay
 from tpurun.optimization.keras_private import ALL_REDUCE_HOOK
 from tpurun.optimization.recipe_optimizer import RecipeOptimizer
 from tpurun.optimization.schedules import learning_rate
@@ -44,6 +45,7 @@ def optimizer_classes() -> dict[str, type]:
             and attribute.lower() not in _WRAPPERS
         ):
             classes[attribute.lower()] = cls
+    classes["adamweightdecay"] = AdamWeightDecay  # tpurun's own: google-research/bert's
     return classes
 
 

@@ -35,6 +35,7 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         total_steps: int = 0,
         warmup_steps: int = 0,
         decay_steps: int = 0,
+        warmup_target: str = "schedule",
         decay_rate: float = 0.0,
         staircase: bool = False,
         boundaries: Sequence[int] = (),
@@ -46,6 +47,7 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         self.schedule = schedule
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)
+        self.warmup_target = warmup_target
         self.decay_steps = int(decay_steps)
         self.decay_rate = float(decay_rate)
         self.staircase = bool(staircase)
@@ -60,9 +62,14 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
         if not self.warmup_steps:
             return self._decayed(step, steps_done)
         warmup = tf.constant(float(self.warmup_steps))
-        # Linear to the schedule's rate at the end of the warmup (as tf-models'
-        # LinearWarmup), so the curve is continuous there.
-        end = self._decayed(warmup, tf.constant(self.warmup_steps, tf.int64))
+        if self.warmup_target == "peak":
+            # google-research/bert's optimization.py: learning_rate x step / warmup_steps,
+            # the decay (counted from step 0) taking over at warmup_steps.
+            end = tf.constant(self.learning_rate)
+        else:
+            # Linear to the schedule's rate at the end of the warmup (as tf-models'
+            # LinearWarmup), so the curve is continuous there.
+            end = self._decayed(warmup, tf.constant(self.warmup_steps, tf.int64))
         return tf.where(step < warmup, end * step / warmup, self._decayed(step, steps_done))
 
     def _decayed(self, step: tf.Tensor, steps_done: tf.Tensor) -> tf.Tensor:
@@ -93,6 +100,7 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
             "schedule": self.schedule,
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
+            "warmup_target": self.warmup_target,
             "decay_steps": self.decay_steps,
             "decay_rate": self.decay_rate,
             "staircase": self.staircase,
@@ -133,6 +141,7 @@ def learning_rate(
         schedule=opt.schedule,
         total_steps=config.train.steps,
         warmup_steps=opt.warmup_steps,
+        warmup_target=opt.get("warmup_target", "schedule"),
         decay_steps=opt.decay_steps,
         decay_rate=opt.decay_rate,
         staircase=opt.staircase,

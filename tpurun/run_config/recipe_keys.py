@@ -16,6 +16,7 @@ from tpurun.errors import UsageError
 from tpurun.run_config.bounds import AtLeast, Boolean, Bound, Fraction, OneOf, Regex, is_number
 
 SCHEDULES = ("constant", "exponential", "piecewise", "cosine", "linear")
+WARMUP_TARGETS = ("schedule", "peak")
 # Schedules whose curve ends at train.steps: a resumed run may not change it (checkpoints.py).
 SCHEDULES_ENDING_AT_TRAIN_STEPS = ("cosine", "linear")
 
@@ -28,6 +29,7 @@ RECIPE_KEYS = (
     "base_batch_size",
     "schedule",
     "warmup_steps",
+    "warmup_target",
     "warmup_epochs",
     "decay_steps",
     "decay_rate",
@@ -86,6 +88,9 @@ RECIPE_BOUNDS: Mapping[str, Bound] = {
     "learning_rate": AtLeast(0),
     "base_batch_size": AtLeast(0, integer=True, note=" (0 = no scaling with the global batch)"),
     "warmup_steps": AtLeast(0, integer=True, note=" (0 = no warmup)"),
+    # 'schedule': warm up to the schedule's rate at warmup_steps; 'peak': to learning_rate,
+    # the decay counted from step 0 (google-research/bert's optimization.py).
+    "warmup_target": OneOf(WARMUP_TARGETS, "a warmup target"),
     "warmup_epochs": AtLeast(0, note=" (0 = no warmup)"),
     "momentum": Fraction(below_one=True, note=" (0 = none)"),
     "nesterov": Boolean(),
