@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import actions, check, datasets, inputs, precision, run_account, storage
+from tpurun import actions, check, data_service, datasets, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
@@ -84,6 +84,9 @@ def _run(run: RunConfig) -> None:
     record = None
     account: GoodputRecord | None = None
     try:
+        service = data_service.service(run.config) if run.command == "train" else None
+        if service is not None:  # before the TPU: a service that does not serve is exit 69
+            data_service.wait_until_serving(service)
         # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
         cluster = strategy.build(run) if run.command != "export" else None
         cluster_ready = time.time()
@@ -309,6 +312,16 @@ def train(
     )
     if replicas_differ:
         logging.warning(replicas_differ)
+    # config.data.service: its start line and record field, its lost servers, its deadline.
+    serving = (
+        [
+            data_service.ServiceWatch(
+                lambda: trainer.service_input, account.set_field if account else None
+            )
+        ]
+        if data_service.service(run.config)
+        else []
+    )
     # The run's one thread for storage: checkpoints written in the background, events
     # uploaded. Closed (everything handed to it written) before the lease is released.
     with background.Writer() as writer, writing_through(account, writer):
@@ -326,7 +339,9 @@ def train(
             trainer,
             # ResumeCost: made just before the restore it times.
             actions=[
-                # The account first: the supervisor hears of a step before it is logged.
+                # The service's record field first: in the account's first write.
+                *serving,
+                # The account next: the supervisor hears of a step before it is logged.
                 *([account] if account else []),
                 *watching,
                 *([RenewLease(held, writer)] if held else []),

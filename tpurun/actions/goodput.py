@@ -81,6 +81,11 @@ class GoodputRecord(Action):
         self._progress_fd = _progress_fd()
         self._reached: dict[int, float] = {}  # recent host loops: step -> when it ended
 
+    def set_field(self, name: str, value: Any) -> None:
+        """A field of the run record beside the account (`data_service`: how the input was
+        made and where a resumed run's input restarted), written with the account's next write."""
+        self._record[name] = value
+
     def mark(self, name: str, **fields: Any) -> None:
         """Records a moment of the start-up (`cluster_ready`): its time, and `fields`."""
         self.account[name] = {"t": time.time(), **fields} if fields else time.time()

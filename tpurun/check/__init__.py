@@ -55,12 +55,12 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import datasets, inputs, precision
+from tpurun import data_service, datasets, inputs, precision
 from tpurun import model as model_lib
 from tpurun.actions.progress import announced
 from tpurun.check import fit_findings, fit_report, host_input, preflight, step_bounds, targets, xla
 from tpurun.check.device_memory import out_of_memory, record_memory
-from tpurun.check.findings import ERROR, Finding, merge, report
+from tpurun.check.findings import ERROR, Finding, Problem, merge, report
 from tpurun.check.host_input import HostInput
 from tpurun.check.peaks import peak_flops
 from tpurun.check.preflight import TargetMemory
@@ -124,7 +124,7 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
         if target:  # a TPU slice, traced on CPU devices
             cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
         checker = StepChecker(run, cluster, model, replicas=replicas, arrays=arrays)
-        problems = checker.batch_split()
+        problems = checker.batch_split() + _service_problems(checker)
         # Step by step, a line each: a large model's steps take minutes to trace and compile.
         for mode in Mode:
             doing = f"the {mode.value} step on {replicas} replica{'s' * (replicas > 1)}"
@@ -143,6 +143,17 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
             host = host_input.check(checker, found) if run.input_check else None
             host = host or host_input.skipped(target)
     return Checked(merge(problems), found, host, run)
+
+
+def _service_problems(checker: StepChecker) -> list[Problem]:
+    """Rule data-service: with config.data.service, Python in the training input's graph."""
+    line = data_service.checked_refusal(
+        checker.run, checker.model, checker.arrays, checker.replicas
+    )
+    if line is None:
+        return []
+    message, _, fix = line.partition("; ")
+    return [Problem("data-service", ERROR, "config.data.service", message, fix, Mode.TRAIN)]
 
 
 class Checked(NamedTuple):

@@ -46,6 +46,9 @@ COMMAND_HELP = {
     "(--target=v5e-8: and whether each fits its memory)",
     "report": "where a model_dir's training time went: goodput, badput by category, "
     "restarts, FLOPs and MFU, from its run records (--json: for a machine)",
+    "data-service": "a tf.data service's server, to train with --config.data.service: "
+    "`data-service dispatcher [--port=5050] [--work_dir=gs://...]` or `data-service worker "
+    "--dispatcher=HOST:5050 [--port=5051]`",
 }
 USAGE = "usage: tpurun <command> [--flags]\n\ncommands:\n" + "".join(
     f"  {name:<8} {text}\n" for name, text in COMMAND_HELP.items()
@@ -69,14 +72,15 @@ class Invocation:
     """What a command line asks for, parsed and validated, before anything runs.
 
     `action` is one of "usage" (print the usage; an error without a command),
-    "version", "help" (a command's flags), "list", "report" (with `report`), or "run"
-    (with `run_config`).
+    "version", "help" (a command's flags), "list", "report" (with `report`), "serve" (with
+    `serving`: a tf.data service's server) or "run" (with `run_config`).
     """
 
     command: str
-    action: Literal["usage", "version", "help", "list", "report", "run"]
+    action: Literal["usage", "version", "help", "list", "report", "serve", "run"]
     run_config: RunConfig | None = None
     report: ReportRequest | None = None
+    serving: ServeRequest | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,24 @@ class ReportRequest:
 
     model_dir: str
     as_json: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeRequest:
+    """`tpurun data-service ROLE`'s flags: which server, where, for which dispatcher."""
+
+    role: Literal["dispatcher", "worker"]
+    port: int
+    work_dir: str = ""  # dispatcher: its journal (fault-tolerant mode); "" = none
+    dispatcher: str = ""  # worker: HOST:PORT
+    worker_address: str = ""  # worker: the host trainers dial; "" = this machine's name
+
+
+SERVER_ROLES = {
+    "dispatcher": ("port", "work_dir"),
+    "worker": ("dispatcher", "port", "worker_address"),
+}
+DEFAULT_PORTS = {"dispatcher": 5050, "worker": 5051}
 
 
 def parse_command_line(argv: Sequence[str]) -> Invocation:
@@ -109,6 +131,8 @@ def parse_command_line(argv: Sequence[str]) -> Invocation:
         return Invocation(command, "list")
     if command == "report":
         return Invocation(command, "report", report=parse_report([argv[0], *args]))
+    if command == "data-service":
+        return Invocation(command, "serve", serving=parse_serving([argv[0], *args]))
     return Invocation(command, "run", parse(command, [argv[0], *args]))
 
 
@@ -140,6 +164,8 @@ def _main(argv: Sequence[str]) -> int:
             return list_configs()
         if invocation.action == "report":
             return show_report(invocation.report)
+        if invocation.action == "serve":
+            return serve(invocation.serving)
         run_config = invocation.run_config
         assert run_config is not None  # action "run" always has one
         # Before TensorFlow, and before a supervisor starts trainers: a libtpu that would abort
@@ -339,6 +365,68 @@ def parse_report(argv: list[str]) -> ReportRequest:
         if FLAGS[name].present and name not in allowed:
             raise UsageError(f"--{name} does not apply to `tpurun report`; drop it")
     return ReportRequest(handles.value("model_dir") or "", bool(handles.value("json")))
+
+
+def parse_serving(argv: list[str]) -> ServeRequest:
+    """`tpurun data-service ROLE [flags]`: the role and its flags, checked; raises UsageError."""
+    role = argv[1] if len(argv) > 1 else ""
+    if role not in SERVER_ROLES:
+        raise UsageError(
+            f"tpurun data-service needs a role first, dispatcher or worker (got {role or 'none'!r}): "
+            "e.g. tpurun data-service dispatcher --port=5050"
+        )
+    _forget_earlier_parse()
+    try:
+        leftover = FLAGS([argv[0], *argv[2:]])
+    except flags.UnrecognizedFlagError as e:
+        raise UsageError(
+            f"unknown flag --{e.flagname}; `tpurun data-service --help` lists the flags"
+        ) from None
+    except flags.IllegalFlagValueError as e:
+        raise UsageError(_bad_value(str(e))) from None
+    except flags.Error as e:
+        raise UsageError(_one_line(str(e))) from None
+    if len(leftover) > 1:
+        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    for name in FLAGS:
+        if FLAGS[name].present and name not in (*SERVER_ROLES[role], *ABSL_FLAGS):
+            other = "worker" if role == "dispatcher" else "dispatcher"
+            owner = f" (a flag of the {other})" if name in SERVER_ROLES[other] else ""
+            raise UsageError(
+                f"--{name} does not apply to `tpurun data-service {role}`{owner}; drop it"
+            )
+    port = handles.value("port") or DEFAULT_PORTS[role]
+    FLAG["port"].check(port)
+    dispatcher = (handles.value("dispatcher") or "").removeprefix("grpc://")
+    if role == "worker" and not re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[\w:.]+\]:\d{1,5}", dispatcher):
+        raise UsageError(
+            f"tpurun data-service worker needs --dispatcher=HOST:PORT, the dispatcher's address "
+            f"(got {dispatcher or 'none'!r}), e.g. --dispatcher=10.128.0.5:5050"
+        )
+    return ServeRequest(
+        role,  # type: ignore[arg-type]
+        port,
+        work_dir=handles.value("work_dir") or "",
+        dispatcher=dispatcher,
+        worker_address=handles.value("worker_address") or "",
+    )
+
+
+def serve(request: ServeRequest | None) -> int:
+    """Runs a tf.data service server until SIGTERM (TensorFlow loads here)."""
+    assert request is not None  # action "serve" always has one
+    if not _verbose():  # TensorFlow's C++ lines: a worker's log would be its retries
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    terminal.quiet_tensorflow(verbose=_verbose())
+    from tpurun.data_service import servers
+
+    return servers.serve(
+        request.role,
+        request.port,
+        work_dir=request.work_dir,
+        dispatcher=request.dispatcher,
+        address=request.worker_address,
+    )
 
 
 def show_report(request: ReportRequest | None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from tpurun.errors import RunError
 from tpurun.report.goodput import CATEGORIES, Report, account
@@ -38,9 +39,13 @@ def main(model_dir: str, as_json: bool = False) -> str:
             f"no train run record with a time account in {model_dir}/runs{skipped}: train there "
             "with tpurun 0.2 or later first (tpurun train --model_dir=...)"
         )
+    served = [{"record": name, **field} for name, field in accounts.served]
     if as_json:
-        return json.dumps({**report.as_json(), "skipped_records": accounts.skipped}, indent=2)
-    return table(report)
+        shown = {**report.as_json(), "skipped_records": accounts.skipped}
+        if served:  # runs whose input a tf.data service made: how, and where each resumed
+            shown["data_service"] = served
+        return json.dumps(shown, indent=2)
+    return "\n".join([table(report), *served_lines(served)])
 
 
 def _seconds(value: float) -> str:
@@ -85,6 +90,31 @@ def table(report: Report) -> str:
         else f"MFU            n/a ({report.mfu_why})"
     )
     return "\n".join(lines)
+
+
+def served_lines(served: list[dict[str, Any]]) -> list[str]:
+    """The runs whose input a tf.data service made, and where each resumed one restarted it:
+    not where the run before stopped (docs/data-service.md)."""
+    if not served:
+        return []
+    lines = [f"input          a tf.data service made the input of {len(served)} run(s):"]
+    for run in served:
+        step = run.get("started_at_step")
+        starts = run.get("input_starts_at")
+        if isinstance(starts, dict):
+            where = f"the start of epoch {starts.get('epoch')} (step {starts.get('step')})"
+        else:
+            where = "the start of its stream"
+        resumed = (
+            f"resumed at step {step}, input restarted at {where}: not exact"
+            if step
+            else "from step 0"
+        )
+        lines.append(
+            f"  {run.get('record')}: {run.get('service')} ({run.get('processing_mode')}), job "
+            f"{run.get('job_name')}, {resumed}"
+        )
+    return lines
 
 
 def summary_line(report: Report) -> str:

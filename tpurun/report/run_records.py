@@ -43,6 +43,9 @@ class Accounts:
 
     found: list[tuple[str, dict[str, Any]]]  # (the record's file name, its checked `goodput`)
     skipped: list[str]  # one line per record not counted: its path, the field, why
+    # (file name, `data_service`) of the records whose input a tf.data service made: how
+    # it was made and where a resumed run's input restarted (tpurun.data_service.job).
+    served: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
 
 def record_name(command: str, at: float | None = None) -> str:
@@ -130,7 +133,7 @@ def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
 
     A record without one (written before tpurun 0.2) is neither counted nor skipped."""
     directory = model_dir.rstrip("/") + "/" + RUNS
-    found, skipped = [], []
+    found, skipped, served = [], [], []
     for name in sorted(n for n in _listdir(directory) if TRAIN_RECORD.match(n)):
         path = directory + "/" + name
         try:
@@ -142,11 +145,13 @@ def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
                 raise _Skip("is not a run record (a JSON object)")
             if record.get("goodput") is not None:
                 found.append((name, check(record["goodput"], now)))
+            if isinstance(record.get("data_service"), dict):
+                served.append((name, record["data_service"]))
         except _Skip as e:
             skipped.append(f"{path} {e}")
         except BadField as e:
             skipped.append(f"{path}: {e}")
-    return Accounts(found, skipped)
+    return Accounts(found, skipped, served)
 
 
 def newest_checkpoint_step(model_dir: str) -> int | None:

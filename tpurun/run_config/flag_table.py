@@ -39,11 +39,13 @@ from tpurun.run_config.bounds import (
 
 TRAIN, EVAL, PREDICT, EXPORT, CHECK = ("train",), ("eval",), ("predict",), ("export",), ("check",)
 REPORT = ("report",)
+SERVE = ("data-service",)  # `tpurun data-service dispatcher|worker`: a tf.data service's server
 RUNS = TRAIN + EVAL + PREDICT + EXPORT + CHECK  # the commands that run a config
 EPOCH = "epoch"  # --eval_every=epoch
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OFF = " (0 = off)"
 MAX_PRICE = 10**6  # $ per chip-hour
+MAX_PORT = 65535
 
 
 def parse_checkpoint(text: str | None) -> int | None:
@@ -257,6 +259,18 @@ FLAGS: tuple[Flag, ...] = (
               "over 10 minutes on a small machine's CPU)."),
     Flag("json", "bool", REPORT, default=False,
          help="report: print the report as one JSON object instead of a table."),
+    Flag("port", "integer", SERVE, bound=Integer(1, MAX_PORT),
+         help="data-service: the port the server listens on (all interfaces). Default: 5050 for "
+              "the dispatcher, 5051 for a worker."),
+    Flag("work_dir", "string", SERVE,
+         help="data-service dispatcher: a directory (local or gs://) where the dispatcher journals"
+              " its datasets and jobs, so that a restarted dispatcher carries on with them "
+              "(fault-tolerant mode). Default: none; a restart forgets every job."),
+    Flag("dispatcher", "string", SERVE,
+         help="data-service worker: the dispatcher's HOST:PORT (required)."),
+    Flag("worker_address", "string", SERVE,
+         help="data-service worker: the host name or IP the trainers reach this worker at. "
+              "Default: this machine's fully qualified name."),
 )
 # fmt: on
 FLAG = {flag.name: flag for flag in FLAGS}
@@ -270,7 +284,7 @@ KEY_BOUNDS: Mapping[str, Bound] = {
     "train.device_data_mb": Number(0, MAX_DEVICE_DATA_MB, "MB", " (0 = automatic)"),
 }
 
-COMMANDS = (*RUNS, "list", *REPORT)
+COMMANDS = (*RUNS, "list", *REPORT, *SERVE)
 # Each command's flags, in the table's order: what it takes and what its --help lists.
 COMMAND_FLAGS = {
     command: tuple(flag.name for flag in FLAGS if command in flag.commands) for command in COMMANDS

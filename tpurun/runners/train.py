@@ -13,7 +13,9 @@ host loop adds up the named scalars the step returns.
 
 The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
 data (`tpurun.inputs.device_data`): the arrays in every replica's memory and each replica
-step gathering its own batch. The host loop over either is `tpurun.runners.host_loops`'s.
+step gathering its own batch; with config.data.service, tf.data made by a tf.data
+service's workers (`tpurun.data_service`). The host loop over either is
+`tpurun.runners.host_loops`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs
+from tpurun import data_service, inputs
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import announced
 from tpurun.cluster import Cluster
@@ -88,6 +90,8 @@ class Trainer:
         # The in-memory arrays each replica step gathers its batch from (None: tf.data):
         # decided by plan_device_data().
         self.device_data: device_data.DeviceData | None = None
+        # The input through a tf.data service (config.data.service), once start_input built it.
+        self.service_input: data_service.ServiceInput | None = None
         if arrays is not None:
             self.arrays = arrays  # read once (the cached property below, set)
 
@@ -203,6 +207,13 @@ class Trainer:
         if self._loop is not None:
             return
         arrays = self.arrays
+        service = data_service.service(self.run.config)
+        if service is not None:  # config.data.service: made by a tf.data service's workers
+            self.service_input = data_service.ServiceInput(
+                self.run, service, self.cluster, self.model, arrays, self.step
+            )
+            self._loop = InputLoop(self._loop_parts(), iter(self.service_input.distribute()))
+            return
         if arrays is not None and self.plan_device_data(arrays) is not None:
             assert self.device_data is not None
             self.device_data.place(self.strategy)
