@@ -216,7 +216,9 @@ def run_command(
             export_command(run, model)  # serving has no replicas: no strategy
         elif run.command == "train":
             assert cluster is not None
-            train(run, cluster, model, held, arrays, account)
+            # config.data.service: a job the service lost is exit 69, not a failure.
+            with data_service.input_errors(data_service.service(run.config)):
+                train(run, cluster, model, held, arrays, account)
         else:
             assert cluster is not None
             {"eval": evaluate, "predict": predict}[run.command](run, cluster, model)

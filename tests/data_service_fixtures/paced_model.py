@@ -1,9 +1,13 @@
 """The tf.data service tests' model: features are the examples' ids, so a test can count them.
 
 input_fn(TRAIN) yields batches of ids 0..examples-1 (as float32 features, id % 3 labels) in
-order, each batch waiting `pace_ms` on the worker that makes it (TensorFlow's own
-SleepDataset op, public as tf.raw_ops), repeated `input_epochs` times (0: endless), and
-with `python` set, a step of Python (which the service must refuse).
+order: its source's elements are whole batches, so that under distributed_epoch each of
+them (a split) goes whole to one worker, once an epoch, and no worker is left with a
+partial batch to drop. Each batch waits `pace_ms` on the worker that makes it (TensorFlow's
+own SleepDataset op, public as tf.raw_ops); the epochs repeat `input_epochs` times (0:
+endless), started at `params.start_batch` (a resumed run's, at an epoch's start under the
+service: `input_fn_seeks`); with `python` set, a step of Python (which the service must
+refuse).
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import tensorflow as tf
 from tpurun.model import InputParams, Mode, Model, register
 
 
-def ids(count: int) -> tf.data.Dataset:
-    values = np.arange(count, dtype=np.float32)[:, None]
-    return tf.data.Dataset.from_tensor_slices((values, (values[:, 0] % 3).astype(np.int32)))
+def ids(count: int, batch: int = 1) -> tf.data.Dataset:
+    """(ids [batch, 1], labels [batch]) elements: the ids 0..count-1 in order."""
+    values = np.arange(count, dtype=np.float32).reshape(-1, batch, 1)
+    return tf.data.Dataset.from_tensor_slices((values, (values[..., 0] % 3).astype(np.int32)))
 
 
 def paced(dataset: tf.data.Dataset, milliseconds: int) -> tf.data.Dataset:
@@ -32,10 +37,12 @@ def paced(dataset: tf.data.Dataset, milliseconds: int) -> tf.data.Dataset:
 
 
 def with_python(dataset: tf.data.Dataset, kind: str) -> tf.data.Dataset:
-    if kind == "py_function":
-        return dataset.map(lambda x, y: (tf.py_function(lambda v: v, [x], tf.float32), y))
-    if kind == "numpy_function":
-        return dataset.map(lambda x, y: (tf.numpy_function(lambda v: v, [x], tf.float32), y))
+    """`dataset` with a step of Python of `kind` ("": none); shapes kept, as a user sets them."""
+    if kind in ("py_function", "numpy_function"):
+        call = tf.py_function if kind == "py_function" else tf.numpy_function
+        return dataset.map(
+            lambda x, y: (tf.ensure_shape(call(lambda v: v, [x], tf.float32), x.shape), y)
+        )
     if kind == "from_generator":
         generated = tf.data.Dataset.from_generator(
             lambda: iter(range(4)), output_signature=tf.TensorSpec([], tf.int64)
@@ -46,17 +53,19 @@ def with_python(dataset: tf.data.Dataset, kind: str) -> tf.data.Dataset:
 
 @register("service_paced")
 class Paced(Model):
+    input_fn_seeks = True
+
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         config = self.config
-        dataset = ids(config.examples)
         if mode is not Mode.TRAIN:
-            batched = dataset.batch(params.batch_size)
+            batched = ids(config.examples).unbatch().batch(params.batch_size)
             return batched.map(lambda x, y: x) if mode is Mode.PREDICT else batched
-        dataset = with_python(dataset, config.python)
-        dataset = dataset.batch(params.batch_size, drop_remainder=True)
+        dataset = with_python(ids(config.examples, params.batch_size), config.python)
         if config.pace_ms:
             dataset = paced(dataset, config.pace_ms)
-        return dataset.repeat(config.input_epochs or None)
+        # Every epoch is the same: the position in one is all a start needs.
+        first = params.start_batch % (config.examples // params.batch_size)
+        return dataset.repeat(config.input_epochs or None).skip(first)
 
     def build(self) -> keras.Model:
         inputs = keras.Input(shape=(1,), name="id")

@@ -26,7 +26,7 @@ from tpurun.data_service import sizing
 from tpurun.data_service.pipeline import checked_refusal, python_calls, refusal
 from tpurun.data_service.probe import wait_until_serving
 from tpurun.data_service.training import ServiceInput
-from tpurun.data_service.watch import ServiceWatch
+from tpurun.data_service.watch import ServiceWatch, input_errors
 from tpurun.run_config.service_keys import Service, service
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "ServiceInput",
     "ServiceWatch",
     "checked_refusal",
+    "input_errors",
     "python_calls",
     "refusal",
     "service",

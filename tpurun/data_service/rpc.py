@@ -22,6 +22,8 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from tpurun import errors
+
 GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"
 GET_WORKER_TASKS = "/tensorflow.data.WorkerService/GetWorkerTasks"
 
@@ -86,6 +88,10 @@ class Servers:
         try:
             return call(b"", timeout=self.deadline)
         except grpc.RpcError as e:
+            if errors.sigterm_seen() and threading.current_thread() is threading.main_thread():
+                # SIGTERM's StoppedBySigterm, raised inside gRPC's wait, comes out as a
+                # cancelled call: the stop it asked for, not a silent server.
+                raise errors.StoppedBySigterm() from None
             raise Unanswered(_reason(e)) from None
 
     def workers(self) -> list[str]:

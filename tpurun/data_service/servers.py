@@ -11,11 +11,12 @@ back, the tasks it serves (a worker), stopping, stopped. The state is asked over
   and jobs there, and a dispatcher restarted on the same port and work_dir carries on
   with them. Without one, a restart forgets every job: the trainers reading from it
   end at their deadline (exit 69) and resume under new jobs.
-* A worker's server is made in a thread of its own: TensorFlow's WorkerServer does not
-  return until the dispatcher has registered it, and the process must still answer
-  SIGTERM meanwhile. It registers under --worker_address (default: this machine's
-  fully qualified name), the address trainers on other machines dial; TensorFlow's own
-  default, localhost, would send them to themselves.
+* A worker's server is made once its dispatcher answers: TensorFlow's WorkerServer
+  does not return until the dispatcher has registered it, and holds the interpreter's
+  lock meanwhile (TensorFlow 2.21: no other thread runs, SIGTERM's handler neither).
+  It registers under --worker_address (default: this machine's fully qualified name),
+  the address trainers on other machines dial; TensorFlow's own default, localhost,
+  would send them to themselves.
 
 SIGTERM (or Ctrl-C) stops the server, prints its last line and ends the process with
 os._exit: TensorFlow 2.21's DispatchServer can segfault while the interpreter tears
@@ -142,51 +143,43 @@ def _work(port: int, dispatcher: str, host: str) -> None:
         port=port,
         heartbeat_interval_ms=HEARTBEAT_MS,
     )
-    made: dict[str, Any] = {}
-
-    def make() -> None:
-        try:
-            made["server"] = _started(
-                "worker", lambda: tf.data.experimental.service.WorkerServer(config)
-            )
-        except RunError as e:
-            made["error"] = e
-
-    # Returns once the dispatcher registered it: in a thread, so that SIGTERM is heard.
-    threading.Thread(target=make, name="tpurun-data-service-worker", daemon=True).start()
     say("worker", f"starting on port {port} as {address}, for the dispatcher at {dispatcher}")
     servers = Servers(dispatcher, CALL_DEADLINE)
-    registered = False
+    server = None
     silent: str | None = None
     tasks = 0
     try:
         while True:
-            time.sleep(POLL_SECONDS)
-            if "error" in made:
-                raise made["error"]
             try:
-                listed, now_silent = servers.workers(), None
+                servers.workers()
+                now_silent = None
             except Unanswered as e:
-                listed, now_silent = [], str(e)
+                now_silent = str(e)
             if now_silent and not silent:
                 say("worker", f"the dispatcher at {dispatcher} does not answer ({now_silent})")
-            elif silent and not now_silent:
+            elif silent and not now_silent and server is not None:
                 say("worker", f"the dispatcher at {dispatcher} answers again")
             silent = now_silent
-            if not registered and "server" in made and address in listed:
-                registered = True
+            if server is None and not silent:
+                # Only now: TensorFlow's WorkerServer registers before it returns, holding
+                # the interpreter's lock, so that while its dispatcher is silent nothing
+                # else of this process runs, not even SIGTERM's handler.
+                server = _started(
+                    "worker", lambda: tf.data.experimental.service.WorkerServer(config)
+                )
                 say(
                     "worker",
                     f"registered with the dispatcher at {dispatcher}: serving as {address}",
                 )
-            serving = _tasks(servers, f"localhost:{port}") if "server" in made else None
+            serving = _tasks(servers, f"localhost:{port}") if server is not None else None
             if serving is not None and serving != tasks:
                 say("worker", f"serving {serving} task(s) (a task: one job's share of its input)")
                 tasks = serving
+            time.sleep(POLL_SECONDS)
     finally:
         servers.close()
-        if "server" in made:
-            _stop("worker", made["server"])
+        if server is not None:
+            _stop("worker", server)
 
 
 def _stop(role: str, server: Any) -> None:

@@ -54,11 +54,16 @@ def lines(
         ]
     n = sizing.workers
     zone = "--zone=$ZONE --project=$PROJECT"
-    names = " ".join(["tpurun-data-dispatcher"] + [f"tpurun-data-{i}" for i in range(1, n + 1)])
-    install = "cd tpurun && pip install ."
+    names = f"tpurun-data-dispatcher $(seq -f 'tpurun-data-%g' 1 {n})"
+    # Debian 12's Python refuses pip outside a venv (PEP 668): tpurun in ~/env.
+    install = (
+        "sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv && "
+        "python3 -m venv ~/env && ~/env/bin/pip install -q ./tpurun"
+    )
     work_dir = "gs://$BUCKET/data-service"
     dispatcher = f"tpurun-data-dispatcher:{DISPATCHER_PORT}"
-    start = "nohup {} > data-service.log 2>&1 &"
+    # Double quotes: $BUCKET is the caller's; stdin from /dev/null, so that ssh returns.
+    start = "nohup {} > data-service.log 2>&1 < /dev/null &"
     return [
         f"  tf.data service: {n} worker{'s' * (n > 1)} of {WORKER_VCPUS} vCPUs ({WORKER_MACHINE},"
         f" ~{rate(sizing.per_worker)} examples/s each at this CPU's rate per CPU-second, "
@@ -69,14 +74,17 @@ def lines(
         f"--machine-type={WORKER_MACHINE} --image-family=debian-12 --image-project=debian-cloud",
         f"    for vm in {names}; do gcloud compute scp --recurse . $vm:tpurun {zone} && "
         f"gcloud compute ssh $vm {zone} --command='{install}'; done",
-        f"    gcloud compute ssh tpurun-data-dispatcher {zone} --command='"
+        f'    gcloud compute ssh tpurun-data-dispatcher {zone} --command="'
         + start.format(
-            f"tpurun data-service dispatcher --port={DISPATCHER_PORT} --work_dir={work_dir}"
+            f"~/env/bin/tpurun data-service dispatcher --port={DISPATCHER_PORT} "
+            f"--work_dir={work_dir}"
         )
-        + "'",
-        f"    for i in $(seq 1 {n}); do gcloud compute ssh tpurun-data-$i {zone} --command='"
-        + start.format(f"tpurun data-service worker --dispatcher={dispatcher} --port={WORKER_PORT}")
-        + "'; done",
+        + '"',
+        f'    for i in $(seq 1 {n}); do gcloud compute ssh tpurun-data-$i {zone} --command="'
+        + start.format(
+            f"~/env/bin/tpurun data-service worker --dispatcher={dispatcher} --port={WORKER_PORT}"
+        )
+        + '"; done',
         f"    then train with --config={config} --config.data.service=grpc://{dispatcher} "
         "(a service-fed run does not resume exactly)",
     ]

@@ -69,9 +69,15 @@ class ServiceInput:
         return self.resume.record(self.service, self.job)
 
     def distribute(self) -> Any:
-        """The distributed training batches; the watch starts before the first is asked."""
+        """The distributed training batches; the watch starts before the first is asked (and
+        stops again if they cannot be made: a pipeline refused). The run's `ServiceWatch`
+        stops it at the run's end."""
         self.watch.start()
-        return inputs.place(self.cluster.strategy, self._dataset, train=True)
+        try:
+            return inputs.place(self.cluster.strategy, self._dataset, train=True)
+        except BaseException:
+            self.watch.stop()
+            raise
 
     def _dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         run = self.run

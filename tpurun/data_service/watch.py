@@ -7,6 +7,9 @@ next batch never comes. So a thread asks the service every few seconds
 
 * says in one line each change: a worker lost (training goes on with the others), a
   worker joined or back, the dispatcher silent or back;
+* ends when its job is lost (`input_errors`: a dispatcher restarted without a work_dir
+  forgets it, and TensorFlow's client fails with "Unknown iteration client id"), with
+  exit 69, as below;
 * ends when the dispatcher, or every worker, stays silent for config.data.service_timeout
   seconds: with exit 69 (Unavailable, what `train --max_restarts` restarts on) at its
   last checkpoint. Where the training loop still moves (the workers still serve the
@@ -18,11 +21,14 @@ next batch never comes. So a thread asks the service every few seconds
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import tensorflow as tf
 from absl import logging
 
 from tpurun.actions import watchdog
@@ -30,6 +36,7 @@ from tpurun.actions.base import Action, LoopStats, Saved
 from tpurun.data_service import state
 from tpurun.data_service.rpc import Servers
 from tpurun.errors import EXIT_UNAVAILABLE, Unavailable
+from tpurun.errors.tf_errors import one_line
 from tpurun.run_config.service_keys import Service
 from tpurun.storage import checkpoints
 
@@ -46,9 +53,12 @@ class Watch:
         model_dir: str,
         step: int,
         exit_process: Callable[[str], None] | None = None,
+        servers: Servers | None = None,
     ):
+        """`exit_process(line)`: ends the process (default: the line, then os._exit(69));
+        `servers`: what answers for the service (default: its servers over gRPC)."""
         self.service = service
-        self._servers = Servers(service.address, min(CALL_DEADLINE, service.timeout / 2))
+        self._servers = servers or Servers(service.address, min(CALL_DEADLINE, service.timeout / 2))
         self._poll = min(POLL_SECONDS, service.timeout / 4)
         self._model_dir = model_dir
         self.latest = checkpoints.path_of(model_dir, step) if step else None
@@ -72,9 +82,9 @@ class Watch:
             self._thread.join()
         self._servers.close()
 
-    def progressed(self) -> None:
+    def progressed(self, now: float | None = None) -> None:
         """The training loop moved (a host loop began or ended, a save was made)."""
-        self._progress = time.monotonic()
+        self._progress = time.monotonic() if now is None else now
 
     def _watch(self) -> None:
         self.check(time.monotonic())  # at once: the workers serving, said as the run starts
@@ -91,7 +101,8 @@ class Watch:
         if not silent:
             self._silent_since = None
             return
-        self._silent_since = self._silent_since or now
+        if self._silent_since is None:
+            self._silent_since = now
         if self.failure is None and now - self._silent_since >= self.service.timeout:
             self.failure, self._failed_at = self._failure_line(look), now
         if self.failure is None:
@@ -201,3 +212,30 @@ class ServiceWatch(Action):
         self._watch.progressed()
         if self._watch.failure is not None:
             raise Unavailable(self._watch.failure)
+
+
+# What TensorFlow's data-service client fails with when the service lost the run's job or
+# its tasks: a restarted dispatcher that forgot them, a worker that dropped them.
+_LOST_JOB = re.compile(
+    r"Unknown iteration client id|Failed to get (tasks|element|split)|iteration client|"
+    r"tf\.data service|dispatcher",
+    re.IGNORECASE,
+)
+
+
+@contextlib.contextmanager
+def input_errors(service: Service | None) -> Iterator[None]:
+    """Within: the service's loss of the run's job, as TensorFlow raises it from the input,
+    becomes Unavailable (exit 69, restarted by --max_restarts) with what happened and the
+    fix, in one line. Nothing changes without a service."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        if service is None or not _LOST_JOB.search(error.message or ""):
+            raise
+        raise Unavailable(
+            f"the tf.data service at {service.target} lost this run's input "
+            f"({one_line(error, 300)}): a dispatcher restarted without --work_dir forgets its "
+            f"jobs; the run ends at its last checkpoint with exit {EXIT_UNAVAILABLE}; rerun "
+            "the same command (train --max_restarts=N does it), which resumes under a new job"
+        ) from error
