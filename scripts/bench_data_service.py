@@ -79,16 +79,18 @@ class Server:
             self.process.wait()
 
 
-def examples_per_second(model_dir: Path) -> float:
-    """From the newest train record: the host loops after the first, examples / seconds."""
+def measured(model_dir: Path) -> tuple[float, float]:
+    """From the newest train record, the host loops after the first (which compiles):
+    examples / seconds, and the share of those seconds the steps waited for their input."""
     record = json.loads(sorted((model_dir / "runs").glob("*-train.json"))[-1].read_text())
     account, config = record["goodput"], record["run_config"]["config"]
     loops, first = account["loops"], account["first_loop"]
     steps, seconds = loops["steps"] - first["steps"], loops["seconds"] - first["seconds"]
-    return steps * config["train"]["batch_size"] / seconds
+    waited = loops["input_seconds"] - first["input_seconds"]
+    return steps * config["train"]["batch_size"] / seconds, waited / seconds
 
 
-def train(args: list[str], model_dir: Path) -> float:
+def train(args: list[str], model_dir: Path) -> tuple[float, float]:
     result = subprocess.run(
         [
             sys.executable,
@@ -106,7 +108,7 @@ def train(args: list[str], model_dir: Path) -> float:
     if result.returncode != 0:
         sys.stderr.write(result.stderr[-3000:])
         raise SystemExit(f"tpurun train {' '.join(args)} failed (exit {result.returncode})")
-    return examples_per_second(model_dir)
+    return measured(model_dir)
 
 
 def load() -> str:
@@ -157,10 +159,11 @@ def main() -> None:
                     slug = re.sub(r"\W", "", name)
                     for how, extra in (("in-process", ()), ("service", service)):
                         model_dir = root / f"run-{slug}-{how}-{repeat}"
-                        rate = train([*config, *extra], model_dir)
+                        rate, waited = train([*config, *extra], model_dir)
                         results.setdefault(name, {}).setdefault(how, []).append(rate)
                         print(
-                            f"  {name:36} {how:10} run {repeat + 1}: {rate:9.1f} examples/s",
+                            f"  {name:36} {how:10} run {repeat + 1}: {rate:9.1f} examples/s, "
+                            f"input wait {waited:.0%}",
                             flush=True,
                         )
             print(f"load average after: {load()}")

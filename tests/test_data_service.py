@@ -145,12 +145,12 @@ def test_otherwise_it_restarts_at_its_streams_start(seeks, examples, why):
 def test_python_is_found_in_the_datasets_graph(python, named):
     sys.path.insert(0, str(FIXTURES))
     try:
-        import paced_model
+        import paced_data  # the data alone: no model registered in this process
     finally:
         sys.path.remove(str(FIXTURES))
     from tpurun.data_service import python_calls
 
-    dataset = paced_model.with_python(paced_model.ids(8), python).batch(4)
+    dataset = paced_data.with_python(paced_data.ids(8), python).batch(4)
     assert python_calls(dataset) == ([named] if named else [])
 
 
@@ -476,16 +476,23 @@ def test_the_cpu_sized_resnet_trains_through_the_service(service, tmp_path):
 @pytest.mark.slow
 @pytest.mark.tpu_wheel
 @pytest.mark.parametrize("mode, copies", [("distributed_epoch", 1), ("parallel_epochs", 2)])
-def test_distributed_epoch_gives_each_element_once_an_epoch(service, tmp_path, mode, copies):
+def test_distributed_epoch_gives_each_element_once_an_epoch(
+    service, tmp_path, monkeypatch, mode, copies
+):
     """tpurun's distribute step over the two workers, its batches counted to the end of a
     3-epoch input: distributed_epoch gives each of the 64 ids 3 times, parallel_epochs 3
     times per worker (why tpurun warns of it)."""
     import numpy as np
 
     from tpurun import cli
+    from tpurun import model as model_lib
     from tpurun.cluster import strategy
     from tpurun.data_service import ServiceInput
-    from tpurun.model import create
+
+    # The paced model, registered here for this test only (as a run's own process would).
+    monkeypatch.setattr(model_lib, "_REGISTRY", dict(model_lib._REGISTRY))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "paced_model", raising=False)
 
     run = cli.parse(
         "train",
@@ -499,7 +506,7 @@ def test_distributed_epoch_gives_each_element_once_an_epoch(service, tmp_path, m
             f"--config.data.service_processing_mode={mode}",
         ],
     )
-    model = create(run.config)
+    model = model_lib.create(run.config)
     served = ServiceInput(run, service_keys.service(run.config), strategy.local(1), model, None, 0)
     try:
         ids = np.concatenate([features.numpy()[:, 0] for features, _ in served.distribute()])

@@ -349,17 +349,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
 def parse_report(argv: list[str]) -> ReportRequest:
     """`tpurun report --model_dir=D [--json]`'s flags, checked; raises UsageError (the
     missing --model_dir is `show_report`'s to refuse)."""
-    _forget_earlier_parse()
-    try:
-        leftover = FLAGS(argv)
-    except flags.UnrecognizedFlagError as e:
-        raise UsageError(
-            f"unknown flag --{e.flagname}; `tpurun report --help` lists the flags"
-        ) from None
-    except flags.Error as e:
-        raise UsageError(_one_line(str(e))) from None
-    if len(leftover) > 1:
-        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    _flags_alone(argv, "report")
     allowed = set(COMMAND_FLAGS["report"]) | set(ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed:
@@ -375,19 +365,7 @@ def parse_serving(argv: list[str]) -> ServeRequest:
             f"tpurun data-service needs a role first, dispatcher or worker (got {role or 'none'!r}): "
             "e.g. tpurun data-service dispatcher --port=5050"
         )
-    _forget_earlier_parse()
-    try:
-        leftover = FLAGS([argv[0], *argv[2:]])
-    except flags.UnrecognizedFlagError as e:
-        raise UsageError(
-            f"unknown flag --{e.flagname}; `tpurun data-service --help` lists the flags"
-        ) from None
-    except flags.IllegalFlagValueError as e:
-        raise UsageError(_bad_value(str(e))) from None
-    except flags.Error as e:
-        raise UsageError(_one_line(str(e))) from None
-    if len(leftover) > 1:
-        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    _flags_alone([argv[0], *argv[2:]], "data-service")
     for name in FLAGS:
         if FLAGS[name].present and name not in (*SERVER_ROLES[role], *ABSL_FLAGS):
             other = "worker" if role == "dispatcher" else "dispatcher"
@@ -410,6 +388,24 @@ def parse_serving(argv: list[str]) -> ServeRequest:
         dispatcher=dispatcher,
         worker_address=handles.value("worker_address") or "",
     )
+
+
+def _flags_alone(argv: list[str], command: str) -> None:
+    """Parses the flags of a command that takes no config (report, data-service); raises
+    UsageError."""
+    _forget_earlier_parse()
+    try:
+        leftover = FLAGS(argv)
+    except flags.UnrecognizedFlagError as e:
+        raise UsageError(
+            f"unknown flag --{e.flagname}; `tpurun {command} --help` lists the flags"
+        ) from None
+    except flags.IllegalFlagValueError as e:
+        raise UsageError(_bad_value(str(e))) from None
+    except flags.Error as e:
+        raise UsageError(_one_line(str(e))) from None
+    if len(leftover) > 1:
+        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
 
 
 def serve(request: ServeRequest | None) -> int:

@@ -46,6 +46,12 @@ CALL_DEADLINE = 2.0  # seconds one question to a server may take
 # default is 30 s: a restarted dispatcher would wait that long to know its workers).
 HEARTBEAT_MS = 2000
 EXIT_INTERRUPTED = 130
+# What the dispatcher says of a change of its workers (`tpurun.data_service.state`).
+WORKER_CHANGES = {
+    state.WORKER_JOINED: "joined",
+    state.WORKER_LOST: "lost: it does not answer",
+    state.WORKER_BACK: "answers again",
+}
 STOP_SECONDS = 5.0
 
 
@@ -112,20 +118,10 @@ def _dispatch(port: int, work_dir: str) -> None:
             time.sleep(POLL_SECONDS)
             now = state.look(servers, before)
             for change in state.changes(before, now, f"localhost:{port}"):
-                if change.what == state.WORKER_JOINED:
+                if change.what in WORKER_CHANGES:
+                    what = WORKER_CHANGES[change.what]
                     say(
-                        "dispatcher", f"worker {change.address} joined ({change.answering} serving)"
-                    )
-                elif change.what == state.WORKER_LOST:
-                    say(
-                        "dispatcher",
-                        f"worker {change.address} lost: it does not answer "
-                        f"({change.answering} serving)",
-                    )
-                elif change.what == state.WORKER_BACK:
-                    say(
-                        "dispatcher",
-                        f"worker {change.address} answers again ({change.answering} serving)",
+                        "dispatcher", f"worker {change.address} {what} ({change.answering} serving)"
                     )
             before = now
     finally:
