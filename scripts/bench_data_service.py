@@ -7,9 +7,10 @@ by the trainer, as without config.data.service) and through a tf.data service (a
 dispatcher and one worker, `tpurun data-service`, processes of their own on this
 machine, 127.0.0.1):
 
-1. input-bound: the CPU-sized ResNet (`resnet50:cpu`) with its JPEG pipeline (decode
-   and crop, resize, flip) on synthetic ImageNet-format JPEGs (tests/synthetic_jpegs.py)
-   at --resnet_batch: a step of that model is cheap, the JPEGs are not;
+1. input-bound: the CPU-sized ResNet (`resnet50:cpu`: 32x32 crops, width 8) with its JPEG
+   pipeline (decode and crop, resize, flip) on ImageNet-sized synthetic JPEGs (300 to 500
+   pixels a side, ~100 KB, bench_resnet.py's) at --resnet_batch: a step of that model is
+   cheap, the JPEGs are not;
 2. not input-bound: mnist on synthetic digit TFRecords (tests/synthetic_images.py) at
    batch 32, whose step outweighs its input: what the service costs a step (each batch
    compressed, sent over gRPC, received).
@@ -48,6 +49,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=20, help="steps per host loop")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, in turn")
     parser.add_argument("--resnet_batch", type=int, default=64, help="resnet50:cpu's batch")
+    parser.add_argument("--images", type=int, default=512, help="synthetic JPEGs written")
     return parser.parse_args()
 
 
@@ -117,12 +119,14 @@ def load() -> str:
 
 def main() -> None:
     args = parse_args()
+    from bench_resnet import write_data  # ImageNet-sized JPEGs, imagenet_to_gcs's format
     from synthetic_images import write_digit_records
-    from synthetic_jpegs import write_imagenet
 
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        images = write_imagenet(root / "imagenet", train=640, validation=16)
+        images = root / "imagenet"
+        images.mkdir()
+        write_data(images, args.images)
         digits = write_digit_records(root / "digits", train=2048, test=64)
         loop = (f"--train_steps={args.steps}", f"--iterations={args.iterations}")
         configs = {
@@ -130,7 +134,7 @@ def main() -> None:
                 "--config=resnet50:cpu",
                 f"--data_dir={images}",
                 f"--batch_size={args.resnet_batch}",
-                "--config.data.train_examples=640",
+                f"--config.data.train_examples={args.images}",
                 *loop,
             ),
             "mnist (not input-bound)": (

@@ -114,6 +114,7 @@ TF_FREE_ANSWERS = {
     "data_service_help": (["data-service", "--help"], 0),
     "data_service_without_role": (["data-service", "--port=5050"], 2),
     "worker_without_dispatcher": (["data-service", "worker"], 2),
+    "bad_service_address": (["train", "--config.data.service=localhost:5050"], 2),
 }
 
 

@@ -444,6 +444,11 @@ def test_mnist_trains_through_the_service_and_says_its_resume(service, tmp_path)
     # Both workers served: each got a task of the jobs.
     for each in service["servers"][1:]:
         each.wait_for(r"serving [1-9]\d* task")
+    # The checkpoints hold no input iterator (a data-service iterator cannot be saved).
+    import tensorflow as tf
+
+    saved = [name for name, _ in tf.train.list_variables(str(tmp_path / "m" / "ckpt-20"))]
+    assert saved and not [name for name in saved if "iterator" in name.lower()], saved
     # Eval reads here, exact: the service is never asked.
     evaluated = assert_ok(tpurun_in_process("eval", *common, *small[:-2]))
     assert "(64 examples)" in evaluated.stdout
@@ -489,10 +494,12 @@ def test_distributed_epoch_gives_each_element_once_an_epoch(
     from tpurun.cluster import strategy
     from tpurun.data_service import ServiceInput
 
-    # The paced model, registered here for this test only (as a run's own process would).
+    # The paced model, registered here for this test only (as a run's own process would):
+    # its module and registration gone after it, for the in-process runs that import it.
     monkeypatch.setattr(model_lib, "_REGISTRY", dict(model_lib._REGISTRY))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delitem(sys.modules, "paced_model", raising=False)
+    monkeypatch.setitem(sys.modules, "paced_model", None)  # not importable until...
+    del sys.modules["paced_model"]  # ...the config imports it; undone after the test
 
     run = cli.parse(
         "train",

@@ -82,7 +82,7 @@ def _end(role: str, line: str, code: int) -> None:
     os._exit(code)  # not the interpreter's teardown of the server: tensorflow#113163
 
 
-def _started(role: str, make: Any) -> Any:
+def _started(role: str, port: int, make: Any) -> Any:
     """The server `make()` returns, or RunError with TensorFlow's reason in one line."""
     import tensorflow as tf
 
@@ -90,7 +90,10 @@ def _started(role: str, make: Any) -> Any:
         return make()
     except (tf.errors.OpError, RuntimeError, ValueError) as e:
         reason = " ".join(str(getattr(e, "message", e)).split())
-        raise RunError(f"the {role} could not start: {reason}") from None
+        raise RunError(
+            f"the {role} could not start on port {port}: {reason} (another process may hold "
+            "the port: choose another with --port)"
+        ) from None
 
 
 def _dispatch(port: int, work_dir: str) -> None:
@@ -99,7 +102,9 @@ def _dispatch(port: int, work_dir: str) -> None:
     config = tf.data.experimental.service.DispatcherConfig(
         port=port, work_dir=work_dir or None, fault_tolerant_mode=bool(work_dir)
     )
-    server = _started("dispatcher", lambda: tf.data.experimental.service.DispatchServer(config))
+    server = _started(
+        "dispatcher", port, lambda: tf.data.experimental.service.DispatchServer(config)
+    )
     durable = (
         f"fault-tolerant: its datasets and jobs are journaled in {work_dir} and a restart on "
         "this port and work_dir carries on with them"
@@ -161,7 +166,7 @@ def _work(port: int, dispatcher: str, host: str) -> None:
                 # the interpreter's lock, so that while its dispatcher is silent nothing
                 # else of this process runs, not even SIGTERM's handler.
                 server = _started(
-                    "worker", lambda: tf.data.experimental.service.WorkerServer(config)
+                    "worker", port, lambda: tf.data.experimental.service.WorkerServer(config)
                 )
                 say(
                     "worker",
