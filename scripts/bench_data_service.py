@@ -135,6 +135,7 @@ def main() -> None:
                 f"--data_dir={images}",
                 f"--batch_size={args.resnet_batch}",
                 f"--config.data.train_examples={args.images}",
+                "--config.num_classes=1000",  # bench_resnet's labels: ImageNet's 1..1000
                 *loop,
             ),
             "mnist (not input-bound)": (

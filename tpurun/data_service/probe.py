@@ -14,6 +14,7 @@ import time
 
 from absl import logging
 
+from tpurun import errors
 from tpurun.data_service import state
 from tpurun.data_service.rpc import Servers
 from tpurun.errors import EXIT_UNAVAILABLE, Unavailable
@@ -32,6 +33,8 @@ def wait_until_serving(service: Service, clock=time.monotonic, sleep=time.sleep)
     try:
         while True:
             look = state.look(servers)
+            if errors.sigterm_seen():  # one that gRPC's wait swallowed: the run stops, 75
+                raise errors.StoppedBySigterm()
             if not look.silent and look.answering:
                 _warn_of_copies(service, look.answering)
                 return look.answering

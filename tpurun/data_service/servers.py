@@ -68,10 +68,15 @@ def serve(role: str, port: int, work_dir: str = "", dispatcher: str = "", addres
             _dispatch(port, work_dir)
         else:
             _work(port, dispatcher, address or socket.getfqdn())
-    except errors.StoppedBySigterm:
-        _end(role, "stopped (SIGTERM)", errors.EXIT_PREEMPTED)
-    except KeyboardInterrupt:
-        _end(role, "stopped (Ctrl-C)", EXIT_INTERRUPTED)
+    except errors.TpurunError:
+        raise  # the server could not start: one line from the CLI, nothing to tear down
+    except BaseException as e:  # noqa: BLE001 - a server ran: every end goes through _end
+        # SIGTERM's StoppedBySigterm, or what C code (gRPC's wait) made of it.
+        if errors.caused_by_sigterm(e) or errors.sigterm_seen():
+            _end(role, "stopped (SIGTERM)", errors.EXIT_PREEMPTED)
+        if isinstance(e, KeyboardInterrupt):
+            _end(role, "stopped (Ctrl-C)", EXIT_INTERRUPTED)
+        _end(role, f"failed: {type(e).__name__}: {' '.join(str(e).split())}", 1)
     raise AssertionError("a server returns only through _end")  # pragma: no cover
 
 
@@ -120,7 +125,7 @@ def _dispatch(port: int, work_dir: str) -> None:
     before: state.Look | None = None
     try:
         while True:
-            time.sleep(POLL_SECONDS)
+            _sleep()
             now = state.look(servers, before)
             for change in state.changes(before, now, f"localhost:{port}"):
                 if change.what in WORKER_CHANGES:
@@ -176,11 +181,19 @@ def _work(port: int, dispatcher: str, host: str) -> None:
             if serving is not None and serving != tasks:
                 say("worker", f"serving {serving} task(s) (a task: one job's share of its input)")
                 tasks = serving
-            time.sleep(POLL_SECONDS)
+            _sleep()
     finally:
         servers.close()
         if server is not None:
             _stop("worker", server)
+
+
+def _sleep() -> None:
+    """POLL_SECONDS; then StoppedBySigterm if a SIGTERM came that C code (gRPC's wait for an
+    answer) swallowed: it set the flag before raising, and the server must still stop."""
+    time.sleep(POLL_SECONDS)
+    if errors.sigterm_seen():
+        raise errors.StoppedBySigterm()
 
 
 def _stop(role: str, server: Any) -> None:
