@@ -4,7 +4,7 @@
 (`tpurun.check.host_input`), and bounds the examples/s the slice's train step takes.
 Where a host's CPUs fall short, the input can be made by a tf.data service's workers
 on CPU VMs instead: each makes about its vCPUs x the rate per CPU-second, less what
-the service itself costs a worker (SERVICE_SHARE: its elements compressed and sent),
+the service itself costs a worker (SERVICE_SHARE: its batches compressed and sent),
 and together they must make what every host of the slice takes. `lines` says how
 many workers of WORKER_MACHINE, and the commands that start them (docs/data-service.md).
 """
@@ -20,8 +20,9 @@ from collections.abc import Callable
 WORKER_MACHINE = "n2-standard-32"
 WORKER_VCPUS = 32
 # The share of a worker's CPU left to the pipeline once the service's own work (each
-# batch compressed and sent over gRPC) is paid: measured by scripts/bench_data_service.py
-# (the same input through one worker against in-process, on one machine).
+# batch compressed and sent over gRPC) is paid: an allowance, above the ~2% a step-bound
+# mnist lost to the round trip in scripts/bench_data_service.py (docs/benchmarks.md),
+# which one machine measures on the trainer's side only.
 SERVICE_SHARE = 0.8
 DISPATCHER_PORT, WORKER_PORT = 5050, 5051
 
