@@ -45,7 +45,10 @@ from tpurun.run_config import service_keys
 FIXTURES = Path(__file__).with_name("data_service_fixtures")
 PACED = f"--config={FIXTURES / 'paced.py'}"
 LOCAL = "--use_tpu=false"
-TIMEOUT = "--config.data.service_timeout=4"  # the watch looks every second
+# The runs a test kills a server under, each in a process of its own: the watch looks
+# every 2 s, and the run ends after 8 s of silence. In-process runs keep the default
+# (120 s): a silence the watch believed under load would end the test's own process.
+TIMEOUT = "--config.data.service_timeout=8"
 
 
 def data(**keys) -> ml_collections.ConfigDict:
@@ -403,8 +406,10 @@ def service():
                 each.end(signal.SIGKILL)
 
 
-def through(service) -> tuple[str, str]:
-    return f"--config.data.service={service['target']}", TIMEOUT
+def through(service, timeout: str = "") -> tuple[str, ...]:
+    """The flags of a run through the module's service (`timeout`: TIMEOUT, for a run of a
+    process of its own)."""
+    return (f"--config.data.service={service['target']}", *filter(None, [timeout]))
 
 
 @pytest.mark.slow
@@ -450,7 +455,7 @@ def test_mnist_trains_through_the_service_and_says_its_resume(service, tmp_path)
     saved = [name for name, _ in tf.train.list_variables(str(tmp_path / "m" / "ckpt-20"))]
     assert saved and not [name for name in saved if "iterator" in name.lower()], saved
     # Eval reads here, exact: the service is never asked.
-    evaluated = assert_ok(tpurun_in_process("eval", *common, *small[:-2]))
+    evaluated = assert_ok(tpurun_in_process("eval", *common, "--batch_size=16"))
     assert "(64 examples)" in evaluated.stdout
 
 
@@ -554,7 +559,7 @@ def test_a_worker_killed_mid_run_and_training_finishes(service, tmp_path):
             f"--model_dir={tmp_path / 'm'}",
             "--config.pace_ms=100",
             "--train_steps=200",
-            *through(service),
+            *through(service, TIMEOUT),
         ],
         env={**os.environ, **OFFLINE_ENV},
         stdout=subprocess.PIPE,
