@@ -103,7 +103,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     bert_model_config(config, BASE)
     config.max_predictions_per_seq = 20  # must match the records'
 
-    config.data = ml_collections.ConfigDict()
     # Globs of create_pretraining_data.py's output (several separated by commas; local or
     # gs://): run_pretraining's --input_file, for training and for eval.
     config.data.train_files = ""

@@ -55,7 +55,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.num_labels = 2
     config.classifier_dropout = 0.1  # run_classifier's keep_prob=0.9 on the pooled output
 
-    config.data = ml_collections.ConfigDict()
     # Globs of run_classifier's records (local or gs://; several separated by commas).
     config.data.train_files = ""
     config.data.eval_files = ""

@@ -20,7 +20,6 @@ def get_config() -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="iris")
     # "" = the iris_training.csv / iris_test.csv shipped with tpurun; any path
     # pandas/gcsfs can read (local or gs://) works too.
-    config.data = ml_collections.ConfigDict()
     config.data.train_path = ""
     config.data.eval_path = ""
 

@@ -48,7 +48,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="resnet50")
     config.precision = "mixed_bfloat16"  # resnet_main.py's precision=bfloat16
 
-    config.data = ml_collections.ConfigDict()
     # A directory of imagenet_to_gcs.py's files (--data_dir sets it), or globs that win
     # over it (several separated by commas). Local paths or gs://.
     config.data.data_dir = ""

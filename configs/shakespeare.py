@@ -23,7 +23,6 @@ from tpurun import config_defaults
 
 def get_config() -> ml_collections.ConfigDict:
     config = config_defaults.base_config(model="shakespeare")
-    config.data = ml_collections.ConfigDict()
     config.data.path = ""  # the text to train on (required)
     # Eval text; "" = the last eval_fraction of data.path, which training then skips.
     config.data.eval_path = ""

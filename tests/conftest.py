@@ -95,6 +95,7 @@ LONGEST_FILES = (
     "test_models_wgan_gp.py",  # 64
     "test_multiworker.py",  # 59
     "test_supervisor.py",  # 59
+    "test_data_service.py",  # 77 (most of it waiting on its servers and trainers)
     "test_gcs_failures.py",  # 58
     "test_resume.py",  # 56
     "test_check.py",  # 49

@@ -18,7 +18,7 @@ from conftest import REPO, assert_ok
 from tpurun import cli
 from tpurun.run_config import config_files
 
-COMMANDS = ("train", "eval", "predict", "export", "list", "check", "report")
+COMMANDS = ("train", "eval", "predict", "export", "list", "check", "report", "data-service")
 COMMON = (
     "--config",
     "--model_dir",
@@ -75,6 +75,11 @@ def test_version(tpurun_cli):
         ("list", ("--flagfile", "--verbosity"), ("--config", "--model_dir")),
         ("check", ("--config", "--num_shards", "--batch_size"), ("--input", "--export_dir")),
         ("report", ("--model_dir", "--json"), ("--config", "--batch_size")),
+        (
+            "data-service",
+            ("--port", "--work_dir", "--dispatcher", "--worker_address"),
+            ("--config", "--model_dir"),
+        ),
     ],
     ids=COMMANDS,
 )
@@ -106,6 +111,10 @@ TF_FREE_ANSWERS = {
     "wrong_flag": (["train", "--input=rows.csv"], 2),
     "negative_restarts": (["train", "--max_restarts=-1"], 2),
     "report": (["report", "--model_dir=/nonexistent/model"], 1),
+    "data_service_help": (["data-service", "--help"], 0),
+    "data_service_without_role": (["data-service", "--port=5050"], 2),
+    "worker_without_dispatcher": (["data-service", "worker"], 2),
+    "bad_service_address": (["train", "--config.data.service=localhost:5050"], 2),
 }
 
 

@@ -110,15 +110,15 @@ def test_load_passes_the_arg_and_finds_modules_beside_the_file(tmp_path, monkeyp
         ("def get_config(:\n", "failed to load: SyntaxError"),
         ("import no_such_module_xyz\n", "failed to load at line 1"),
         ("def get_config():\n    return {'a': 1}\n", "returned dict; return an ml_collections"),
-        (  # the manual's `config.data.<key>`, in a config that has no data section
+        (  # a model's own `config.<section>.<key>`, before the section was made
             "from tpurun import config_defaults\n\n"
             "def get_config():\n"
             "    config = config_defaults.base_config(model='iris')\n"
-            "    config.data.train_examples = 120\n"
+            "    config.generate.count = 16\n"
             "    return config\n",
-            "failed to load at line 5 (`config.data.train_examples = 120`): config has no "
-            "section 'data'; add it before setting its keys: "
-            "`config.data = ml_collections.ConfigDict()`",
+            "failed to load at line 5 (`config.generate.count = 16`): config has no "
+            "section 'generate'; add it before setting its keys: "
+            "`config.generate = ml_collections.ConfigDict()`",
         ),
         (  # an escaped message (a KeyError's repr) is shown as its text
             "from tpurun import config_defaults\n\n"
@@ -134,7 +134,7 @@ def test_load_passes_the_arg_and_finds_modules_beside_the_file(tmp_path, monkeyp
         "syntax_error",
         "import_error",
         "returns_dict",
-        "no_data_section",
+        "no_generate_section",
         "misspelt_key",
     ],
 )

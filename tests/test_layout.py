@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tpurun.layout import time_account
+from tpurun.layout import served_input, time_account
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = "tpurun/layout/names.py"
 SCHEMA = "tpurun/layout/time_account.py"
+SERVED_SCHEMA = "tpurun/layout/served_input.py"  # the record's data_service field
 
 # A name made or matched: the text after it is a value ({}), a pattern (\d, [, (, *, ?)
 # or nothing (a name put together); not a placeholder of prose (ckpt-N, ckpt-<step>).
@@ -73,10 +74,15 @@ PATH_CALLS = {
 SHARED = {"step", "steps", "seconds", "kind", "replicas", "reason", "device"}
 
 
-def account_fields() -> set[str]:
-    """Every field name of the time account (of each of its classes), and its record's key."""
-    classes = [c for c in vars(time_account).values() if dataclasses.is_dataclass(c)]
-    return {time_account.KEY} | {f.name for c in classes for f in dataclasses.fields(c)}
+# ...and of the data_service field (config.data.service's key, --eval_every=epoch).
+SERVED_SHARED = {"service", "epoch", "step"}
+
+
+def account_fields(schema=time_account) -> set[str]:
+    """Every field name of the time account (of each of its classes), and its record's key;
+    or of another schema module's (`served_input`)."""
+    classes = [c for c in vars(schema).values() if dataclasses.is_dataclass(c)]
+    return {schema.KEY} | {f.name for c in classes for f in dataclasses.fields(c)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +128,14 @@ def layout_spellings(literal: Literal) -> list[str]:
     return found
 
 
-def field_spellings(literal: Literal, fields: set[str]) -> list[str]:
-    """The time account's field names `literal` spells: as a key, or in a field's dotted
-    name (goodput.saves[3].t)."""
-    found = [literal.text] if literal.text in fields - SHARED else []
-    for path in re.findall(rf"\b{time_account.KEY}((?:\.\w+(?:\[[^\]]*\])?)+)", literal.text):
+def field_spellings(
+    literal: Literal, fields: set[str], key: str = time_account.KEY, shared: set[str] = SHARED
+) -> list[str]:
+    """The time account's field names `literal` spells (or another schema's, under `key`):
+    as a key, or in a field's dotted name (goodput.saves[3].t; not a module's path,
+    tpurun.data_service.rpc)."""
+    found = [literal.text] if literal.text in fields - shared else []
+    for path in re.findall(rf"(?<![\w.]){key}((?:\.\w+(?:\[[^\]]*\])?)+)", literal.text):
         found += re.findall(r"\.(\w+)", path)
     return found
 
@@ -164,6 +173,19 @@ def test_the_time_accounts_fields_are_spelled_in_its_schema_only():
     others = {module: lines for module, lines in found.items() if module != SCHEMA}
     assert not others, f"spelled outside {SCHEMA} (use its classes): {others}"
     assert {"process_start", "blocking_s", "step_t"} <= fields
+
+
+def test_the_data_service_fields_are_spelled_in_their_schema_only():
+    """The run record's data_service field (a train fed by a tf.data service): its writer
+    (tpurun.data_service.job) and its reader (tpurun.report) use served_input's classes."""
+    fields = account_fields(served_input)
+    found = spelled(
+        lambda literal: field_spellings(literal, fields, served_input.KEY, SERVED_SHARED)
+    )
+    others = {module: lines for module, lines in found.items() if module != SERVED_SCHEMA}
+    assert not others, f"spelled outside {SERVED_SCHEMA} (use its classes): {others}"
+    assert {"job_name", "input_starts_at", "why_not_epoch"} <= fields
+    assert found[SERVED_SCHEMA], "the check finds what it looks for: the schema spells them"
 
 
 @pytest.mark.parametrize(

@@ -299,6 +299,14 @@ def _with(change) -> bytes:
     return json.dumps({"run_config": {}, "goodput": goodput}).encode()
 
 
+def _served(field) -> bytes:
+    """A third process's record (after the good ones) whose input a tf.data service made,
+    its `data_service` field `field` (tpurun.layout.served_input)."""
+    served = {"service": "grpc://h:1", "processing_mode": "distributed_epoch", "job_name": "j"}
+    record = {"goodput": process(100.0, 500, 600), "data_service": {**served, **field}}
+    return json.dumps(record).encode()
+
+
 def _set(path: str, value):
     def change(goodput: dict) -> None:
         *parents, key = path.split(".")
@@ -343,6 +351,15 @@ HOSTILE = {
         "not UTF-8 text (byte 31 is 0xff)",
     ),
     "a link to a directory": (None, "is a directory, not a record"),
+    # Its data_service field (a tf.data service made its input) is checked too.
+    "a data_service step that is a text": (
+        _served({"started_at_step": "500"}),
+        "data_service.started_at_step is a text, not a step",
+    ),
+    "a data_service epoch that is negative": (
+        _served({"started_at_step": 500, "input_starts_at": {"epoch": -1, "step": 480.0}}),
+        "data_service.input_starts_at.epoch is -1, not a step",
+    ),
 }
 
 

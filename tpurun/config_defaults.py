@@ -30,6 +30,9 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # ("SOURCE -> -" leaves SOURCE out), first match wins. The format:
     # tpurun/foreign/name_map.py; docs/checkpoints.md, "From a TPUEstimator model_dir".
     config.name_map = ()
+    # The model's data: the keys its input_fn reads (a config adds its own), and where its
+    # training input is made (`data_service`: here, or by a tf.data service).
+    config.data = data_service()
 
     # The training recipe, built into a Keras optimizer by tpurun/optimization/building.py and
     # checked by tpurun/run_config/recipe_keys.py (`optimizer_recipe` has its keys).
@@ -139,10 +142,31 @@ def _predict_section() -> ml_collections.ConfigDict:
     return predict
 
 
+def data_service() -> ml_collections.ConfigDict:
+    """The keys of `config.data` that send the training input through a tf.data service
+    (docs/data-service.md); every `data` section starts from them (base_config,
+    `image_records_data`, `tfds_data`): a config that sets its own `data` adds them with
+    `config.data.update(config_defaults.data_service())`."""
+    data = ml_collections.ConfigDict()
+    # The dispatcher, grpc://HOST:PORT, of a service `tpurun data-service` runs; "" = off:
+    # the input is made here and a resumed run continues it exactly. With it, the
+    # service's workers run input_fn(TRAIN) and a resumed run restarts its input at the
+    # start of the epoch it resumes in (not exact). Eval and predict always read here.
+    data.service = ""
+    # distributed_epoch: the workers share each epoch, every element once per epoch;
+    # parallel_epochs: every worker makes the whole stream (input_fn seeded alike, so K
+    # workers give each batch K times unless its randomness is its own).
+    data.service_processing_mode = "distributed_epoch"
+    # Seconds the dispatcher, or every worker, may stay silent (at start, or while
+    # training) before the run ends at its last checkpoint with exit 69 (a restart resumes).
+    data.service_timeout = 120.0
+    return data
+
+
 def image_records_data() -> ml_collections.ConfigDict:
     """`config.data` of a model reading the MNIST TFRecord schema (mnist, fashion_mnist,
     wgan_gp): where the records are and how they are read."""
-    data = ml_collections.ConfigDict()
+    data = data_service()
     # A directory with train-*.tfrecord and test-*.tfrecord (what convert_mnist.py
     # writes); --data_dir sets it. The globs below win over it when set; several
     # globs are separated by commas. Local paths or gs://.
@@ -166,7 +190,7 @@ def tfds_data(name: str = "", splits: dict[str, str] | None = None) -> ml_collec
     `splits` maps tpurun's splits (train, and each of the model's eval_splits) to the
     dataset's own split names, e.g. {"train": "train", "val": "validation"}.
     """
-    data = ml_collections.ConfigDict()
+    data = data_service()
     # The dataset's name as `tfds build` knows it, optionally with its config and
     # version: "imagenet2012", "mnist:3.0.1", "imagenet2012_subset/10pct:5.0.0". ""
     # = the model reads no TensorFlow Datasets dataset.

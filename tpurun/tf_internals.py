@@ -44,6 +44,11 @@ try:  # A checkpoint's values in host memory, written by another thread (the bac
 except ImportError:  # pragma: no cover
     _checkpoint = _functional_saver = _saveable_object = None  # type: ignore[assignment]
 
+try:  # A tf.data dataset's graph (no public API serializes it).
+    from tensorflow.core.framework import graph_pb2 as _graph_pb2
+except ImportError:  # pragma: no cover
+    _graph_pb2 = None  # type: ignore[assignment]
+
 try:  # The coordination service's configuration, set before MultiWorkerMirroredStrategy.
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination
     from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
@@ -65,6 +70,8 @@ def missing() -> list[str]:
         absent.append("the CheckpointState proto (the state file's format)")
     if not host_copy_available():
         absent.append("a checkpoint's values gathered for another thread (the background save)")
+    if not dataset_graph_available():
+        absent.append("a tf.data dataset's graph (the tf.data service's pipeline check)")
     return absent
 
 
@@ -244,3 +251,25 @@ def write_host_copy(copy: Any, prefix: str) -> None:
     """Writes a `host_copy` as the checkpoint `prefix`, from any thread, as `Checkpoint.write`
     does: the tensors into `<prefix>_temp/`, then merged into `<prefix>.index` and `.data-*`."""
     _functional_saver.MultiDeviceSaver(copy).save(prefix)
+
+
+# --- A tf.data dataset's graph, for the tf.data service ------------------------------
+
+
+def dataset_graph_available() -> bool:
+    return hasattr(tf.data.Dataset, "_as_serialized_graph") and hasattr(_graph_pb2, "GraphDef")
+
+
+def dataset_ops(dataset: tf.data.Dataset) -> set[str] | None:
+    """The op types of `dataset`'s graph, every function of its library included (the
+    functions of its maps, interleaves and generators): what a tf.data service worker
+    would run. None when this TensorFlow cannot serialize it (then nothing is checked)."""
+    if not dataset_graph_available() or not tf.executing_eagerly():
+        return None
+    ignore = tf.data.experimental.ExternalStatePolicy.IGNORE  # stateful ops are what we look for
+    serialized = dataset._as_serialized_graph(external_state_policy=ignore)
+    graph = _graph_pb2.GraphDef.FromString(serialized.numpy())
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops.update(node.op for node in function.node_def)
+    return ops

@@ -119,6 +119,12 @@ class GoodputRecord(Action):
         self.account.peak_flops_per_s = peak_flops_per_s
         self.account.peak_why = peak_why
 
+    def set_field(self, name: str, value: Any) -> None:
+        """A field of the run record beside the account (`layout.served_input.KEY`: how a
+        tf.data service made the input and where a resumed run's input restarted), written
+        with the account's next write."""
+        self._record[name] = value
+
     @contextlib.contextmanager
     def writing_through(self, writer: Writer) -> Iterator[None]:
         """Writes go through `writer` while training runs (off the loop)."""

@@ -63,8 +63,9 @@ class Watchdog:
                 return
 
 
-def exit_hung(message: str, tracebacks: bool = False) -> None:
-    """Prints `message` as the run's one error line and ends the process with EXIT_HUNG.
+def exit_hung(message: str, tracebacks: bool = False, exit_code: int = EXIT_HUNG) -> None:
+    """Prints `message` as the run's one error line and ends the process with EXIT_HUNG (or
+    `exit_code`: a tf.data service's lost input ends with EXIT_UNAVAILABLE).
 
     os._exit, not sys.exit: the latter only raises SystemExit in this thread, and
     the stuck main thread would never see it. Checkpoints are written atomically,
@@ -77,4 +78,4 @@ def exit_hung(message: str, tracebacks: bool = False) -> None:
     for stream in (sys.stdout, sys.__stdout__, sys.__stderr__):
         if stream is not None:
             stream.flush()
-    os._exit(EXIT_HUNG)
+    os._exit(exit_code)

@@ -18,7 +18,9 @@ then only traces each replica step (`rules.steps.StepChecker`):
 * the replica step compiled by XLA for the CPU (`xla-unsupported`, `xla-compile`);
 * the train step's model on more than one replica: BatchNormalization that
   normalises by each replica's own statistics (`batch-norm`, a warning:
-  `rules.replica_rules`).
+  `rules.replica_rules`);
+* with config.data.service, Python in the training input's tf.data graph, which a
+  tf.data service's workers cannot run (`data-service`, `tpurun.data_service.pipeline`).
 
 With `--target=TYPE` (a Cloud TPU accelerator type, `tpurun.check.targets`),
 the replicas are the slice's, and each step is compiled by the TPU's own compiler
@@ -27,7 +29,8 @@ XLA's CPU compile estimates it): its memory per replica against a replica's HBM
 (`sizing.preflight`, rule `memory`), its FLOPs and bytes against the chip's peaks,
 which bound its time and the run's price (`bounds.step_bounds`), and the model's
 training input runs here for a few seconds to say whether the target's hosts would
-keep its chips fed (`bounds.host_input`); `report.fit_report` prints the table and
+keep its chips fed (`bounds.host_input`; where they would not, how many tf.data service
+workers would, `tpurun.data_service.sizing`); `report.fit_report` prints the table and
 writes `--report`. On the TPU itself `train`/`eval`/`predict` use the same estimate
 (`report.device_memory`): an out-of-memory error becomes that advice, and the run
 record keeps it beside the measured peak.
@@ -56,7 +59,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tpurun import inputs, precision
+from tpurun import data_service, inputs, precision
 from tpurun import model as model_lib
 from tpurun.actions.progress import announced
 from tpurun.check import targets
@@ -64,7 +67,7 @@ from tpurun.check.bounds import host_input, step_bounds
 from tpurun.check.bounds.host_input import HostInput
 from tpurun.check.report import fit_findings, fit_report
 from tpurun.check.rules import xla
-from tpurun.check.rules.findings import ERROR, Finding, merge, report
+from tpurun.check.rules.findings import ERROR, Finding, Problem, merge, report
 from tpurun.check.rules.steps import StepChecker
 from tpurun.check.sizing import preflight
 from tpurun.check.sizing.preflight import TargetMemory
@@ -113,7 +116,7 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
         if target:  # a TPU slice, traced on CPU devices
             cluster = dataclasses.replace(cluster, hosts=target.hosts, device_kind="TPU")
         checker = StepChecker(run, cluster, model, replicas=replicas, arrays=arrays)
-        problems = checker.batch_split()
+        problems = checker.batch_split() + _service_problems(checker)
         # Step by step, a line each: a large model's steps take minutes to trace and compile.
         for mode in Mode:
             doing = f"the {mode.value} step on {replicas} replica{'s' * (replicas > 1)}"
@@ -132,6 +135,17 @@ def run_checks(run: RunConfig, target: Target | None, cluster: Cluster) -> Check
             host = host_input.check(checker, found) if run.input_check else None
             host = host or host_input.skipped(target)
     return Checked(merge(problems), found, host, run)
+
+
+def _service_problems(checker: StepChecker) -> list[Problem]:
+    """Rule data-service: with config.data.service, Python in the training input's graph."""
+    line = data_service.checked_refusal(
+        checker.run, checker.model, checker.arrays, checker.replicas
+    )
+    if line is None:
+        return []
+    message, _, fix = line.partition("; ")
+    return [Problem("data-service", ERROR, "config.data.service", message, fix, Mode.TRAIN)]
 
 
 class Checked(NamedTuple):

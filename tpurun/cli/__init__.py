@@ -8,7 +8,8 @@ loads; every failure ends as one line on stderr and an exit code.
   are checked through `parse_command_line`);
 * `usage`: `tpurun --help` and each command's `--help`, from the command and flag tables;
 * `handles`: the absl flags, defined from the flag table;
-* `model_free`: the commands that run no model, `list` and `report`;
+* `model_free`: the commands that run no model, `list`, `report` and `data-service` (a
+  tf.data service's server);
 * `terminal`: TensorFlow's start-up lines kept off the terminal.
 """
 

@@ -56,8 +56,8 @@ def _main(argv: Sequence[str]) -> int:
             print(command_help(command))
             return 0
         run_config = invocation.run_config
-        if run_config is None:  # a command of no model config: list, report
-            return int(COMMAND[command].function()())
+        if run_config is None:  # a command of no model config: list, report, data-service
+            return int(COMMAND[command].function()(*invocation.words))
         # Before TensorFlow, and before a supervisor starts trainers: a libtpu that would abort
         # TensorFlow, and a pod slice's rules (docs/tpu.md, Pod slices).
         tpu_vm.prepare(argv, run_config)

@@ -1,16 +1,26 @@
-"""The commands that run no model: `tpurun list` and `tpurun report` (no TensorFlow).
+"""The commands that run no model: `tpurun list`, `tpurun report` (no TensorFlow) and
+`tpurun data-service` (a tf.data service's server: TensorFlow loads once its flags hold).
 
-Each is the function its row of the command table names; `report` reads the flags
-`tpurun.cli` parsed into their handles.
+Each is the function its row of the command table names; `report` and `data-service`
+read the flags `tpurun.cli` parsed into their handles, and `data-service` is called with
+its role, the word its command line takes first.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
-from tpurun.cli import handles
+from absl import flags
+
+from tpurun.cli import handles, terminal
 from tpurun.errors import UsageError
 from tpurun.run_config import config_files
+
+# Each server's port unless --port says another (`tpurun.data_service.sizing`'s too).
+DEFAULT_PORTS = {"dispatcher": 5050, "worker": 5051}
+# A worker's --dispatcher: a host name or IPv4 address, or an IPv6 one in brackets; a port.
+_DISPATCHER = re.compile(r"[\w.\-]+:\d{1,5}|\[[\w:.]+\]:\d{1,5}")
 
 
 def list_configs() -> int:
@@ -38,3 +48,27 @@ def show_report() -> int:
 
     print(report.main(model_dir, as_json=bool(handles.value("json"))))
     return 0
+
+
+def serve_data(role: str) -> int:
+    """`tpurun data-service dispatcher|worker`: a tf.data service's server, run until SIGTERM
+    (its exit code); UsageError for a worker without its dispatcher's address."""
+    dispatcher = (handles.value("dispatcher") or "").removeprefix("grpc://")
+    if role == "worker" and not _DISPATCHER.fullmatch(dispatcher):
+        raise UsageError(
+            f"tpurun data-service worker needs --dispatcher=HOST:PORT, the dispatcher's address "
+            f"(got {dispatcher or 'none'!r}), e.g. --dispatcher=10.128.0.5:5050"
+        )
+    verbose = flags.FLAGS.verbosity >= 1
+    if not verbose:  # TensorFlow's C++ lines: a worker's log would be its retries
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    terminal.quiet_tensorflow(verbose=verbose)
+    from tpurun.data_service import servers
+
+    return servers.serve(
+        role,
+        handles.value("port") or DEFAULT_PORTS[role],
+        work_dir=handles.value("work_dir") or "",
+        dispatcher=dispatcher,
+        address=handles.value("worker_address") or "",
+    )

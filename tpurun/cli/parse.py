@@ -32,12 +32,14 @@ class Invocation:
 
     `action` is one of "usage" (print the usage; an error without a command),
     "version", "help" (a command's flags) or "run" (with `run_config` for a command
-    that parses a model config; the others read their flags' handles).
+    that parses a model config; the others read their flags' handles, and are called
+    with `words`: the word a command's row takes first, as given).
     """
 
     command: str
     action: Literal["usage", "version", "help", "run"]
     run_config: RunConfig | None = None
+    words: tuple[str, ...] = ()
 
 
 def parse_command_line(argv: Sequence[str]) -> Invocation:
@@ -62,7 +64,7 @@ def parse_command_line(argv: Sequence[str]) -> Invocation:
     if parses is Parses.CONFIG:
         return Invocation(command, "run", parse(command, [argv[0], *args]))
     if parses is Parses.FLAGS:
-        parse_own_flags(command, [argv[0], *args])
+        return Invocation(command, "run", words=parse_own_flags(command, [argv[0], *args]))
     return Invocation(command, "run")
 
 
@@ -146,10 +148,22 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     return run
 
 
-def parse_own_flags(command: str, argv: list[str]) -> None:
-    """The flags of a command that takes no model config (`report`), parsed into their
-    handles and checked; raises UsageError. What they require (report's --model_dir) is
-    the command's function's to refuse."""
+def parse_own_flags(command: str, argv: list[str]) -> tuple[str, ...]:
+    """The flags of a command that takes no model config (`report`, `data-service`), parsed
+    into their handles and checked, each within its bound; the word its row's `words` takes
+    first (data-service's role), checked too, if it takes one. Raises UsageError. What
+    the flags require (report's --model_dir) is the command's function's to refuse."""
+    words: tuple[str, ...] = ()
+    shown = command
+    takes = COMMAND[command].words
+    if takes is not None:
+        word = argv[1] if len(argv) > 1 else ""
+        if word not in takes.choices:
+            raise UsageError(
+                f"tpurun {command} needs a {takes.what} first, {' or '.join(takes.choices)} "
+                f"(got {word or 'none'!r}): e.g. {takes.example}"
+            )
+        argv, words, shown = [argv[0], *argv[2:]], (word,), f"{command} {word}"
     _forget_earlier_parse()
     try:
         leftover = FLAGS(argv)
@@ -157,14 +171,26 @@ def parse_own_flags(command: str, argv: list[str]) -> None:
         raise UsageError(
             f"unknown flag --{e.flagname}; `tpurun {command} --help` lists the flags"
         ) from None
+    except flags.IllegalFlagValueError as e:
+        raise UsageError(_bad_value(str(e))) from None
     except flags.Error as e:
         raise UsageError(_one_line(str(e))) from None
     if len(leftover) > 1:
         raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
     allowed = set(COMMAND_FLAGS[command]) | set(ABSL_FLAGS)
-    for name in FLAGS:
-        if FLAGS[name].present and name not in allowed:
-            raise UsageError(f"--{name} does not apply to `tpurun {command}`; drop it")
+    for name in (name for name in FLAGS if FLAGS[name].present):
+        flag = FLAG.get(name)
+        if name not in allowed:
+            raise UsageError(f"--{name} does not apply to `tpurun {shown}`; drop it")
+        if flag is None:  # absl's own (--verbosity, --flagfile)
+            continue
+        if words and flag.words and words[0] not in flag.words:
+            raise UsageError(
+                f"--{name} does not apply to `tpurun {shown}` (a flag of the "
+                f"{' / '.join(flag.words)}); drop it"
+            )
+        flag.check(handles.value(name))
+    return words
 
 
 def _forget_earlier_parse() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tpurun import check, inputs, precision, run_account, storage
+from tpurun import check, data_service, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.goodput import GoodputRecord
 from tpurun.cluster import Cluster, is_chief_process, strategy
@@ -153,7 +153,11 @@ def ready_to_read(run: RunConfig) -> tuple[RunConfig, tuple[Difference, ...], bo
 def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]:
     """The strategy, the model and the run's length, before anything is written: the run
     (its length resolved, where `command` resolves it), what is prepared of it, and when
-    its cluster was ready."""
+    its cluster was ready. First, the tf.data service that will make its training input,
+    if its config names one: it must answer (exit 69 otherwise, nothing initialised)."""
+    service = data_service.service(run.config) if command.service_input else None
+    if service is not None:  # before the TPU: a service that does not serve is exit 69
+        data_service.wait_until_serving(service)
     # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
     cluster = strategy.build(run) if command.needs_strategy else None
     cluster_ready = time.time()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from absl import logging
 
-from tpurun import actions, check
+from tpurun import actions, check, data_service
 from tpurun import model as model_lib
 from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import writing_through
@@ -24,6 +24,12 @@ from tpurun.storage import background, best
 
 
 def train(run: RunConfig, prepared: Prepared) -> None:
+    # config.data.service: a job the service lost is exit 69, not a failure.
+    with data_service.input_errors(data_service.service(run.config)):
+        _train(run, prepared)
+
+
+def _train(run: RunConfig, prepared: Prepared) -> None:
     cluster, model, account = prepared.replicas, prepared.model, prepared.account
     logging.info(
         "Global batch %d split over %d replica(s): %d examples per replica.",
@@ -47,6 +53,16 @@ def train(run: RunConfig, prepared: Prepared) -> None:
     )
     if replicas_differ:
         logging.warning(replicas_differ)
+    # config.data.service: its start line and record field, its lost servers, its deadline.
+    serving = (
+        [
+            data_service.ServiceWatch(
+                lambda: trainer.service_input, account.set_field if account else None
+            )
+        ]
+        if data_service.service(run.config)
+        else []
+    )
     # The run's one thread for storage: checkpoints written in the background, events
     # uploaded. Closed (everything handed to it written) before the lease is released.
     with background.Writer() as writer, writing_through(account, writer):
@@ -64,7 +80,9 @@ def train(run: RunConfig, prepared: Prepared) -> None:
             trainer,
             # ResumeCost: made just before the restore it times.
             actions=[
-                # The account first: the supervisor hears of a step before it is logged.
+                # The service's record field first: in the account's first write.
+                *serving,
+                # The account next: the supervisor hears of a step before it is logged.
                 *([account] if account else []),
                 *watching,
                 *([RenewLease(prepared.lease, writer)] if prepared.lease else []),

@@ -93,26 +93,9 @@ def distribute(
             micro_batches if train else 1,
             split if mode is Mode.EVAL else None,
         )
-        dataset = train_dataset(model, params, arrays) if train else model.input_fn(mode, params)
-        if not isinstance(dataset, tf.data.Dataset):
-            raise RunError(
-                f"{type(model).__name__}.input_fn({mode.value}) returned "
-                f"{type(dataset).__name__}; return a tf.data.Dataset"
-            )
         if train:
-            check_static_batch(dataset, params.batch_size, type(model).__name__)
-            if params.start_batch and not (model.input_fn_seeks or arrays):
-                logging.info(
-                    "Skipping %d batches to continue the input where step %d left it (reads "
-                    "them: set input_fn_seeks on %s to start there directly).",
-                    params.start_batch,
-                    start_step,
-                    type(model).__name__,
-                )
-                dataset = dataset.skip(params.start_batch)
-            if micro_batches > 1:
-                dataset = dataset.batch(micro_batches, drop_remainder=True)
-            return dataset
+            return train_batches(model, params, arrays, micro_batches)
+        dataset = _dataset(model.input_fn(mode, params), model, mode)
         if exact_pass and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
             raise RunError(
                 f"{type(model).__name__}.input_fn({mode.value}) repeats forever; drop .repeat() "
@@ -121,10 +104,50 @@ def distribute(
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         return pad_batches(dataset, params.batch_size, replicas_here)
 
-    if mode is Mode.TRAIN and replicas_share_host_memory(strategy):
+    return place(strategy, dataset_fn, train=mode is Mode.TRAIN)
+
+
+def place(
+    strategy: tf.distribute.Strategy,
+    dataset_fn: Any,
+    train: bool,
+) -> tf.distribute.DistributedDataset | HostDistributedDataset:
+    """The datasets `dataset_fn` makes per input pipeline, fed to the strategy's replicas
+    (TRAIN on logical CPU devices: one host iterator for all, `HostDistributedDataset`)."""
+    if train and replicas_share_host_memory(strategy):
         return HostDistributedDataset(strategy, dataset_fn)
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return strategy.distribute_datasets_from_function(dataset_fn, options)
+
+
+def train_batches(
+    model: Model, params: InputParams, arrays: TrainArrays | None, micro_batches: int
+) -> tf.data.Dataset:
+    """One input pipeline's TRAIN batches: checked static, started at `params.start_batch`
+    (skipping to it unless input_fn seeks), `micro_batches` stacked per element."""
+    dataset = _dataset(train_dataset(model, params, arrays), model, Mode.TRAIN)
+    check_static_batch(dataset, params.batch_size, type(model).__name__)
+    if params.start_batch and not (model.input_fn_seeks or arrays):
+        logging.info(
+            "Skipping %d batches to continue the input where the resumed step left it (reads them: "
+            "set input_fn_seeks on %s to start there directly).",
+            params.start_batch,
+            type(model).__name__,
+        )
+        dataset = dataset.skip(params.start_batch)
+    if micro_batches > 1:
+        dataset = dataset.batch(micro_batches, drop_remainder=True)
+    return dataset
+
+
+def _dataset(dataset: Any, model: Model, mode: Mode) -> tf.data.Dataset:
+    """What input_fn returned, if it is a tf.data.Dataset; else RunError."""
+    if not isinstance(dataset, tf.data.Dataset):
+        raise RunError(
+            f"{type(model).__name__}.input_fn({mode.value}) returned "
+            f"{type(dataset).__name__}; return a tf.data.Dataset"
+        )
+    return dataset
 
 
 def replicas_share_host_memory(strategy: tf.distribute.Strategy) -> bool:

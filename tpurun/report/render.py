@@ -1,5 +1,6 @@
-"""The report as a person or a machine reads it: `main` (the command: a table, or JSON),
-`read`, and `summary_line`, the one line `train` ends with."""
+"""The report as a person or a machine reads it: `main` (the command: a table, or JSON, with
+the runs whose input a tf.data service made), `read`, and `summary_line`, the one line
+`train` ends with."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 import sys
 
 from tpurun.errors import RunError
+from tpurun.layout import served_input
 from tpurun.layout.names import RUNS_DIR
+from tpurun.layout.served_input import ServedInput
 from tpurun.report.goodput import CATEGORIES, Report, account
 from tpurun.report.run_records import time_accounts
 
@@ -32,8 +35,13 @@ def main(model_dir: str, as_json: bool = False) -> str:
             "with tpurun 0.2 or later first (tpurun train --model_dir=...)"
         )
     if as_json:
-        return json.dumps({**report.as_json(), "skipped_records": accounts.skipped}, indent=2)
-    return table(report)
+        shown = {**report.as_json(), "skipped_records": accounts.skipped}
+        if accounts.served:  # runs whose input a tf.data service made: how, and where each resumed
+            shown[served_input.KEY] = [
+                {"record": name, **served_input.as_json(served)} for name, served in accounts.served
+            ]
+        return json.dumps(shown, indent=2)
+    return "\n".join([table(report), *served_lines(accounts.served)])
 
 
 def _seconds(value: float) -> str:
@@ -78,6 +86,30 @@ def table(report: Report) -> str:
         else f"MFU            n/a ({report.mfu_why})"
     )
     return "\n".join(lines)
+
+
+def served_lines(served: list[tuple[str, ServedInput]]) -> list[str]:
+    """The runs whose input a tf.data service made (by their record's name), and where each
+    resumed one restarted it: not where the run before stopped (docs/data-service.md)."""
+    if not served:
+        return []
+    lines = [f"input          a tf.data service made the input of {len(served)} run(s):"]
+    for record, run in served:
+        starts = run.input_starts_at
+        where = (
+            f"the start of epoch {starts.epoch} (step {starts.step})"
+            if starts is not None
+            else "the start of its stream"
+        )
+        resumed = (
+            f"resumed at step {run.started_at_step}, input restarted at {where}: not exact"
+            if run.started_at_step
+            else "from step 0"
+        )
+        lines.append(
+            f"  {record}: {run.service} ({run.processing_mode}), job {run.job_name}, {resumed}"
+        )
+    return lines
 
 
 def summary_line(report: Report) -> str:

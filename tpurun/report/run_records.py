@@ -2,9 +2,11 @@
 
 `runs/<time>-train.json` on a local disk or gs:// (`tpurun.layout.plain_files`, as
 the lease reads it). Each record's time account is checked field by field
-(`tpurun.layout.time_account.check`) before it is counted: a record that is not a
-file, not UTF-8, not JSON, or holds a field of the wrong type or outside physical
-bounds is skipped with one line naming the file and the field (`Accounts.skipped`). A
+(`tpurun.layout.time_account.check`) before it is counted, and so is its `data_service`
+field where a tf.data service made its input (`tpurun.layout.served_input.check`,
+`Accounts.served`): a record that is not a file, not UTF-8, not JSON, or holds a field
+of the wrong type or outside physical bounds is skipped with one line naming the file
+and the field (`Accounts.skipped`). A
 model_dir or `runs/` that is not a directory is a RunError. Records are written
 atomically, so a half-written one is a foreign file.
 """
@@ -17,7 +19,8 @@ import os
 from typing import Any
 
 from tpurun.errors import RunError
-from tpurun.layout import names, plain_files, time_account
+from tpurun.layout import names, plain_files, served_input, time_account
+from tpurun.layout.served_input import ServedInput
 from tpurun.layout.time_account import BadField, TimeAccount
 
 
@@ -27,6 +30,9 @@ class Accounts:
 
     found: list[tuple[str, TimeAccount]]  # (the record's file name, its checked account)
     skipped: list[str]  # one line per record not counted: its path, the field, why
+    # (file name, its checked `data_service` field) of the records whose input a tf.data
+    # service made: how it was made and where a resumed run's input restarted.
+    served: list[tuple[str, ServedInput]] = dataclasses.field(default_factory=list)
 
 
 class _Skip(Exception):
@@ -79,7 +85,7 @@ def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
 
     A record without one (written before tpurun 0.2) is neither counted nor skipped."""
     directory = names.runs_dir(model_dir)
-    found, skipped = [], []
+    found, skipped, served = [], [], []
     for name in sorted(n for n in _listdir(directory) if names.TRAIN_RECORD.fullmatch(n)):
         path = names.join(directory, name)
         try:
@@ -89,13 +95,19 @@ def time_accounts(model_dir: str, now: float | None = None) -> Accounts:
                 continue
             if not isinstance(record, dict):
                 raise _Skip("is not a run record (a JSON object)")
-            if record.get(time_account.KEY) is not None:
-                found.append((name, time_account.check(record[time_account.KEY], now)))
+            # Both checked before either is kept: a record that does not hold is skipped whole.
+            goodput, service = record.get(time_account.KEY), record.get(served_input.KEY)
+            account = None if goodput is None else time_account.check(goodput, now)
+            input_served = None if service is None else served_input.check(service)
+            if account is not None:
+                found.append((name, account))
+            if input_served is not None:
+                served.append((name, input_served))
         except _Skip as e:
             skipped.append(f"{path} {e}")
         except BadField as e:
             skipped.append(f"{path}: {e}")
-    return Accounts(found, skipped)
+    return Accounts(found, skipped, served)
 
 
 def newest_checkpoint_step(model_dir: str) -> int | None:

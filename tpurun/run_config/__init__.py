@@ -7,6 +7,7 @@
 * `merge`: the flags given merged into the config's keys, then frozen;
 * `config_files`: a config by name or path, loaded and its overrides checked;
 * `recipe_keys`: config.optimizer's keys and their checks;
+* `service_keys`: config.data's tf.data service keys (`service`: the run's, or None), checked;
 * `epochs`: how long a run trains when it says a length in epochs;
 * `trained_keys`: the keys eval, predict and export take from the trained config;
 * `splits`: the eval splits of a model;

@@ -54,6 +54,17 @@ def final_step_in_epochs(run: RunConfig) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Words:
+    """The word a command line of the command takes first, before its flags: one of
+    `choices` (data-service's role). The command's function is called with it; a flag
+    that applies to some choices only names them (the flag table's `words`)."""
+
+    what: str  # what the word is, as the message that asks for it says ("role")
+    choices: tuple[str, ...]
+    example: str  # a command line that gives one, for that message
+
+
+@dataclasses.dataclass(frozen=True)
 class Command:
     """One command of tpurun and what running it involves."""
 
@@ -63,9 +74,11 @@ class Command:
     # - model_dir NONE, parses CONFIG (check): function(run: RunConfig);
     # - model_dir READS or WRITES: function(run: RunConfig, prepared: commands.Prepared),
     #   once `tpurun.commands.run` prepared what the row below asks for;
-    # - parses FLAGS or NOTHING: function() -> exit code, reading its flags' handles.
+    # - parses FLAGS or NOTHING: function() -> exit code, reading its flags' handles;
+    #   with `words`, function(word).
     runs: str
     parses: Parses = Parses.CONFIG
+    words: Words | None = None  # the word its line takes first (Parses.FLAGS); None: none
     model_dir: ModelDir = ModelDir.NONE
     takes_lease: bool = False  # model_dir's trainer lease, held for the whole run (the chief's)
     keeps_account: bool = False  # the run record holds the run's time account (goodput)
@@ -76,6 +89,10 @@ class Command:
     # Runs the model's step over its data: a data error is diagnosed by the model's
     # `diagnose_data`.
     reads_data: bool = False
+    # Its training input is made by the tf.data service config.data.service names, if it
+    # names one (eval and predict read theirs here): that service must answer before the
+    # strategy is built (`tpurun.data_service.probe`; else exit 69, nothing initialised).
+    service_input: bool = False
     checks_splits: bool = False  # resolves config.eval's split names before the run record
     # Whether the run resolves how long it trains (`tpurun.run_config.epochs.resolve_length`):
     # its training examples counted when it says a length in epochs, its steps from them,
@@ -100,6 +117,7 @@ TRAIN = Command(
     keeps_account=True,
     needs_strategy=True,
     reads_data=True,
+    service_input=True,
     checks_splits=True,
     resolves_length=always,
     on_tpu=True,
@@ -152,6 +170,15 @@ REPORT = Command(
     "tpurun.cli.model_free:show_report",
     parses=Parses.FLAGS,
 )
+DATA_SERVICE = Command(
+    "data-service",
+    "a tf.data service's server, to train with --config.data.service: "
+    "`data-service dispatcher [--port=5050] [--work_dir=gs://...]` or `data-service worker "
+    "--dispatcher=HOST:5050 [--port=5051]`",
+    "tpurun.cli.model_free:serve_data",
+    parses=Parses.FLAGS,
+    words=Words("role", ("dispatcher", "worker"), "tpurun data-service dispatcher --port=5050"),
+)
 # In the order `tpurun --help` lists them.
-COMMANDS = (TRAIN, EVAL, PREDICT, EXPORT, LIST, CHECK, REPORT)
+COMMANDS = (TRAIN, EVAL, PREDICT, EXPORT, LIST, CHECK, REPORT, DATA_SERVICE)
 COMMAND = {command.name: command for command in COMMANDS}

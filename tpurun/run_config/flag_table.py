@@ -41,7 +41,7 @@ from tpurun.run_config.bounds import (
 )
 
 # The commands a flag row names, by the command table's names.
-TRAIN, EVAL, PREDICT, EXPORT, CHECK, REPORT = (
+TRAIN, EVAL, PREDICT, EXPORT, CHECK, REPORT, SERVE = (
     (command.name,)
     for command in (
         command_table.TRAIN,
@@ -50,6 +50,7 @@ TRAIN, EVAL, PREDICT, EXPORT, CHECK, REPORT = (
         command_table.EXPORT,
         command_table.CHECK,
         command_table.REPORT,
+        command_table.DATA_SERVICE,
     )
 )
 # The commands that run a config.
@@ -58,6 +59,7 @@ EPOCH = "epoch"  # --eval_every=epoch
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OFF = " (0 = off)"
 MAX_PRICE = 10**6  # $ per chip-hour
+MAX_PORT = 65535
 
 
 def parse_checkpoint(text: str | None) -> int | str | None:
@@ -124,6 +126,9 @@ class Flag:
     field: bool = False  # it fills the RunConfig field of its name
     # Its text as the value it stands for (--checkpoint=ckpt-3 -> 3), or a UsageError.
     parse: Callable[[Any], Any] | None = None
+    # Of a command whose line takes a word first (its row's `words`: data-service's role),
+    # the words that take it; () = every one.
+    words: tuple[str, ...] = ()
 
     @property
     def shown(self) -> str:
@@ -280,6 +285,18 @@ FLAGS: tuple[Flag, ...] = (
               "over 10 minutes on a small machine's CPU)."),
     Flag("json", "bool", REPORT, default=False,
          help="report: print the report as one JSON object instead of a table."),
+    Flag("port", "integer", SERVE, bound=Integer(1, MAX_PORT),
+         help="data-service: the port the server listens on (all interfaces). Default: 5050 for "
+              "the dispatcher, 5051 for a worker."),
+    Flag("work_dir", "string", SERVE, words=("dispatcher",),
+         help="data-service dispatcher: a directory (local or gs://) where the dispatcher journals"
+              " its datasets and jobs, so that a restarted dispatcher carries on with them "
+              "(fault-tolerant mode). Default: none; a restart forgets every job."),
+    Flag("dispatcher", "string", SERVE, words=("worker",),
+         help="data-service worker: the dispatcher's HOST:PORT (required)."),
+    Flag("worker_address", "string", SERVE, words=("worker",),
+         help="data-service worker: the host name or IP the trainers reach this worker at. "
+              "Default: this machine's fully qualified name."),
 )
 # fmt: on
 FLAG = {flag.name: flag for flag in FLAGS}

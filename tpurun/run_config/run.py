@@ -17,7 +17,7 @@ import ml_collections
 
 from tpurun import __version__
 from tpurun.errors import UsageError
-from tpurun.run_config import flag_table, recipe_keys
+from tpurun.run_config import flag_table, recipe_keys, service_keys
 from tpurun.run_config.bounds import check_divisible
 from tpurun.run_config.flag_table import (
     EPOCH,
@@ -153,6 +153,7 @@ def _validate(run: RunConfig) -> None:
     _check_train_flags(run)
     _check_checkpoint_choice(run)
     _check_report_flags(run)
+    service_keys.check(run.config)  # config.data.service: a dispatcher, a mode, a timeout
 
 
 def _require_keys(run: RunConfig) -> None:

@@ -39,10 +39,21 @@ from tpurun.errors import CheckpointMismatch, UsageError
 from tpurun.layout import names
 from tpurun.run_config.tpu_node import DATA_LOCATION_SUFFIXES
 
+# Where training's input is made (a tf.data service): eval and predict read here anyway.
+SERVICE_KEYS = ("data.service", "data.service_processing_mode", "data.service_timeout")
 # Keys, and sections (ending in "."), that say how the command runs: the command line's
 # and the config file's, never the model_dir's.
 # (name_map: how a checkpoint tpurun did not write names the model's variables.)
-RUN_KEYS = ("model", "model_module", "seed", "name_map", "train.", "eval.", "predict.")
+RUN_KEYS = (
+    "model",
+    "model_module",
+    "seed",
+    "name_map",
+    "train.",
+    "eval.",
+    "predict.",
+    *SERVICE_KEYS,
+)
 # ...except these of train.*: whether a served model is its moving averages.
 TRAINED_RUN_KEYS = ("train.ema_decay",)
 # Sections taken whole from the model_dir, unless a key in them is given: a recipe of

@@ -14,7 +14,8 @@ host loop adds up the named scalars the step returns.
 The input is tf.data (`tpurun.inputs`), or for a model with `train_arrays` device
 data (`tpurun.inputs.device_data`): the arrays in every replica's memory and each replica
 step gathering its own batch: which, and how the loop over it is compiled, is the
-`LoopPlan` `tpurun.runners.loop_plan` decides. The host loop over either is
+`LoopPlan` `tpurun.runners.loop_plan` decides; with config.data.service, tf.data made
+by a tf.data service's workers (`tpurun.data_service`). The host loop over either is
 `tpurun.runners.host_loops`'s. `forward_graph`: the serving model's forward pass as a
 graph, for TensorBoard's graph tab (`TrainSummaries`).
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun import inputs
+from tpurun import data_service, inputs
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import announced
 from tpurun.cluster import Cluster
@@ -93,6 +94,8 @@ class Trainer:
         # The host loop this run trains with: tf.data until start_input() decides.
         self.plan = plan or LoopPlan()
         self._compiled = False  # the loop: by the first train(), or to time it
+        # The input through a tf.data service (config.data.service), once start_input built it.
+        self.service_input: data_service.ServiceInput | None = None
         if arrays is not None:
             self.arrays = arrays  # read once (the cached property below, set)
 
@@ -219,6 +222,13 @@ class Trainer:
         if self._loop is not None:
             return
         parts, arrays = self._loop_parts(), self.arrays
+        service = data_service.service(self.run.config)
+        if service is not None:  # config.data.service: made by a tf.data service's workers
+            self.service_input = data_service.ServiceInput(
+                self.run, service, self.cluster, self.model, arrays, self.step
+            )
+            self._loop = InputLoop(parts, iter(self.service_input.distribute()))
+            return
         self.plan, loop = loop_plan.decide(
             self.run, self.cluster, arrays, parts, self.step, recorded or (lambda: None)
         )

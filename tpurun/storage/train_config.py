@@ -59,6 +59,10 @@ RESUMABLE_CHANGES = (
     "train.device_data",
     "train.device_data_mb",
     "train.xla",
+    # Where the input is made: here (exact resume), or by a tf.data service (docs/data-service.md).
+    "data.service",
+    "data.service_processing_mode",
+    "data.service_timeout",
     "eval.",
     "predict.",
 )

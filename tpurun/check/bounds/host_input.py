@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpurun import inputs
+from tpurun import data_service, inputs
 from tpurun.check.bounds.step_bounds import StepBound, bounds, format_seconds
 from tpurun.check.rules.step_builds import StepBuilder
 from tpurun.check.sizing.preflight import TargetMemory
@@ -46,7 +46,7 @@ REMEDIES = (
     "cached (dataset.cache() after decoding, if they fit the host's memory), a lighter "
     "pipeline (smaller images, fewer augmentations, decode_and_crop_jpeg), more "
     "parallelism (num_parallel_calls=tf.data.AUTOTUNE), or tf.data service's CPU "
-    "workers (a service-fed run does not resume exactly); docs/check.md"
+    "workers (below; a service-fed run does not resume exactly); docs/check.md"
 )
 ASSUMPTIONS = (
     "linear in cores; this CPU's speed per core, not the TPU host's; the step's time is a "
@@ -90,6 +90,8 @@ class HostInput:
     examples_per_host_step: int = 0  # what a host feeds its chips per train step
     train_bound: StepBound | None = None  # the train step's time bound, if there is one
     no_bound: str = ""  # why there is no bound to compare with
+    config_name: str = ""  # what the tf.data service's sizing trains (`data_service.sizing`)
+    python_calls: tuple[str, ...] = ()  # Python the input calls: the service cannot run it
 
     @property
     def host_rate(self) -> float | None:
@@ -153,6 +155,7 @@ def check(builds: StepBuilder, found: TargetMemory) -> HostInput:
     )
     try:
         dataset = inputs.train_dataset(builds.model, params, builds.arrays)
+        calls = data_service.python_calls(dataset) or []
         measured = measure(dataset, params.batch_size, MEASURE_SECONDS)
     except Exception as e:  # noqa: BLE001 - the user's input: any failure is reported, not fatal
         return HostInput(target, why_not=f"the training input failed here: {one_line(e)}")
@@ -171,6 +174,8 @@ def check(builds: StepBuilder, found: TargetMemory) -> HostInput:
         examples_per_host_step=train.examples * target.replicas // target.hosts,
         train_bound=train_bound,
         no_bound=no_bound,
+        config_name=run.config_name,
+        python_calls=tuple(calls),
     )
 
 
@@ -262,6 +267,9 @@ def lines(host: HostInput) -> list[str]:
             f"host (at its bound, {host.examples_per_host_step:,} examples per host per step): "
             f"the chips would wait {host.chips_wait:.0%} of the time; remedies: {REMEDIES}"
         )
+        out += data_service.sizing.lines(
+            service_sizing(host), host.config_name, list(host.python_calls), rate
+        )
     else:
         out.append(
             f"  keeps up: {makes}, {host.ratio:.1f}x the {rate(host.step_rate or 0)} per host "
@@ -273,6 +281,14 @@ def lines(host: HostInput) -> list[str]:
         out.append(f"  note: {note}")
     out.append(f"  assumptions: {ASSUMPTIONS}")
     return out
+
+
+def service_sizing(host: HostInput) -> data_service.sizing.Sizing:
+    """The tf.data service workers that would make what the slice's train step takes."""
+    assert host.measured is not None and host.step_rate is not None
+    return data_service.sizing.Sizing.of(
+        host.measured.examples_per_cpu_second, host.step_rate, host.target.hosts
+    )
 
 
 def _cores_note(measured: Measured) -> str | None:
@@ -314,6 +330,11 @@ def report(host: HostInput) -> dict[str, Any]:
         "input_bound": None if host.ratio is None else host.ratio < 1,
         "chips_wait_fraction": host.chips_wait,
         "no_bound": host.no_bound or None,
+        "data_service_workers": (
+            service_sizing(host).workers
+            if host.ratio is not None and host.ratio < 1 and not host.python_calls
+            else None
+        ),
     }
 
 
