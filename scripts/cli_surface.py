@@ -12,6 +12,11 @@ identical:
 
 `--quick` leaves out the checks (seconds instead of minutes). Lines that say how long
 something took (the TPU compiler's sizing log lines) are dropped: they differ by run.
+The figures of `check --target`'s input measurement (examples/s here, cores busy) are
+measured, so they differ by run too: compare their verdicts.
+
+Each run works in a scratch directory of its own (two runs at once, one per tree, must
+not empty each other's), named in the output as `/tmp/tpurun-cli-surface` whatever it is.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from tpurun.run_config.command_table import COMMANDS
 
@@ -43,6 +49,10 @@ _LOG_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ")
 _SECONDS = re.compile(r"\bin \d+(\.\d+)? s\b")
 
 
+# The name the scratch directory is written as in the output (its own name differs by run).
+SHOWN_CWD = "/tmp/tpurun-cli-surface"
+
+
 def run_tpurun(args: list[str], cwd: str) -> str:
     env = dict(os.environ, NO_GCE_CHECK="true", GCE_METADATA_HOST="127.0.0.1:1")
     env.update(GCE_METADATA_IP="127.0.0.1:1", GCS_RETRY_CONFIG_MAX_RETRIES="0")
@@ -59,7 +69,7 @@ def run_tpurun(args: list[str], cwd: str) -> str:
         if _LOG_PREFIX.match(line):
             continue
         lines.append(_SECONDS.sub("in N s", line))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines).replace(cwd, SHOWN_CWD) + "\n"
 
 
 def data_flags(directory: pathlib.Path) -> dict[str, list[str]]:
@@ -86,11 +96,16 @@ def main() -> None:
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # A fixed, empty working directory: `list` shows no config files there, and the
-    # --report path the check prints is the same in both trees.
-    cwd = "/tmp/tpurun-cli-surface"
-    shutil.rmtree(cwd, ignore_errors=True)
-    os.makedirs(cwd)
+    # An empty working directory of this run's own: `list` shows no config files there, and
+    # the --report path the check prints is the same in both trees (written as SHOWN_CWD).
+    cwd = tempfile.mkdtemp(prefix="tpurun-cli-surface-")
+    try:
+        write_surface(out, cwd, args.quick)
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+
+
+def write_surface(out: pathlib.Path, cwd: str, quick: bool) -> None:
     (out / "help.txt").write_text(run_tpurun(["--help"], cwd))
     (out / "version.txt").write_text(run_tpurun(["--version"], cwd))
     for command in (c.name for c in COMMANDS):
@@ -98,7 +113,7 @@ def main() -> None:
     (out / "list.txt").write_text(run_tpurun(["list"], cwd))
     for name, argv in REFUSED.items():
         (out / f"refused-{name}.txt").write_text(run_tpurun(argv, cwd))
-    if args.quick:
+    if quick:
         return
     data = data_flags(pathlib.Path(cwd) / "data")
     for config in CONFIGS:
@@ -112,7 +127,9 @@ def main() -> None:
         )
         (out / f"check-target-{config}.txt").write_text(text)
         if report.exists():
-            (out / f"check-target-{config}.json").write_text(report.read_text())
+            (out / f"check-target-{config}.json").write_text(
+                report.read_text().replace(cwd, SHOWN_CWD)
+            )
 
 
 if __name__ == "__main__":
