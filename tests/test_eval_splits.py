@@ -341,7 +341,7 @@ def test_predict_and_export_take_best_and_checkpoint_too(run, tmp_path):
     "flags, keywords",
     [
         (("--best", "--checkpoint=10"), ("--best and --checkpoint=10", "drop one")),
-        (("--checkpoint=latest",), ("--checkpoint=latest", "ckpt-N or its step N")),
+        (("--checkpoint=latest",), ("latest is neither ckpt-N or its step N",)),
         (("--continuous", "--best"), ("eval --continuous", "--best")),
     ],
     ids=["best_and_checkpoint", "not_a_step", "continuous_and_best"],

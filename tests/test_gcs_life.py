@@ -14,6 +14,7 @@ tests/test_datasets.py.)
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import forked
 import pytest
@@ -85,14 +87,22 @@ def tensorboard_losses(logdir: str, last: int) -> list[int]:
     """The steps of `loss` that a real TensorBoard server reading `logdir` shows: TensorBoard's
     own server and data ingester, in this process (no second TensorFlow import), loading the
     events once before it serves (`last`: the run is over, every events file uploaded)."""
+    from absl.flags import argparse_flags
     from tensorboard import program
 
     [port] = free_local_ports(1)
     board = program.TensorBoard()
-    board.configure(
-        argv=[None, f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1"]
-        + ["--load_fast=false", "--reload_interval=0", "--reload_task=blocking"]
-    )
+    # TensorBoard's parser inherits this process's absl flags, and tpurun's `--port`
+    # (data-service) would clash with its own: a parser that inherits none.
+    with mock.patch.object(
+        program.argparse_flags,
+        "ArgumentParser",
+        functools.partial(argparse_flags.ArgumentParser, inherited_absl_flags=None),
+    ):
+        board.configure(
+            argv=[None, f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1"]
+            + ["--load_fast=false", "--reload_interval=0", "--reload_task=blocking"]
+        )
     server = board._make_server()  # what `launch()` serves from a thread it keeps
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()

@@ -106,9 +106,9 @@ def test_create_of_an_unknown_model_names_the_known_ones(registry, shipped_model
     with pytest.raises(UsageError) as raised:
         model_lib.create(config(model="nope"))
     assert str(raised.value) == (
-        "config.model='nope' is not a registered model (known: fashion_mnist, flops, iris, "
-        "mnist, resnet50, shakespeare, tiny, wgan_gp); set config.model_module to the module that "
-        "registers it"
+        "config.model='nope' is not a registered model (known: bert, bert_classifier, "
+        "fashion_mnist, flops, iris, mnist, resnet50, shakespeare, tiny, wgan_gp); set "
+        "config.model_module to the module that registers it"
     )
 
 

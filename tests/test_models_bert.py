@@ -257,3 +257,18 @@ def test_export_serves_int_ids_and_returns_probabilities(tpurun_cli, published, 
     served = serve(**inputs, segment_ids=tf.zeros_like(ids))
     assert served["probabilities"].shape == (2, NUM_LABELS)
     np.testing.assert_allclose(tf.reduce_sum(served["probabilities"], -1), 1.0, rtol=1e-6)
+
+
+def test_check_traces_pretraining_on_eight_replicas_and_prints_the_mapping(tpurun_cli, published):
+    """The shipped bert config passes check's TPU rules on a v3-8's replicas, warm-started
+    from the published checkpoint: the mapping said, as train says it, before the trace."""
+    result = assert_ok(
+        tpurun_cli(
+            "check", *pretraining(published), "--batch_size=64", "--num_shards=8",
+            f"--warm_start_from={published.prefix}",
+        )
+    )  # fmt: skip
+    said = result.stdout
+    assert re.search(r"filled (\d+) of the model's \1 weights", said), said[:400]
+    assert "left in the checkpoint: global_step\n" in said and "cls/seq_relationship" in said
+    assert "tpurun check: clean: the train, eval and predict steps of bert traced" in said

@@ -28,10 +28,10 @@ Ctrl-C); a server that cannot start (its port taken) exits 1 with one line.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import socket
 import sys
-import threading
 import time
 from typing import Any
 
@@ -52,7 +52,7 @@ WORKER_CHANGES = {
     state.WORKER_LOST: "lost: it does not answer",
     state.WORKER_BACK: "answers again",
 }
-STOP_SECONDS = 5.0
+STOP_SECONDS = 30.0  # the dispatcher's stop: its calls are short (no waits for elements)
 
 
 def say(role: str, text: str) -> None:
@@ -184,8 +184,12 @@ def _work(port: int, dispatcher: str, host: str) -> None:
             _sleep()
     finally:
         servers.close()
-        if server is not None:
-            _stop("worker", server)
+        # No server.stop(): TensorFlow 2.21's WorkerServer.stop holds the interpreter's lock
+        # while gRPC waits for the trainers' calls under way (a GetElement waits for its
+        # element), unbounded: found here as a worker that outlived SIGTERM by a minute.
+        # The process's end closes the port all the same, and the dispatcher learns of it
+        # by the missing heartbeats, as of any lost worker.
+        say("worker", "stopping" if server is not None else "stopping (never registered)")
 
 
 def _sleep() -> None:
@@ -197,15 +201,13 @@ def _sleep() -> None:
 
 
 def _stop(role: str, server: Any) -> None:
-    """Stops the server, waiting STOP_SECONDS at most: a worker's gRPC server waits for
-    the calls under way to end (seconds with tasks being read), and the process ends
-    after this whatever remains."""
+    """Stops the server. TensorFlow's stop holds the interpreter's lock while it runs, so no
+    Python timer can bound it: faulthandler's watchdog, a thread of C, ends the process
+    (exit 1, the stack on stderr) if the stop takes over STOP_SECONDS."""
     say(role, "stopping")
-    stopping = threading.Thread(target=server.stop, name=f"tpurun-{role}-stop", daemon=True)
-    stopping.start()
-    stopping.join(STOP_SECONDS)
-    if stopping.is_alive():
-        say(role, f"its server did not stop within {STOP_SECONDS:g}s: ending it with the process")
+    faulthandler.dump_traceback_later(STOP_SECONDS, exit=True)
+    server.stop()
+    faulthandler.cancel_dump_traceback_later()
 
 
 def _tasks(servers: Servers, address: str) -> int | None:

@@ -130,10 +130,12 @@ def open_source(path: str, flag: str) -> Source:
     elif storage.isdir(path):
         raise UsageError(f"{flag}={path} is an empty directory: it holds no checkpoint")
     else:
+        # --checkpoint also takes a step of the model_dir's own: a mistyped one lands here.
+        own = " ckpt-N or its step N (of model_dir)," if flag == "--checkpoint" else ""
         raise UsageError(
-            f"{flag}={path} is neither a checkpoint (a prefix such as model.ckpt-100, whose "
-            f"index is beside it: no {names.index_file(path)}), a model_dir nor a SavedModel "
-            "directory"
+            f"{flag}={path} is neither{own} a checkpoint (a prefix such as model.ckpt-100, "
+            f"whose index is beside it: no {names.index_file(path)}), a model_dir nor a "
+            "SavedModel directory"
         )
     reader = _reader(prefix, flag, path)
     graph = None
