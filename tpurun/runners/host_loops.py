@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
+from tpurun import tf_internals
 from tpurun.actions.progress import announced
 from tpurun.errors.tf_errors import one_line
 from tpurun.inputs.device_data import DeviceData
@@ -177,6 +178,38 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
+@tf.autograph.experimental.do_not_convert
+def input_clock() -> Callable[[], tf.Tensor]:
+    """What reads the time around each fetch of a batch in the tf.data host loop (seconds,
+    float64; only differences count).
+
+    `tf.timestamp`, an op of the loop itself: it costs nothing. Under TensorFlow's op
+    determinism (config.train.deterministic, TF_DETERMINISTIC_OPS=1) its kernel refuses to
+    run ("Timestamp cannot be called when determinism is enabled"), and no other op reads
+    a clock. Then the host's own clock, `time.perf_counter`, read by a `tf.numpy_function`
+    callback into this process: the same readings at the same two points of the loop, a
+    measurement as before and not an estimate. TensorFlow offers nothing cheaper that
+    still times the step's own wait: tf.data's latency statistics (LatencyStatsDataset)
+    time the pipeline's last stage, which on a GPU or a TPU is read by the prefetch to the
+    device, not by the step, and its getnext metrics are process-wide and unreadable from
+    Python. The callbacks run in this process, where the host loop runs on a CPU, a GPU
+    and a TPU VM (no round trip to a device), at the cost of two calls into Python a step
+    (tens of microseconds, docs/checkpoints.md; also a wait for the GIL when another
+    thread holds it): only under op determinism, the timestamp's cost being none. On a
+    TPU node, whose host loop runs on the TPU's host, TensorFlow runs them on this VM: a
+    round trip a step, and XLA's TPU programs are bit-identical without op determinism
+    (said at the start, `tpurun.run_config.determinism`).
+    """
+    if not tf_internals.op_determinism_enabled():
+        return tf.timestamp
+    return _host_time
+
+
+def _host_time() -> tf.Tensor:
+    seconds = tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True)
+    return tf.ensure_shape(seconds, [])
+
+
 class InputLoop:
     """The host loop over a distributed tf.data iterator: each step takes the next batch."""
 
@@ -193,16 +226,18 @@ class InputLoop:
 
     def _host_loop(self, iterator: Any, num_steps: tf.Tensor) -> LoopResult:
         """num_steps replicated steps in-graph; the seconds spent waiting for batches are the
-        timestamps around `next(iterator)` (stateful ops: automatic control dependencies
-        keep them before and after the fetch)."""
+        clock's readings around `next(iterator)` (`input_clock`), the fetch after the first
+        and the second after the batch."""
         parts = self.parts
+        clock = input_clock()  # traced once: op determinism is set before a run's first op
         total = tf.zeros([MAX_SCALARS])
         waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):
-            before = tf.timestamp()
-            batch = next(iterator)
+            before = clock()
+            with tf.control_dependencies([before]):
+                batch = next(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += tf.timestamp() - before
+                waited += clock() - before
             total += parts.summed(parts.strategy.run(parts.replica_step, args=batch))
             parts.global_step.assign_add(1, read_value=False)  # once, not per replica
         return parts.after(total, num_steps, waited)
