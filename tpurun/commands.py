@@ -7,6 +7,7 @@ that the run made. `tpurun check` has its own package (`tpurun.check`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -21,7 +22,7 @@ from tpurun.actions.evaluation import EvaluateCheckpoint, ReportEval
 from tpurun.actions.goodput import GoodputRecord, initial_account, writing_through
 from tpurun.actions.lease_renewal import RenewLease
 from tpurun.actions.progress import ResumeCost
-from tpurun.cluster import Cluster, is_chief_process, strategy
+from tpurun.cluster import Cluster, determinism, is_chief_process, strategy
 from tpurun.errors import RunError, Unavailable, UsageError, storage_errors, tf_errors
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Mode, Model, TrainArrays
@@ -83,10 +84,12 @@ def _run(run: RunConfig) -> None:
     outputs_before = _outputs(run)
     record = None
     account: GoodputRecord | None = None
+    settings = contextlib.ExitStack()  # TensorFlow's settings for the run, put back at its end
     try:
         # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
         cluster = strategy.build(run) if run.command != "export" else None
         cluster_ready = time.time()
+        kernels = settings.enter_context(determinism.for_train(run, cluster))  # before an op
         if cluster is not None:
             cluster.check_batch_sizes(run)
             if cluster.is_tpu and run.config.precision == "mixed_float16":
@@ -102,12 +105,7 @@ def _run(run: RunConfig) -> None:
         if cluster is None or cluster.is_chief:  # one record per run, not per worker
             record, written = write_record(run)
             if run.command == "train" and cluster is not None:
-                account = GoodputRecord(record, written)
-                account.account["cluster_ready"] = cluster_ready
-                account.account["device"] = {
-                    "kind": cluster.device_kind or "CPU",
-                    "replicas": cluster.num_replicas,
-                }
+                account = run_account.start(record, written, cluster, cluster_ready, kernels)
         tf.keras.utils.set_random_seed(run.seed)
         # A checkpoint that does not fit the model the command line's overrides built: exit 2.
         with precision.policy(run.config.precision), conflicts(run.model_dir, overridden):
@@ -130,6 +128,8 @@ def _run(run: RunConfig) -> None:
         if _outputs(run) == outputs_before and is_chief_process():
             _undo(run.model_dir if created_dir else None, record)
         raise
+    finally:
+        settings.close()
     if held is not None:
         held.release()
 

@@ -1,6 +1,7 @@
-"""The end of a finished train's time account: the step's FLOPs and the device's peak,
+"""A train's time account: its start (the cluster, the devices, whether a resume is
+bit-identical), and the end of a finished one: the step's FLOPs and the device's peak,
 the report's closing line and TensorBoard's goodput scalars (issue 30's `tpurun report`,
-docs/restarts.md). Run after the last step, never on a step's time.
+docs/restarts.md), run after the last step, never on a step's time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,27 @@ from tpurun.errors import Preempted, caused_by_sigterm
 from tpurun.errors.tf_errors import one_line
 from tpurun.model import Model
 from tpurun.run_config import RunConfig
+from tpurun.run_config.determinism import Determinism
+
+
+def start(
+    path: str,
+    record: dict[str, Any],
+    cluster: Cluster,
+    cluster_ready: float,
+    kernels: Determinism | None,
+) -> GoodputRecord:
+    """The account of the train whose run record `record` was written to `path`: when its
+    cluster was ready, its devices, and whether a resume of the run is bit-identical."""
+    account = GoodputRecord(path, record)
+    account.account["cluster_ready"] = cluster_ready
+    account.account["device"] = {
+        "kind": cluster.device_kind or "CPU",
+        "replicas": cluster.num_replicas,
+    }
+    if kernels is not None:
+        account.account["resume"] = kernels.as_record()
+    return account
 
 
 def end_quietly(account: GoodputRecord, error: BaseException) -> None:

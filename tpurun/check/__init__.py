@@ -70,7 +70,7 @@ from tpurun.check.steps import StepChecker
 from tpurun.check.targets import Target
 from tpurun.check.tpu_compiler import client
 from tpurun.check.tpu_compiler.sizing import TpuSizer
-from tpurun.cluster import Cluster, strategy
+from tpurun.cluster import Cluster, determinism, strategy
 from tpurun.errors import RunError, UsageError
 from tpurun.model import Mode
 from tpurun.run_config import RunConfig
@@ -228,6 +228,7 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
                 data["input"] = host_input.report(host)
             fit_report.write_report(run.report, data)
             print(f"Wrote the report to {run.report}", file=out)
+    print("\n".join(determinism.check_lines(run)), file=out)  # whether resumes are exact
     errors = sum(f.severity == ERROR for f in findings)
     warnings = len(findings) - errors
     if report(findings, out):

@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tpurun import tf_internals
 from tpurun.errors import RunError
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import InputParams, Mode, Model, TrainArrays
@@ -147,6 +148,13 @@ def distribute(
                 dataset = dataset.skip(params.start_batch)
             if micro_batches > 1:
                 dataset = dataset.batch(micro_batches, drop_remainder=True)
+            if tf_internals.op_determinism_enabled():  # config.train.deterministic
+                # What op determinism makes of every pipeline anyway (a map's
+                # deterministic=False is overridden, stateful maps run serially), said
+                # where the training input is made: the stream a resume continues.
+                options = tf.data.Options()
+                options.deterministic = True
+                dataset = dataset.with_options(options)
             return dataset
         if exact_pass and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
             raise RunError(

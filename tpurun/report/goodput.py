@@ -9,7 +9,8 @@ durations seconds):
     training_start {t, step}, first_loop {steps, seconds, input_seconds},
     loops {count, steps, seconds, input_seconds}, last {step, t}, saves [{step, t,
     blocking_s}], evaluations [{step, t, seconds}], end {t, reason, step}, updated,
-    model_flops_per_step, peak_flops_per_s, device
+    model_flops_per_step, peak_flops_per_s, device, resume {bit_identical, deterministic,
+    why}
 
 `account` splits the time from the first process's start to the last one's end into
 the categories below; they add up to `wall_s` by construction (`other` is what is
@@ -23,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
+
+from tpurun.run_config.determinism import verdict
 
 CATEGORIES = (
     "startup",  # process start to the first step: imports, cluster, TPU init, build, restore
@@ -51,6 +54,9 @@ class Report:
     processes: int = 0
     step_seconds: float | None = None  # a steady step's time, the newest process's
     mfu_why: str | None = None  # why mfu is null
+    # Whether a resume of the newest process's run is bit-identical, and why; None: its
+    # record does not say (written before records kept it).
+    resume: str | None = None
 
     @property
     def goodput_share(self) -> float:
@@ -71,6 +77,7 @@ class Report:
             "model_flops_per_step": self.model_flops_per_step,
             "achieved_flops_per_s": self.achieved_flops_per_s,
             "mfu": self.mfu,
+            "resume": self.resume,
         }
 
 
@@ -209,6 +216,7 @@ def account(records: Sequence[dict[str, Any]]) -> Report:
         processes=len(found),
         step_seconds=step_seconds,
         mfu_why=why,
+        resume=verdict(_newest(found, "resume")),
     )
 
 

@@ -27,13 +27,14 @@ FUTURE_SLACK = 24 * 3600.0
 SLACK = 1.0
 MAX_STEP = 2**62
 
-TIME, DURATION, STEP, TEXT, FLOPS = "time", "duration", "step", "text", "flops"
+TIME, DURATION, STEP, TEXT, FLOPS, BOOL = "time", "duration", "step", "text", "flops", "bool"
 _WHAT = {
     TIME: "a time (seconds since 1970, not in the future)",
     DURATION: "a duration (seconds, finite, not negative)",
     STEP: f"a step or count (an integer from 0 to {MAX_STEP})",
     TEXT: "a text",
     FLOPS: "a FLOP count or rate (finite, not negative)",
+    BOOL: "true or false",
 }
 # Each field of the account (`tpurun.actions.goodput` writes them), and which are
 # required where the object is present: a record without them cannot be accounted.
@@ -48,6 +49,8 @@ _OBJECTS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "last": ({"step": STEP, "t": TIME}, ()),
     "end": ({"t": TIME, "reason": TEXT, "step": STEP}, ("t",)),
     "device": ({"kind": TEXT, "replicas": STEP}, ()),
+    # Whether a resume of the process's run is bit-identical (tpurun.run_config.determinism).
+    "resume": ({"bit_identical": BOOL, "deterministic": BOOL, "why": TEXT}, ("bit_identical",)),
 }
 _LISTS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "saves": (
@@ -117,6 +120,8 @@ def _object(
 def _value(where: str, value: Any, kind: str, now: float) -> None:
     if kind == TEXT:
         ok = isinstance(value, str)
+    elif kind == BOOL:
+        ok = isinstance(value, bool)
     elif kind == STEP:
         ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
     else:

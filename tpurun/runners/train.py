@@ -29,7 +29,7 @@ from absl import logging
 from tpurun import inputs
 from tpurun.actions.base import LoopStats
 from tpurun.actions.progress import announced
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, device_kind
 from tpurun.errors import RunError
 from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
@@ -307,7 +307,7 @@ class Trainer:
         if (
             choice is not True  # "auto"
             and self.run.config.precision == "mixed_bfloat16"
-            and device_data.device_kind(self.strategy) == "CPU"
+            and device_kind(self.strategy) == "CPU"
         ):
             # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (docs/device-data.md).
             return (

@@ -65,6 +65,9 @@ RESUMABLE_CHANGES = (
     "train.device_data",
     "train.device_data_mb",
     "train.xla",
+    # Which kernels: a resume's weights then match the uninterrupted run's, or not (said
+    # at its start), the model and its checkpoint the same either way.
+    "train.deterministic",
     "eval.",
     "predict.",
 )
