@@ -9,7 +9,10 @@ clock) against `=false` (TensorFlow's defaults), for
   SGD) at global batch 8 on 1 CPU replica, on synthetic JPEGs in imagenet_to_gcs's
   TFRecords (tests/synthetic_jpegs.py); 2 steps per host loop;
 * mnist: `--config=mnist` (its CNN, global batch 1024, 50 steps per host loop) on
-  synthetic digits (tests/synthetic_images.py).
+  synthetic digits (tests/synthetic_images.py);
+* iris_tfdata: Iris through tf.data (`--config.train.device_data=false`, 100 steps per
+  host loop): a step of about a tenth of a millisecond, where the host clock's two calls
+  into Python a step (the input wait, timed under op determinism) weigh the most.
 
 A run's steady rate comes from its run record's time account: the steps of every host
 loop but the first (which compiles) over their seconds. The two settings take turns,
@@ -18,7 +21,7 @@ load falls on both alike; each round gives a ratio (deterministic / default), an
 report gives their median and their spread (min-max), which says how noisy the machine
 was. The exact command of each run is printed first.
 
-Usage: `.venv/bin/python scripts/bench_determinism.py [--rounds=3] [--models=resnet50,mnist]`.
+Usage: `.venv/bin/python scripts/bench_determinism.py [--rounds=3] [--models=mnist,...]`.
 """
 
 from __future__ import annotations
@@ -40,13 +43,13 @@ from offline_env import OFFLINE_ENV  # scripts/offline_env.py
 REPO = Path(__file__).resolve().parent.parent
 TPURUN = str(Path(sys.executable).parent / "tpurun")
 SETTINGS = {"deterministic": "true", "default": "false"}
-# Per model: the flags of its runs (--data_dir added), their steps and steps per loop.
+# Per model: the flags of its runs (--data_dir added where it has data of its own).
 RUNS = {
     "resnet50": (
         "--config=resnet50",
         "--batch_size=8",
         "--iterations=2",
-        "--train_steps=12",
+        "--train_steps=16",
         "--config.optimizer.warmup_epochs=0",
         "--save_checkpoints_steps=0",
         "--save_checkpoints_secs=0",
@@ -57,6 +60,14 @@ RUNS = {
         "--train_steps=200",
         "--save_checkpoints_secs=0",
     ),
+    # The host clock's worst case: a step of a tenth of a millisecond, fed by tf.data.
+    "iris_tfdata": (
+        "--config=iris",
+        "--config.train.device_data=false",
+        "--iterations=100",
+        "--train_steps=3000",
+        "--save_checkpoints_secs=0",
+    ),
 }
 
 
@@ -64,7 +75,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of both settings, per model")
     parser.add_argument(
-        "--models", default="resnet50,mnist", help="comma-separated: resnet50,mnist"
+        "--models", default=",".join(RUNS), help=f"comma-separated, of {','.join(RUNS)}"
     )
     return parser.parse_args()
 
@@ -97,6 +108,7 @@ def write_data(scratch: Path, models: list[str]) -> dict[str, str]:
         from synthetic_images import write_digit_records  # tests/synthetic_images.py
 
         data["mnist"] = str(write_digit_records(scratch / "digits", 4096, 256, 1024))
+    data["iris_tfdata"] = ""  # the config's own CSV
     return data
 
 
@@ -106,7 +118,7 @@ def command(model: str, data_dir: str, setting: str, model_dir: str) -> list[str
         "train",
         *RUNS[model],
         "--use_tpu=false",
-        f"--data_dir={data_dir}",
+        *([f"--data_dir={data_dir}"] if data_dir else []),
         f"--config.train.deterministic={SETTINGS[setting]}",
         f"--model_dir={model_dir}",
     ]

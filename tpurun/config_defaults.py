@@ -96,9 +96,10 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     # one bit for bit (docs/checkpoints.md): true turns on TensorFlow's op determinism (tf.data
     # included) and turns off Grappler's arithmetic rewrites, which reorder sums differently
     # from one process to the next; false leaves TensorFlow's defaults. "auto": decided once
-    # the platform is known: on a CPU, as for true (measured: within the noise on mnist and
-    # ResNet-50 here); on a GPU, false (its cost is not measured); on a TPU, false, XLA's
-    # TPU programs are deterministic without it. Of type object, as train.xla.
+    # the platform is known: on a CPU, as for true (measured within the noise on mnist's and
+    # the full ResNet-50's steps; a step fed by tf.data pays 0.13 ms for its input wait's
+    # timing, docs/benchmarks.md); on a GPU, false (its cost is not measured); on a TPU,
+    # false, XLA's TPU programs are deterministic without it. Of type object, as train.xla.
     config.train.deterministic = ml_collections.FieldReference("auto", field_type=object)
 
     config.eval = ml_collections.ConfigDict()

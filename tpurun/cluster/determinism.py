@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import tf_internals
-from tpurun.cluster import Cluster, device_kind
+from tpurun.cluster import Cluster, device_kind, tpu_vm_detected
 from tpurun.run_config import RunConfig
 from tpurun.run_config.determinism import CPU, GPU, TPU, Determinism, decide
 
@@ -41,11 +41,13 @@ def of_run(run: RunConfig, cluster: Cluster) -> Determinism:
 
 def check_lines(run: RunConfig) -> list[str]:
     """What `tpurun check` says of a resume of `run`'s training, as `tpurun train` says it at
-    its start: on a TPU, and on this machine (its GPU, else its CPU)."""
-    here = GPU if tf.config.list_physical_devices("GPU") else CPU
-    choice = run.config.train.deterministic
-    local = decide(choice, here, tf_internals.op_determinism_enabled())
-    return [decide(choice, TPU).line("on a TPU"), local.line(f"on this machine's {here}")]
+    its start: on a TPU, and on this machine when it trains on its GPU or CPU."""
+    lines = [decide(run.config.train.deterministic, TPU).line("on a TPU")]
+    if not tpu_vm_detected():
+        here = GPU if tf.config.list_physical_devices("GPU") else CPU
+        local = decide(run.config.train.deterministic, here, tf_internals.op_determinism_enabled())
+        lines.append(local.line(f"on this machine's {here}"))
+    return lines
 
 
 @contextlib.contextmanager
@@ -67,6 +69,13 @@ def applied(kernels: Determinism) -> Iterator[Determinism]:
         tf_internals.set_op_determinism(True)
         tf.config.optimizer.set_experimental_options({ARITHMETIC: False})
     logging.info("%s", kernels.line())
+    if kernels.platform == TPU and kernels.op_determinism:
+        logging.warning(
+            "TensorFlow's op determinism is on for a TPU run, which needs none (XLA's TPU "
+            "programs are deterministic): the input wait is then timed by this machine's "
+            "clock, a round trip from a TPU node's host every step; set "
+            "config.train.deterministic to 'auto' or false (and unset TF_DETERMINISTIC_OPS)"
+        )
     try:
         yield kernels
     finally:

@@ -187,18 +187,18 @@ def input_clock() -> Callable[[], tf.Tensor]:
     determinism (config.train.deterministic, TF_DETERMINISTIC_OPS=1) its kernel refuses to
     run ("Timestamp cannot be called when determinism is enabled"), and no other op reads
     a clock. Then the host's own clock, `time.perf_counter`, read by a `tf.numpy_function`
-    callback into this process: the same readings at the same two points of the loop, a
-    measurement as before and not an estimate. TensorFlow offers nothing cheaper that
-    still times the step's own wait: tf.data's latency statistics (LatencyStatsDataset)
-    time the pipeline's last stage, which on a GPU or a TPU is read by the prefetch to the
-    device, not by the step, and its getnext metrics are process-wide and unreadable from
-    Python. The callbacks run in this process, where the host loop runs on a CPU, a GPU
-    and a TPU VM (no round trip to a device), at the cost of two calls into Python a step
-    (tens of microseconds, docs/checkpoints.md; also a wait for the GIL when another
-    thread holds it): only under op determinism, the timestamp's cost being none. On a
-    TPU node, whose host loop runs on the TPU's host, TensorFlow runs them on this VM: a
-    round trip a step, and XLA's TPU programs are bit-identical without op determinism
-    (said at the start, `tpurun.run_config.determinism`).
+    callback into this process at the same two points of the loop: a measurement as
+    before, not an estimate. Nothing TensorFlow offers is cheaper and still times the
+    step's own wait: tf.data's latency statistics (LatencyStatsDataset) time the
+    pipeline's last stage, which on a GPU or a TPU the prefetch to the device reads, not
+    the step; its getnext metrics are process-wide and not readable from Python; a fetch
+    split out of the loop is a host call a step. The callbacks cost two calls into Python
+    a step (tens of microseconds; a wait for the GIL when another thread holds it, which
+    is then counted as input wait), so they run only under op determinism. TensorFlow
+    runs them in this process: where the host loop runs on a CPU, a GPU or a TPU VM, no
+    round trip to a device; on a TPU node, whose loop runs on the TPU's host, a round trip
+    to this VM a step, which `tpurun.cluster.determinism` warns of (a TPU needs no op
+    determinism: XLA's programs are deterministic).
     """
     if not tf_internals.op_determinism_enabled():
         return tf.timestamp
