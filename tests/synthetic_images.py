@@ -46,7 +46,8 @@ def check_image_model(
     """Trains `config` on the synthetic digits through the CLI (in-process), then evals,
     predicts, exports, and with `resume_to` trains on to that step.
 
-    Checks: eval accuracy >= min_accuracy on the 100 test digits; predict gives one
+    Checks: the train ran under op determinism (the CPU's default) with its input wait
+    measured; eval accuracy >= min_accuracy on the 100 test digits; predict gives one
     row per test record, in record order (so mostly the true labels); the export
     has saved_model.pb and its signature, fed serialized tf.Examples, agrees with
     predict; the second train resumes from the first's last checkpoint. Returns the
@@ -67,7 +68,13 @@ def check_image_model(
         *overrides,
     )
     local = ("--use_tpu=false", f"--num_shards={num_shards}")
-    assert_ok(tpurun_in_process("train", *common, *local))
+    trained = assert_ok(tpurun_in_process("train", *common, *local))
+    # config.train.deterministic='auto' turns op determinism on on a CPU, which refuses
+    # tf.timestamp: the input wait is timed by the host's clock, and measured all the same.
+    assert "Resumes are bit-identical: deterministic kernels" in trained.stderr
+    (record,) = (model_dir / "runs").glob("*-train.json")
+    loops = json.loads(record.read_text())["goodput"]["loops"]
+    assert 0 < loops["input_seconds"] < loops["seconds"], loops
     result = assert_ok(tpurun_in_process("eval", *common, *local))
     assert "(100 examples)" in result.stdout, result.stdout
     results = model_dir / "eval" / "test"  # the models' one split

@@ -113,6 +113,12 @@ def test_shipped_iris_config_is_clean(tpurun_cli, tmp_path):
     ) in result.stdout, result.stdout
     assert any("Fix: use a multiple of 64 (e.g. --batch_size=64)" in line for line in lines)
     assert error_lines(result) == []
+    # What a resume of its training reproduces, on a TPU and here (config.train.deterministic).
+    assert (
+        "Resumes on a TPU are bit-identical: XLA compiles the training step into the same TPU "
+        "program every run.\nResumes on this machine's CPU are bit-identical: deterministic "
+        "kernels"
+    ) in result.stdout, result.stdout
     assert "--model_dir not set" not in result.stderr
     # Step by step, when and how long (not on a terminal: the captured stderr is a file).
     for mode in ("train", "eval", "predict"):

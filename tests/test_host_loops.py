@@ -238,3 +238,55 @@ def test_the_users_choice_is_kept_untimed(xla, monkeypatch, tmp_path):
         f"(config.train.xla={str(xla).lower()})"
     )
     assert trainer.loop_times is None
+
+
+# --- the input wait, timed around each fetch ------------------------------------------
+
+
+@pytest.fixture(params=[False, True], ids=["tf.timestamp", "op determinism: the host's clock"])
+def op_determinism(request):
+    """TensorFlow's op determinism off, then on (as config.train.deterministic sets it), put
+    back after the test."""
+    from tpurun import tf_internals
+
+    was = tf_internals.op_determinism_enabled()
+    tf_internals.set_op_determinism(request.param)
+    yield request.param
+    tf_internals.set_op_determinism(was)
+
+
+def test_the_input_loop_times_its_waits_for_batches_under_op_determinism_too(op_determinism):
+    """Each batch takes 30 ms to make and the step nothing: the loop's 6 steps waited for
+    most of 180 ms (the while loop's next fetch may start before a step's end), under op
+    determinism (where tf.timestamp is refused) timed by the host's clock."""
+    import time
+
+    def slow(x):
+        time.sleep(0.03)
+        return x
+
+    batches = tf.data.Dataset.range(100).map(
+        lambda x: (
+            (tf.numpy_function(slow, [tf.cast(x, tf.float32)], tf.float32, stateful=False),) * 2
+        )
+    )
+    unprefetched = tf.data.Options()  # each batch made when the step asks for it
+    unprefetched.experimental_optimization.inject_prefetch = False
+    batches = batches.with_options(unprefetched)
+    loop = host_loops.InputLoop(
+        host_loops.LoopParts(
+            strategy=tf.distribute.get_strategy(),
+            replica_step=lambda features, labels: {"x": features + labels},
+            summed=lambda scalars: tf.pad(tf.reshape(scalars["x"], [1]), [[0, 15]]),
+            finite=lambda: tf.constant(True),
+            global_step=tf.Variable(0, dtype=tf.int64),
+            rates=lambda: tf.zeros([1]),
+            model_name="Slow",
+        ),
+        iter(batches),
+    )
+    waited = float(loop.run(6).waited)
+    assert 0.09 < waited < 5.0, waited
+    traced = loop._loop.get_concrete_function(loop.iterator, tf.constant(6)).graph.as_graph_def()
+    ops = {n.op for f in traced.library.function for n in f.node_def}  # the while loop's body
+    assert ("Timestamp" in ops) is not op_determinism, ops

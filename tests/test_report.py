@@ -211,6 +211,7 @@ def test_report_command_prints_the_table_and_the_json(tpurun_cli, tmp_path):
         "model_flops_per_step",
         "achieved_flops_per_s",
         "mfu",
+        "resume",
         "skipped_records",
     }
     assert data["skipped_records"] == []
@@ -219,6 +220,21 @@ def test_report_command_prints_the_table_and_the_json(tpurun_cli, tmp_path):
     assert data["goodput_s"] + sum(data["badput_s"].values()) == pytest.approx(data["wall_s"])
     table = assert_ok(tpurun_cli("report", f"--model_dir={tmp_path}")).stdout
     assert table.splitlines()[0].startswith("wall time") and "lost_progress" in table
+
+
+def test_the_table_says_whether_the_newest_process_resumes_bit_identically(tpurun_cli, tmp_path):
+    first, second = process(0.0, 0, 340, saves=(300,), end=None), process(40.0, 300, 500)
+    first["resume"] = {"bit_identical": False, "reason": "the CPU's kernels"}
+    second["resume"] = {"bit_identical": True, "deterministic": True, "reason": "deterministic"}
+    write_records(tmp_path, first, second)
+    table = assert_ok(tpurun_cli("report", f"--model_dir={tmp_path}")).stdout
+    assert table.splitlines()[-1] == "resumes        are bit-identical: deterministic"
+    del second["resume"]  # a record written before records kept it: the older one's
+    write_records(tmp_path / "older", first, second)
+    data = json.loads(report.main(str(tmp_path / "older"), as_json=True))
+    assert data["resume"] == (
+        "continue the same run but may differ in the last bits: the CPU's kernels"
+    )
 
 
 def test_report_of_a_model_dir_without_records_is_one_line(tpurun_cli, tmp_path):
@@ -359,6 +375,10 @@ HOSTILE = {
     "a data_service epoch that is negative": (
         _served({"started_at_step": 500, "input_starts_at": {"epoch": -1, "step": 480.0}}),
         "data_service.input_starts_at.epoch is -1, not a step",
+    ),
+    "a verdict that is no boolean": (
+        _with(_set("resume", {"bit_identical": "yes"})),
+        "goodput.resume.bit_identical is a text, not true or false",
     ),
 }
 

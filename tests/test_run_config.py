@@ -243,6 +243,7 @@ def test_run_config_rejects_a_bad_best_mode_and_profile_range():
     [
         ("device_data", "true or false"),
         ("xla", "true, false or 'auto'"),  # "auto": the faster loop, timed
+        ("deterministic", "true, false or 'auto'"),  # "auto": by the platform
         ("async_checkpoint", "true or false"),
     ],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -132,3 +134,63 @@ def test_first_line(value, line):
 )
 def test_describe_gives_one_line_and_exit_1(error, message):
     assert describe(error) == (message, 1)
+
+
+# --- an op without a deterministic kernel, under op determinism ---------------------------
+
+
+@pytest.fixture
+def op_determinism():
+    """TensorFlow's op determinism on, as config.train.deterministic sets it, then off again."""
+    from tpurun import tf_internals
+
+    tf_internals.set_op_determinism(True)
+    yield
+    tf_internals.set_op_determinism(False)
+
+
+def test_an_op_that_op_determinism_refuses_is_named_with_where_it_was_made_and_the_fix(
+    op_determinism,
+):
+    """tf.timestamp in a user's step, run in a loop: TensorFlow's FailedPreconditionError."""
+    counter = tf.Variable(0.0)
+
+    @tf.function
+    def loop():
+        for _ in tf.range(2):
+            counter.assign_add(tf.cast(tf.timestamp(), tf.float32) * 0.0)  # the user's op
+
+    with pytest.raises(tf.errors.FailedPreconditionError) as raised:
+        loop()
+    line, code = describe(raised.value)
+    made = f"{os.path.relpath(__file__)}:{loop.python_function.__code__.co_firstlineno + 3}"
+    assert (
+        line
+        == (
+            f"FailedPreconditionError: Timestamp (made at {made}) has no deterministic "
+            "kernel: Timestamp cannot be called when determinism is enabled. TensorFlow's op "
+            "determinism is on (config.train.deterministic: true, or 'auto' on a CPU; or "
+            "TF_DETERMINISTIC_OPS=1): replace the op (a tf.timestamp: time it from the host), or "
+            "train with --config.train.deterministic=false, whose resumes may differ in the last bits"
+        )
+        and code == 1
+    )
+
+
+def test_an_op_that_needs_a_seed_under_op_determinism_says_so_and_why(op_determinism):
+    """Raised while tracing the user's code: TensorFlow's own fix, and what turned it on."""
+
+    @tf.function
+    def crop():
+        return tf.image.sample_distorted_bounding_box(
+            [8, 8, 3], tf.zeros([1, 0, 4]), use_image_if_no_bounding_boxes=True
+        )
+
+    with pytest.raises(ValueError) as raised:
+        crop()
+    line, _ = describe(raised.value)
+    assert "tf.image.sample_distorted_bounding_box requires a non-zero seed" in line, line
+    assert line.endswith(
+        "(TensorFlow's op determinism is on (config.train.deterministic: true, or 'auto' on a "
+        "CPU; or TF_DETERMINISTIC_OPS=1))"
+    ), line

@@ -109,6 +109,13 @@ def _train_section() -> ml_collections.ConfigDict:
     # mixed_bfloat16, whose XLA backend has no fast bfloat16 matmuls (docs/device-data.md).
     # Of type object, so that --train.xla takes all three.
     train.xla = ml_collections.FieldReference("auto", field_type=object)
+    # Deterministic kernels, so that a resumed run ends with the weights of an uninterrupted
+    # one bit for bit (docs/checkpoints.md): true turns on TensorFlow's op determinism (tf.data
+    # included) and turns off Grappler's arithmetic rewrites, which reorder sums differently
+    # from one process to the next; false leaves TensorFlow's defaults. "auto": decided once
+    # the platform is known (tpurun.run_config.determinism.AUTO_CHOICE: on for a CPU, off
+    # for a GPU and a TPU). Of type object, as train.xla.
+    train.deterministic = ml_collections.FieldReference("auto", field_type=object)
     return train
 
 

@@ -17,6 +17,7 @@ moves them fails CI instead of silently degrading a run.
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -56,6 +57,11 @@ try:  # The coordination service's configuration, set before MultiWorkerMirrored
 except ImportError:  # pragma: no cover
     _coordination = _multi_worker_util = _context = None  # type: ignore[assignment]
 
+try:  # Whether op determinism is on: TensorFlow exports only the switch, not its state.
+    from tensorflow.python.framework import config as _framework_config
+except ImportError:  # pragma: no cover
+    _framework_config = None  # type: ignore[assignment]
+
 
 def missing() -> list[str]:
     """The adapters whose private API this TensorFlow lacks (each then falls back)."""
@@ -72,6 +78,8 @@ def missing() -> list[str]:
         absent.append("a checkpoint's values gathered for another thread (the background save)")
     if not dataset_graph_available():
         absent.append("a tf.data dataset's graph (the tf.data service's pipeline check)")
+    if not hasattr(_framework_config, "is_op_determinism_enabled"):
+        absent.append("whether op determinism is on (read from TF_DETERMINISTIC_OPS instead)")
     return absent
 
 
@@ -125,6 +133,27 @@ def object_graph(reader: Any, prefix: str) -> ObjectGraph:
                 queue.append(child)
     keys = {node: [f"{path}/.ATTRIBUTES/VARIABLE_VALUE"] for node, path in paths.items()}
     return ObjectGraph(children, keys, {})
+
+
+def op_determinism_enabled() -> bool:
+    """Whether TensorFlow's op determinism is on in this process: by
+    `tf.config.experimental.enable_op_determinism()`, or by TF_DETERMINISTIC_OPS at import.
+
+    Fallback: the environment variable alone, as TensorFlow reads it ("1" or "true"),
+    which misses a call of the switch by the user's own code.
+    """
+    if hasattr(_framework_config, "is_op_determinism_enabled"):
+        return bool(_framework_config.is_op_determinism_enabled())
+    return os.environ.get("TF_DETERMINISTIC_OPS", "").strip().lower() in ("1", "true")
+
+
+def set_op_determinism(enabled: bool) -> None:
+    """Turns TensorFlow's op determinism on or off (off has no public API either; the
+    fallback can only turn it on)."""
+    if enabled:
+        tf.config.experimental.enable_op_determinism()
+    elif hasattr(_framework_config, "disable_op_determinism"):
+        _framework_config.disable_op_determinism()
 
 
 # --- Distributed values, for the packed all-reduce ----------------------------------

@@ -29,6 +29,7 @@ from tpurun.layout.time_account import (
     FirstLoop,
     Last,
     Loops,
+    Resume,
     Save,
     TimeAccount,
     TrainingStart,
@@ -106,6 +107,10 @@ class GoodputRecord(Action):
         replicas of `device_kind`: written with the training start."""
         self.account.cluster_ready = at
         self.account.device = Device(kind=device_kind, replicas=replicas)
+
+    def resume(self, resume: Resume) -> None:
+        """Whether a resume of the run is bit-identical: written with the training start."""
+        self.account.resume = resume
 
     def step_costs(
         self,

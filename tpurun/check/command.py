@@ -74,7 +74,7 @@ from tpurun.check.sizing.preflight import TargetMemory
 from tpurun.check.sizing.tpu_compiler import client
 from tpurun.check.sizing.tpu_compiler.sizing import TpuSizer
 from tpurun.check.targets import Target
-from tpurun.cluster import Cluster, strategy
+from tpurun.cluster import Cluster, determinism, strategy
 from tpurun.datasets import train_count
 from tpurun.errors import RunError, UsageError
 from tpurun.foreign.warm_start import print_mapping
@@ -233,6 +233,7 @@ def main(run: RunConfig, out: TextIO | None = None) -> None:
                 data["input"] = host_input.report(host)
             fit_report.write_report(run.report, data)
             print(f"Wrote the report to {run.report}", file=out)
+    print("\n".join(determinism.check_lines(run)), file=out)  # whether resumes are exact
     errors = sum(f.severity == ERROR for f in findings)
     warnings = len(findings) - errors
     if report(findings, out):

@@ -4,21 +4,30 @@
 everything else only reads it (`machines`). Kept apart from both so that neither imports
 the other.
 
-* `machines`: `Cluster`, `replica_sum`, and whether this is a TPU VM or TF_CONFIG's chief;
+* `machines`: `Cluster`, `device_kind`, `replica_sum`, and whether this is a TPU VM or TF_CONFIG's chief;
 * `strategy`: the tf.distribute strategy of a run, and its Cluster;
 * `tpu`: a Cloud TPU found, connected and initialised, each wait bounded;
 * `tpu_api`: the Cloud TPU API (a node's state, health and address);
-* `packed_reduction`: the replicas' sums packed into few all-reduces.
+* `packed_reduction`: the replicas' sums packed into few all-reduces;
+* `determinism`: whether a run's kernels are deterministic (its resume bit-identical).
 """
 
 from __future__ import annotations
 
 from tpurun.cluster.machines import (
     Cluster,
+    device_kind,
     is_chief_process,
     is_chief_task,
     replica_sum,
     tpu_vm_detected,
 )
 
-__all__ = ["Cluster", "is_chief_process", "is_chief_task", "replica_sum", "tpu_vm_detected"]
+__all__ = [
+    "Cluster",
+    "device_kind",
+    "is_chief_process",
+    "is_chief_task",
+    "replica_sum",
+    "tpu_vm_detected",
+]

@@ -44,6 +44,15 @@ class Cluster:
             check_divisible(flag, size, self.num_replicas)
 
 
+def device_kind(strategy: tf.distribute.Strategy) -> str:
+    """CPU, GPU or TPU: what the replicas run on."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy, which tpurun uses for one CPU replica only
+        return "CPU"
+    return tf.DeviceSpec.from_string(devices[0]).device_type or "CPU"
+
+
 def replica_sum(strategy: tf.distribute.Strategy, values: tf.Tensor) -> tf.Tensor:
     """`values` of every replica of every worker, added up (each worker passes its own).
 

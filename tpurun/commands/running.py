@@ -7,6 +7,7 @@ what it prepared; on failure it leaves nothing behind that the run made.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from absl import logging
 from tpurun import check, data_service, inputs, precision, run_account, storage
 from tpurun import model as model_lib
 from tpurun.actions.goodput import GoodputRecord
-from tpurun.cluster import Cluster, is_chief_process, strategy
+from tpurun.cluster import Cluster, determinism, is_chief_process, strategy
 from tpurun.commands.model_dir import (
     outputs,
     prepare_model_dir,
@@ -37,6 +38,7 @@ from tpurun.run_config import (
     splits,
 )
 from tpurun.run_config.command_table import COMMAND, Command, ModelDir
+from tpurun.run_config.determinism import Determinism
 from tpurun.run_config.flag_table import COMMAND_FLAGS
 from tpurun.run_config.trained_keys import Difference, conflicts
 from tpurun.runners import sidecar
@@ -67,6 +69,7 @@ class Prepared:
     lease: lease.Lease | None = None  # train: model_dir's trainer lease, held by the chief
     arrays: TrainArrays | None = None  # the training arrays, when counting read them
     account: GoodputRecord | None = None  # train: the time account (the chief's record)
+    kernels: Determinism | None = None  # train: its kernels, set in TensorFlow while it runs
 
     @property
     def replicas(self) -> Cluster:
@@ -93,13 +96,16 @@ def _run(run: RunConfig) -> None:
     outputs_before = outputs(run)
     record = None
     account: GoodputRecord | None = None
+    settings = contextlib.ExitStack()  # TensorFlow's settings for the run, put back at its end
     try:
-        run, prepared, cluster_ready = build(run, command)
+        run, prepared, cluster_ready = build(run, command, settings)
         cluster = prepared.cluster
         if cluster is None or cluster.is_chief:  # one record per run, not per worker
             record, written = write_record(run)
             if command.keeps_account and cluster is not None:
                 account = start_account(record, written, cluster, cluster_ready)
+                if prepared.kernels is not None:
+                    account.resume(prepared.kernels.as_record())
         prepared = dataclasses.replace(prepared, lease=held, account=account)
         tf.keras.utils.set_random_seed(run.seed)
         # A checkpoint that does not fit the model the command line's overrides built: exit 2.
@@ -123,6 +129,8 @@ def _run(run: RunConfig) -> None:
         if outputs(run) == outputs_before and is_chief_process():
             undo(run.model_dir, created_dir, record)
         raise
+    finally:
+        settings.close()
     if held is not None:
         held.release()
 
@@ -150,17 +158,23 @@ def ready_to_read(run: RunConfig) -> tuple[RunConfig, tuple[Difference, ...], bo
     return run, overridden, created_dir
 
 
-def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]:
+def build(
+    run: RunConfig, command: Command, settings: contextlib.ExitStack
+) -> tuple[RunConfig, Prepared, float]:
     """The strategy, the model and the run's length, before anything is written: the run
     (its length resolved, where `command` resolves it), what is prepared of it, and when
     its cluster was ready. First, the tf.data service that will make its training input,
-    if its config names one: it must answer (exit 69 otherwise, nothing initialised)."""
+    if its config names one: it must answer (exit 69 otherwise, nothing initialised).
+    TensorFlow's settings for the run's kernels go on `settings`, which the caller closes."""
     service = data_service.service(run.config) if command.service_input else None
     if service is not None:  # before the TPU: a service that does not serve is exit 69
         data_service.wait_until_serving(service)
     # The strategy first: splitting the CPU must happen before TensorFlow runs an op.
     cluster = strategy.build(run) if command.needs_strategy else None
     cluster_ready = time.time()
+    kernels = None
+    if command.sets_kernels and cluster is not None:  # before TensorFlow builds a function
+        kernels = settings.enter_context(determinism.applied(determinism.of_run(run, cluster)))
     if cluster is not None:
         cluster.check_batch_sizes(run)
         if cluster.is_tpu and run.config.precision == "mixed_float16":
@@ -175,7 +189,7 @@ def build(run: RunConfig, command: Command) -> tuple[RunConfig, Prepared, float]
     # The model builds its optimizer from its config: the one with the steps the epochs
     # made (a cosine schedule ends at them) and the recipe's epochs in steps.
     model.config = run.config
-    return run, Prepared(cluster, model, arrays=arrays), cluster_ready
+    return run, Prepared(cluster, model, arrays=arrays, kernels=kernels), cluster_ready
 
 
 def start_account(

@@ -25,6 +25,26 @@ _FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
 _ASSERTION = re.compile(r"^assertion failed: \[([^\[\]]*)\]$")
 
 
+# TensorFlow's words (2.21) for an op that has no deterministic kernel, or that op
+# determinism forbids outright (tf.timestamp; a random op without a seed).
+_NO_DETERMINISTIC_KERNEL = re.compile(
+    r"when determinism is enabled|deterministic (?:GPU |XLA )?implementation|"
+    r"Determinism is not yet supported|run-to-run determinism is required"
+)
+# Where such a message names the op, and else the node that failed ("while/Timestamp").
+_OP_IN_MESSAGE = (
+    re.compile(r"^(\w+) cannot be called when determinism"),
+    re.compile(r"^(tf\.[\w.]+) requires a non-zero seed"),
+    re.compile(r"implementation of (\w+)"),
+    re.compile(r"supported (?:in GPU implementation of|for) (\w+)"),
+    re.compile(r"\{\{node ([^}]+)\}\}"),
+    re.compile(r"__wrapped__(\w+?)_device_"),
+)
+DETERMINISM_ON = (
+    "TensorFlow's op determinism is on (config.train.deterministic: true, or 'auto' on a "
+    "CPU; or TF_DETERMINISTIC_OPS=1)"
+)
+
 # TensorFlow's errors for what passes by itself (a lost TPU worker or peer, a deadline, an
 # aborted collective): exit EXIT_UNAVAILABLE, which `train --max_restarts` restarts.
 TRANSIENT = ("UnavailableError", "DeadlineExceededError", "AbortedError")
@@ -42,11 +62,14 @@ def describe(error: BaseException) -> tuple[str, int]:
 
         if isinstance(error, tf.errors.OpError):
             code = EXIT_UNAVAILABLE if type(error).__name__ in TRANSIENT else EXIT_RUN_FAILURE
-            return f"{type(error).__name__}: {op_error_line(error.message)}", code
+            line = nondeterministic_op_line(error.message) or op_error_line(error.message)
+            return f"{type(error).__name__}: {line}", code
     where = user_code.raised_at(error)
     if where is not None:
         kind = type(error).__name__
         message = user_code_line(error).removeprefix(f"{kind}: ")
+        if _NO_DETERMINISTIC_KERNEL.search(message):  # a seed it asks for: TensorFlow's fix
+            message += f" ({DETERMINISM_ON})"
         return f"{kind} in your code at {where}: {message}", EXIT_RUN_FAILURE
     first = (str(error).strip().splitlines() or [""])[0]
     return f"unexpected {type(error).__name__}: {first}", EXIT_RUN_FAILURE
@@ -105,6 +128,23 @@ def op_error_line(message: str) -> str:
         meaningful = [line for line in lines if not line.startswith(_GRAPH_NOISE)]
         line = _DATASET_PREFIX.sub("", meaningful[-1]) if meaningful else lines[0]
     return _ASSERTION.sub(r"\1", line)
+
+
+def nondeterministic_op_line(message: str) -> str | None:
+    """The line of an op that op determinism forbids or has no deterministic kernel for: the
+    op, where the user's code made it, TensorFlow's words and the fix; None for another error."""
+    said = op_error_line(message)
+    if not _NO_DETERMINISTIC_KERNEL.search(said):
+        return None
+    named = (pattern.search(text) for pattern in _OP_IN_MESSAGE for text in (said, message))
+    op = next((found.group(1) for found in named if found), "an op")
+    where = user_code.in_text(message)
+    made = f" (made at {where})" if where else ""
+    return (
+        f"{op}{made} has no deterministic kernel: {said}. {DETERMINISM_ON}: replace the op "
+        "(a tf.timestamp: time it from the host), or train with "
+        "--config.train.deterministic=false, whose resumes may differ in the last bits"
+    )
 
 
 def lost_worker_reason(error: tf.errors.UnavailableError) -> str | None:

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, device_kind
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import TrainArrays
 
@@ -115,15 +115,6 @@ def budget_mb(configured: float, kind: str) -> float:
     if configured:
         return configured
     return CPU_BUDGET_MB if kind == "CPU" else ACCELERATOR_BUDGET_MB
-
-
-def device_kind(strategy: tf.distribute.Strategy) -> str:
-    """CPU, GPU or TPU: what the replicas run on."""
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy, which tpurun uses for one CPU replica only
-        return "CPU"
-    return tf.DeviceSpec.from_string(devices[0]).device_type or "CPU"
 
 
 def hosts(strategy: tf.distribute.Strategy) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tpurun import tf_internals
 from tpurun.errors import RunError
 from tpurun.inputs.arrays import seekable_batches, train_arrays
 from tpurun.inputs.padding import check_static_batch, pad_batches
@@ -137,6 +138,13 @@ def train_batches(
         dataset = dataset.skip(params.start_batch)
     if micro_batches > 1:
         dataset = dataset.batch(micro_batches, drop_remainder=True)
+    if tf_internals.op_determinism_enabled():  # config.train.deterministic
+        # What op determinism makes of every pipeline anyway (a map's deterministic=False
+        # is overridden, stateful maps run serially), said where the training input is
+        # made: the stream a resume continues.
+        options = tf.data.Options()
+        options.deterministic = True
+        dataset = dataset.with_options(options)
     return dataset
 
 

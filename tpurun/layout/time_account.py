@@ -10,7 +10,8 @@ the trainer before it died and writes the record of one that left none
 attributes, which mypy checks.
 
 A field's type says its kind: `Time` (seconds since 1970), `Duration` (seconds),
-`Count` (a step or a count), `Text`, `Flops` (a FLOP count or rate), or an object
+`Count` (a step or a count), `Text`, `Flops` (a FLOP count or rate), `Flag` (true
+or false), or an object
 of this module (a list of them). To add one: declare it in its class with its
 kind and a comment saying what it means, without a default only where its object
 cannot be accounted without it. `check` then checks it, `as_json` writes it and
@@ -42,19 +43,21 @@ from typing import Annotated, Any, TypeVar
 
 KEY = "goodput"  # the account's key in a run record
 
-TIME, DURATION, STEP, TEXT, FLOPS = "time", "duration", "step", "text", "flops"
+TIME, DURATION, STEP, TEXT, FLOPS, BOOL = "time", "duration", "step", "text", "flops", "bool"
 MAX_STEP = 2**62
 Time = Annotated[float, TIME]
 Duration = Annotated[float, DURATION]
 Count = Annotated[int, STEP]
 Text = Annotated[str, TEXT]
 Flops = Annotated[float, FLOPS]
+Flag = Annotated[bool, BOOL]
 _WHAT = {
     TIME: "a time (seconds since 1970, not in the future)",
     DURATION: "a duration (seconds, finite, not negative)",
     STEP: f"a step or count (an integer from 0 to {MAX_STEP})",
     TEXT: "a text",
     FLOPS: "a FLOP count or rate (finite, not negative)",
+    BOOL: "true or false",
 }
 # Clocks of two machines (a record written elsewhere) may differ; a day is generous.
 FUTURE_SLACK = 24 * 3600.0
@@ -77,6 +80,15 @@ class Death:
 class Device:
     kind: Text | None = None  # the device kind ("TPU v5 lite", "CPU")
     replicas: Count | None = None
+
+
+@dataclasses.dataclass
+class Resume:
+    """Whether a resume of the process's run is bit-identical (tpurun.run_config.determinism)."""
+
+    bit_identical: Flag  # its weights then those of an uninterrupted run, bit for bit
+    deterministic: Flag | None = None  # whether it ran TensorFlow's op determinism
+    reason: Text | None = None  # what makes it so, or not
 
 
 @dataclasses.dataclass
@@ -159,6 +171,7 @@ class TimeAccount:
     last: Last | None = None
     end: End | None = None  # how the process ended (none: killed)
     device: Device | None = None
+    resume: Resume | None = None
     saves: list[Save] = dataclasses.field(default_factory=list)
     evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
 
@@ -294,6 +307,8 @@ def _object(where: str, value: Any, cls: type, now: float) -> dict[str, Any]:
 def _value(where: str, value: Any, kind: str, now: float) -> None:
     if kind == TEXT:
         ok = isinstance(value, str)
+    elif kind == BOOL:
+        ok = isinstance(value, bool)
     elif kind == STEP:
         ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
     else:

@@ -26,6 +26,7 @@ from tpurun.layout.time_account import (
     Loops,
     TimeAccount,
 )
+from tpurun.run_config.determinism import verdict
 
 CATEGORIES = (
     "startup",  # process start to the first step: imports, cluster, TPU init, build, restore
@@ -53,6 +54,9 @@ class Report:
     processes: int = 0
     step_seconds: float | None = None  # a steady step's time, the newest process's
     mfu_why: str | None = None  # why mfu is null
+    # Whether a resume of the newest process's run is bit-identical, and why; None: its
+    # record does not say (written before records kept it).
+    resume: str | None = None
 
     @property
     def goodput_share(self) -> float:
@@ -63,7 +67,7 @@ class Report:
         return name, self.badput_s[name]
 
     def as_json(self) -> dict[str, Any]:
-        """`tpurun report --json`: the fields above `processes`."""
+        """`tpurun report --json`: the fields above `processes`, and `resume`."""
         fields = dataclasses.asdict(self)
         for name in ("processes", "step_seconds", "mfu_why"):
             del fields[name]
@@ -215,6 +219,7 @@ def account(records: Sequence[TimeAccount]) -> Report:
         processes=len(found),
         step_seconds=step_seconds,
         mfu_why=why,
+        resume=verdict(_newest(found, lambda g: g.resume)),
     )
 
 

@@ -85,6 +85,8 @@ def table(report: Report) -> str:
         if report.mfu is not None
         else f"MFU            n/a ({report.mfu_why})"
     )
+    if report.resume:
+        lines.append(f"resumes        {report.resume}")
     return "\n".join(lines)
 
 

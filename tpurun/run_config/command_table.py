@@ -86,6 +86,9 @@ class Command:
     # devices); without one the command builds the model alone (export: serving has no
     # replicas; check: its own CPU replicas).
     needs_strategy: bool = False
+    # Trains: TensorFlow's kernels are set by config.train.deterministic for the run, and
+    # the run says whether its resume is bit-identical (`tpurun.cluster.determinism`).
+    sets_kernels: bool = False
     # Runs the model's step over its data: a data error is diagnosed by the model's
     # `diagnose_data`.
     reads_data: bool = False
@@ -116,6 +119,7 @@ TRAIN = Command(
     takes_lease=True,
     keeps_account=True,
     needs_strategy=True,
+    sets_kernels=True,
     reads_data=True,
     service_input=True,
     checks_splits=True,

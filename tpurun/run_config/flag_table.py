@@ -305,6 +305,7 @@ KEY_BOUNDS: Mapping[str, Bound] = {
     "train.accumulate_steps": Integer(1, MAX_ACCUMULATE_STEPS),
     "train.device_data": Boolean(),
     "train.xla": BooleanOrWord("auto"),
+    "train.deterministic": BooleanOrWord("auto"),
     "train.async_checkpoint": Boolean(),
     "train.summary_upload_secs": Number(0, MAX_SECONDS, note=" (0 = after every host loop)"),
     "train.device_data_mb": Number(0, MAX_DEVICE_DATA_MB, "MB", " (0 = automatic)"),

@@ -137,6 +137,7 @@ _REQUIRED_KEYS = (
     "train.device_data",
     "train.device_data_mb",
     "train.xla",
+    "train.deterministic",
     *(f"optimizer.{key}" for key in recipe_keys.RECIPE_KEYS),
     "eval.best_metric",
     "eval.best_mode",

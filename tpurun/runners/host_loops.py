@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
+from tpurun import tf_internals
 from tpurun.actions.progress import announced
 from tpurun.errors.tf_errors import one_line
 from tpurun.inputs.device_data import DeviceData
@@ -177,6 +178,38 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
+@tf.autograph.experimental.do_not_convert
+def input_clock() -> Callable[[], tf.Tensor]:
+    """What reads the time around each fetch of a batch in the tf.data host loop (seconds,
+    float64; only differences count).
+
+    `tf.timestamp`, an op of the loop itself: it costs nothing. Under TensorFlow's op
+    determinism (config.train.deterministic, TF_DETERMINISTIC_OPS=1) its kernel refuses to
+    run ("Timestamp cannot be called when determinism is enabled"), and no other op reads
+    a clock. Then the host's own clock, `time.perf_counter`, read by a `tf.numpy_function`
+    callback into this process at the same two points of the loop: a measurement as
+    before, not an estimate. Nothing TensorFlow offers is cheaper and still times the
+    step's own wait: tf.data's latency statistics (LatencyStatsDataset) time the
+    pipeline's last stage, which on a GPU or a TPU the prefetch to the device reads, not
+    the step; its getnext metrics are process-wide and not readable from Python; a fetch
+    split out of the loop is a host call a step. The callbacks cost two calls into Python
+    a step (tens of microseconds; a wait for the GIL when another thread holds it, which
+    is then counted as input wait), so they run only under op determinism. TensorFlow
+    runs them in this process: where the host loop runs on a CPU, a GPU or a TPU VM, no
+    round trip to a device; on a TPU node, whose loop runs on the TPU's host, a round trip
+    to this VM a step, which `tpurun.cluster.determinism` warns of (a TPU needs no op
+    determinism: XLA's programs are deterministic).
+    """
+    if not tf_internals.op_determinism_enabled():
+        return tf.timestamp
+    return _host_time
+
+
+def _host_time() -> tf.Tensor:
+    seconds = tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True)
+    return tf.ensure_shape(seconds, [])
+
+
 class InputLoop:
     """The host loop over a distributed tf.data iterator: each step takes the next batch."""
 
@@ -193,16 +226,18 @@ class InputLoop:
 
     def _host_loop(self, iterator: Any, num_steps: tf.Tensor) -> LoopResult:
         """num_steps replicated steps in-graph; the seconds spent waiting for batches are the
-        timestamps around `next(iterator)` (stateful ops: automatic control dependencies
-        keep them before and after the fetch)."""
+        clock's readings around `next(iterator)` (`input_clock`), the fetch after the first
+        and the second after the batch."""
         parts = self.parts
+        clock = input_clock()  # traced once: op determinism is set before a run's first op
         total = tf.zeros([MAX_SCALARS])
         waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):
-            before = tf.timestamp()
-            batch = next(iterator)
+            before = clock()
+            with tf.control_dependencies([before]):
+                batch = next(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += tf.timestamp() - before
+                waited += clock() - before
             total += parts.summed(parts.strategy.run(parts.replica_step, args=batch))
             parts.global_step.assign_add(1, read_value=False)  # once, not per replica
         return parts.after(total, num_steps, waited)

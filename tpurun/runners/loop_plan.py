@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, device_kind
 from tpurun.inputs import device_data
 from tpurun.inputs.device_data import DeviceData
 from tpurun.inputs.example_order import ExampleOrder
@@ -152,7 +152,7 @@ def _without_xla(run: RunConfig, cluster: Cluster, choice: object) -> str:
     if (
         choice is not True  # "auto"
         and run.config.precision == "mixed_bfloat16"
-        and device_data.device_kind(cluster.strategy) == "CPU"
+        and device_kind(cluster.strategy) == "CPU"
     ):
         # Measured on Shakespeare's LSTM: 5x slower than TensorFlow's kernels (docs/device-data.md).
         return (

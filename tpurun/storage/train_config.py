@@ -63,6 +63,9 @@ RESUMABLE_CHANGES = (
     "data.service",
     "data.service_processing_mode",
     "data.service_timeout",
+    # Which kernels: a resume's weights then match the uninterrupted run's, or not (said
+    # at its start), the model and its checkpoint the same either way.
+    "train.deterministic",
     "eval.",
     "predict.",
 )

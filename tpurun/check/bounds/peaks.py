@@ -8,7 +8,7 @@ import re
 import tensorflow as tf
 
 from tpurun.check import targets
-from tpurun.cluster import Cluster
+from tpurun.cluster import Cluster, device_kind
 
 TERA = 1e12
 # Dense bfloat16 (float16 on V100/T4, which have no bfloat16) tensor-core peaks per GPU, from
@@ -26,7 +26,7 @@ _TPU_TYPE = re.compile(r"\b(v\d+[a-z]*-\d+)\b")
 
 def peak_flops(cluster: Cluster) -> tuple[float | None, str | None]:
     """The peak FLOP/s of all the run's replicas together, or None and why not."""
-    kind = cluster.device_kind or _device_kind(cluster)
+    kind = cluster.device_kind or device_kind(cluster.strategy)
     if cluster.is_tpu or kind == "TPU":
         return _tpu_peak(cluster)
     if kind == "GPU":
@@ -54,11 +54,3 @@ def _tpu_peak(cluster: Cluster) -> tuple[float | None, str | None]:
     if not per_replica:
         return None, generation.missing_peaks or f"no peak FLOP/s for TPU {generation.name}"
     return per_replica * cluster.num_replicas, None
-
-
-def _device_kind(cluster: Cluster) -> str:
-    try:
-        devices = cluster.strategy.extended.worker_devices
-    except RuntimeError:
-        return "CPU"
-    return tf.DeviceSpec.from_string(devices[0]).device_type or "CPU"
