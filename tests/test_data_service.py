@@ -40,7 +40,7 @@ from conftest import (
 from tpurun import config_defaults
 from tpurun.data_service import job, sizing
 from tpurun.errors import UsageError
-from tpurun.run_config import service_keys
+from tpurun.run_config.keys import service_keys
 
 FIXTURES = Path(__file__).with_name("data_service_fixtures")
 PACED = f"--config={FIXTURES / 'paced.py'}"

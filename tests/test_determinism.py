@@ -1,5 +1,5 @@
 """config.train.deterministic: what each platform's runs decide and say of their resumes
-(tpurun.run_config.determinism), TensorFlow set for a run and put back after it
+(tpurun.run_config.keys.determinism), TensorFlow set for a run and put back after it
 (tpurun.cluster.determinism), and runs that say it at their start and in their record.
 
 That two runs of the full-size ResNet-50 are bit-identical with it, and a SIGKILLed one
@@ -21,8 +21,8 @@ from synthetic_images import write_digit_records
 from tpurun import tf_internals
 from tpurun.cluster import determinism as applying
 from tpurun.layout.time_account import Resume
-from tpurun.run_config import determinism
-from tpurun.run_config.determinism import CPU, GPU, TPU, decide, verdict
+from tpurun.run_config.keys import determinism
+from tpurun.run_config.keys.determinism import CPU, GPU, TPU, decide, verdict
 
 BIT_IDENTICAL = "Resumes are bit-identical: "
 MAY_DIFFER = "Resumes continue the same run but may differ in the last bits: "

@@ -237,3 +237,39 @@ def test_the_layout_check_leaves_prose_and_other_words_alone(code):
 def test_the_schema_check_finds_a_field_spelled_again(code, field):
     fields = account_fields()
     assert field in {f for x in literals(code) for f in field_spellings(x, fields)}
+
+
+# --- rooms of a size one reads (issue 54) ------------------------------------------------
+
+MAX_CLASS_LINES = 260
+MAX_FUNCTION_LINES = 80
+MAX_MODULES_PER_PACKAGE = 12  # a package's own .py files, its __init__ included
+
+
+def _definitions() -> Iterator[tuple[str, ast.AST]]:
+    for path in sorted((REPO / "tpurun").rglob("*.py")):
+        where = path.relative_to(REPO).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield where, node
+
+
+def test_no_class_or_function_outgrows_its_room():
+    too_long = [
+        f"{where}:{node.lineno} {node.name}: {size} lines"
+        for where, node in _definitions()
+        for size in [node.end_lineno - node.lineno + 1]  # type: ignore[attr-defined]
+        if size > (MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES)
+    ]
+    assert not too_long, f"split them (classes <= {MAX_CLASS_LINES}, functions <= 80): {too_long}"
+
+
+def test_no_package_holds_more_than_twelve_modules():
+    packages = {path.parent for path in (REPO / "tpurun").rglob("__init__.py")}
+    crowded = {
+        package.relative_to(REPO).as_posix(): count
+        for package in packages
+        for count in [len(list(package.glob("*.py")))]
+        if count > MAX_MODULES_PER_PACKAGE
+    }
+    assert not crowded, f"group their modules in sub-packages by role: {crowded}"

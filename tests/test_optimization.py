@@ -14,7 +14,8 @@ from tpurun.models.iris import Iris
 from tpurun import config_defaults, optimization
 from tpurun.errors import RunError, UsageError
 from tpurun.optimization import schedules
-from tpurun.run_config import RunConfig, merge_flags, recipe_keys
+from tpurun.run_config import RunConfig, merge_flags
+from tpurun.run_config.keys import recipe_keys
 
 STEPS = 1000
 

@@ -11,7 +11,8 @@ from iris_runs import iris_run as run_with_flags
 
 from tpurun import config_defaults
 from tpurun.errors import RunError, UsageError
-from tpurun.run_config import RunConfig, config_files, trained_keys
+from tpurun.run_config import RunConfig, config_files
+from tpurun.run_config.keys import trained_keys
 from tpurun.storage import train_config
 
 
@@ -189,7 +190,7 @@ def test_a_damaged_record_is_one_error_unless_force_resume(tmp_path, caplog, tex
     assert "going on without comparing configs" in caplog.messages[-1]
 
 
-# --- eval, predict and export build the trained model (run_config/trained_keys.py) ----------
+# --- eval, predict and export build the trained model (run_config/keys/trained_keys.py) ----------
 
 
 def serving_run(model_dir, command="predict", given=(), **keys) -> RunConfig:

@@ -35,7 +35,7 @@ def base_config(model: str) -> ml_collections.ConfigDict:
     config.data = data_service()
 
     # The training recipe, built into a Keras optimizer by tpurun/optimization/building.py and
-    # checked by tpurun/run_config/recipe_keys.py (`optimizer_recipe` has its keys).
+    # checked by tpurun/run_config/keys/recipe_keys.py (`optimizer_recipe` has its keys).
     config.optimizer = optimizer_recipe()
     # Named optimizers, for a model whose own train_step updates several parts with
     # optimizers of their own (a GAN's generator and critic): each a whole recipe,
@@ -113,7 +113,7 @@ def _train_section() -> ml_collections.ConfigDict:
     # one bit for bit (docs/checkpoints.md): true turns on TensorFlow's op determinism (tf.data
     # included) and turns off Grappler's arithmetic rewrites, which reorder sums differently
     # from one process to the next; false leaves TensorFlow's defaults. "auto": decided once
-    # the platform is known (tpurun.run_config.determinism.AUTO_CHOICE: on for a CPU, off
+    # the platform is known (tpurun.run_config.keys.determinism.AUTO_CHOICE: on for a CPU, off
     # for a GPU and a TPU). Of type object, as train.xla.
     train.deterministic = ml_collections.FieldReference("auto", field_type=object)
     return train

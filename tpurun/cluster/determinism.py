@@ -1,4 +1,4 @@
-"""config.train.deterministic applied to TensorFlow for one train run (`tpurun.run_config.determinism`
+"""config.train.deterministic applied to TensorFlow for one train run (`tpurun.run_config.keys.determinism`
 decides it and says what it means for a resume).
 
 Deterministic kernels are two process-wide switches: TensorFlow's op determinism
@@ -22,7 +22,7 @@ from absl import logging
 from tpurun import tf_internals
 from tpurun.cluster import Cluster, device_kind, tpu_vm_detected
 from tpurun.run_config import RunConfig
-from tpurun.run_config.determinism import CPU, GPU, TPU, Determinism, decide
+from tpurun.run_config.keys.determinism import CPU, GPU, TPU, Determinism, decide
 
 # The Grappler pass a deterministic run turns off (tf.config.optimizer's option name).
 ARITHMETIC = "arithmetic_optimization"

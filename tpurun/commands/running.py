@@ -38,9 +38,9 @@ from tpurun.run_config import (
     splits,
 )
 from tpurun.run_config.command_table import COMMAND, Command, ModelDir
-from tpurun.run_config.determinism import Determinism
 from tpurun.run_config.flag_table import COMMAND_FLAGS
-from tpurun.run_config.trained_keys import Difference, conflicts
+from tpurun.run_config.keys.determinism import Determinism
+from tpurun.run_config.keys.trained_keys import Difference, conflicts
 from tpurun.runners import sidecar
 from tpurun.runners.predict import output_target
 from tpurun.storage import lease, train_config

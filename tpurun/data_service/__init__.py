@@ -28,7 +28,7 @@ from tpurun.data_service.pipeline import checked_refusal, python_calls, refusal
 from tpurun.data_service.probe import wait_until_serving
 from tpurun.data_service.training import ServiceInput
 from tpurun.data_service.watch import ServiceWatch, input_errors
-from tpurun.run_config.service_keys import Service, service
+from tpurun.run_config.keys.service_keys import Service, service
 
 __all__ = [
     "Service",

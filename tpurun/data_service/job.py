@@ -24,7 +24,7 @@ import zlib
 from typing import Any
 
 from tpurun.layout import served_input
-from tpurun.run_config.service_keys import Service
+from tpurun.run_config.keys.service_keys import Service
 
 # What each processing mode guarantees, as the start line says it.
 GUARANTEES = {

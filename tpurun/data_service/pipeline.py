@@ -18,7 +18,7 @@ from tpurun import inputs, tf_internals
 from tpurun.errors import UsageError
 from tpurun.model import Model, TrainArrays
 from tpurun.run_config import RunConfig
-from tpurun.run_config.service_keys import service
+from tpurun.run_config.keys.service_keys import service
 
 # Op type -> what the user wrote.
 PYTHON_OPS = {

@@ -18,7 +18,7 @@ from tpurun import errors
 from tpurun.data_service import state
 from tpurun.data_service.rpc import Servers
 from tpurun.errors import EXIT_UNAVAILABLE, Unavailable
-from tpurun.run_config.service_keys import Service
+from tpurun.run_config.keys.service_keys import Service
 
 CALL_DEADLINE = 2.0
 POLL_SECONDS = 1.0

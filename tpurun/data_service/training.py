@@ -30,7 +30,7 @@ from tpurun.data_service import job, pipeline
 from tpurun.data_service.watch import Watch
 from tpurun.model import Model, TrainArrays
 from tpurun.run_config import RunConfig
-from tpurun.run_config.service_keys import Service
+from tpurun.run_config.keys.service_keys import Service
 
 TOKEN_BITS = 48  # the attempt's token: a sum over replicas of it stays an exact int64
 

@@ -38,7 +38,7 @@ from tpurun.data_service.rpc import Servers
 from tpurun.errors import EXIT_UNAVAILABLE, Unavailable
 from tpurun.errors.tf_errors import one_line
 from tpurun.layout import served_input
-from tpurun.run_config.service_keys import Service
+from tpurun.run_config.keys.service_keys import Service
 from tpurun.storage import checkpoints
 
 POLL_SECONDS = 5.0  # at most: a short timeout polls more often

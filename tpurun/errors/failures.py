@@ -29,7 +29,7 @@ class RunError(TpurunError):
 
 class CheckpointMismatch(RunError):
     """A checkpoint does not fit the model built to read it (exit code 1; 2 when the command
-    line's overrides built that model: `tpurun.run_config.trained_keys.conflict`).
+    line's overrides built that model: `tpurun.run_config.keys.trained_keys.conflict`).
 
     `reason`: what did not fit, on one line (TensorFlow's words, shortened)."""
 

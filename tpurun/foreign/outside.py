@@ -36,7 +36,8 @@ from tpurun.foreign.plan import plan
 from tpurun.foreign.sources import Kind, Source, open_source
 from tpurun.foreign.warm_start import rules_for
 from tpurun.layout import names
-from tpurun.run_config import RunConfig, trained_keys
+from tpurun.run_config import RunConfig
+from tpurun.run_config.keys import trained_keys
 from tpurun.storage import train_config
 
 FLAG = "--checkpoint"

@@ -84,7 +84,7 @@ class Device:
 
 @dataclasses.dataclass
 class Resume:
-    """Whether a resume of the process's run is bit-identical (tpurun.run_config.determinism)."""
+    """Whether a resume of the process's run is bit-identical (tpurun.run_config.keys.determinism)."""
 
     bit_identical: Flag  # its weights then those of an uninterrupted run, bit for bit
     deterministic: Flag | None = None  # whether it ran TensorFlow's op determinism

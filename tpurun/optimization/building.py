@@ -1,7 +1,7 @@
 """`build_optimizer`: the Keras optimizer a config's recipe describes, with tpurun's recipe mixed in.
 
 The keys, their defaults and meaning are in `tpurun.config_defaults`; their checks in
-`tpurun.run_config.recipe_keys`. A recipe key tpurun does not read goes to the Keras
+`tpurun.run_config.keys.recipe_keys`. A recipe key tpurun does not read goes to the Keras
 constructor, and one it does not take is an error.
 """
 
@@ -20,7 +20,7 @@ from tpurun.optimization.adam_weight_decay import AdamWeightDecay
 from tpurun.optimization.keras_private import ALL_REDUCE_HOOK
 from tpurun.optimization.recipe_optimizer import RecipeOptimizer
 from tpurun.optimization.schedules import learning_rate
-from tpurun.run_config.recipe_keys import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
+from tpurun.run_config.keys.recipe_keys import KERAS_ARGUMENTS_NOT_PASSED, RECIPE_KEYS
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from tpurun.layout.time_account import (
     Loops,
     TimeAccount,
 )
-from tpurun.run_config.determinism import verdict
+from tpurun.run_config.keys.determinism import verdict
 
 CATEGORIES = (
     "startup",  # process start to the first step: imports, cluster, TPU init, build, restore

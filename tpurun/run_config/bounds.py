@@ -184,7 +184,7 @@ class StepsOrEpoch:
             raise UsageError(f"{e}, or 'epoch' (at the end of every epoch)") from None
 
 
-# The bounds of a config's recipe keys (`tpurun.run_config.recipe_keys.RECIPE_BOUNDS`):
+# The bounds of a config's recipe keys (`tpurun.run_config.keys.recipe_keys.RECIPE_BOUNDS`):
 # their messages show the value as the config file holds it (repr: 'cosin', (200, 100)).
 
 

@@ -17,7 +17,7 @@ import ml_collections
 
 from tpurun import __version__
 from tpurun.errors import UsageError
-from tpurun.run_config import flag_table, recipe_keys, service_keys
+from tpurun.run_config import flag_table
 from tpurun.run_config.bounds import check_divisible
 from tpurun.run_config.flag_table import (
     EPOCH,
@@ -25,6 +25,7 @@ from tpurun.run_config.flag_table import (
     MODEL_SPECIFIC_FLAGS,
     PRECISIONS,
 )
+from tpurun.run_config.keys import recipe_keys, service_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,7 @@ class RunConfig:
     compile_timeout: float = 600  # check --target: seconds one TPU compile may take
     # The config keys the command line set (`--config.<key>=...` and the flags of config
     # keys, `--batch_size` for train.batch_size): eval, predict and export take the
-    # trained config's model keys except these (`tpurun.run_config.trained_keys`).
+    # trained config's model keys except these (`tpurun.run_config.keys.trained_keys`).
     given_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

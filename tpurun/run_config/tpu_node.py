@@ -7,11 +7,8 @@ import re
 
 from tpurun.errors import UsageError
 from tpurun.run_config.command_table import COMMAND
+from tpurun.run_config.keys.trained_keys import DATA_LOCATION_SUFFIXES
 from tpurun.run_config.run import RunConfig
-
-# Config data.* keys whose value is where data live (a file, a directory, a pattern).
-DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
-
 
 _LOOPBACK = re.compile(r"grpc://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?")
 

@@ -22,8 +22,9 @@ from tpurun import storage
 from tpurun.config_defaults import base_config
 from tpurun.errors import RunError, UsageError
 from tpurun.layout import names
-from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig, recipe_keys, trained_keys
+from tpurun.run_config import DATA_LOCATION_SUFFIXES, RunConfig
 from tpurun.run_config.epochs import Counted
+from tpurun.run_config.keys import recipe_keys, trained_keys
 from tpurun.storage import records
 
 FILE = names.TRAIN_CONFIG
@@ -181,7 +182,7 @@ def check_same_model(run: RunConfig) -> None:
 
 def for_serving(run: RunConfig) -> tuple[RunConfig, tuple[trained_keys.Difference, ...]]:
     """eval, predict and export: `run` with the model its checkpoints were trained as (the
-    trained config's model keys, `tpurun.run_config.trained_keys`), and the model keys
+    trained config's model keys, `tpurun.run_config.keys.trained_keys`), and the model keys
     the command line changed. Fails first, as `check_same_model`, for another model's
     model_dir; `run` as it is when model_dir keeps no record (a tpurun before 0.2)."""
     recorded = read(run)

@@ -37,7 +37,10 @@ import ml_collections
 
 from tpurun.errors import CheckpointMismatch, UsageError
 from tpurun.layout import names
-from tpurun.run_config.tpu_node import DATA_LOCATION_SUFFIXES
+
+# Config data.* keys whose value is where data live (a file, a directory, a pattern): a
+# trained run's data may move (eval elsewhere), and a TPU node's host sees no local one.
+DATA_LOCATION_SUFFIXES = ("path", "dir", "files", "pattern")
 
 # Where training's input is made (a tf.data service): eval and predict read here anyway.
 SERVICE_KEYS = ("data.service", "data.service_processing_mode", "data.service_timeout")
