@@ -52,6 +52,7 @@ class BertModel(Model):
 
     input_fn_seeks = True  # train_dataset starts at params.start_batch itself
     writer = bert_records.PRETRAINING_WRITER
+    feature_keys: tuple[str, ...] = bert_records.SEQUENCE_KEYS  # what input_fn's features hold
 
     @functools.cached_property
     def bert_shape(self) -> bert_modeling.BertShape:
@@ -72,6 +73,19 @@ class BertModel(Model):
         return {
             key: keras.Input((length,), dtype="int32", name=key)
             for key in bert_records.SEQUENCE_KEYS
+        }
+
+    def predict_spec(self, params: InputParams) -> Any:
+        """The int32 ids input_fn(PREDICT) yields, known from the records' spec without
+        them: an export of a published or fine-tuned checkpoint needs no data files."""
+        parsing = self._spec()
+        return {
+            key: tf.TensorSpec(
+                [None, *parsing[key].shape],
+                tf.int32 if parsing[key].dtype == tf.int64 else parsing[key].dtype,
+                name=key,
+            )
+            for key in self.feature_keys
         }
 
     def _files(self, mode: Mode) -> list[str]:
@@ -114,6 +128,8 @@ class BertModel(Model):
 class BertPretraining(BertModel):
     """run_pretraining.py's model: masked LM and next sentence on create_pretraining_data's records."""
 
+    feature_keys = FEATURE_KEYS
+
     def _spec(self) -> dict[str, Any]:
         return bert_records.pretraining_spec(
             self.config.max_seq_length, self.config.max_predictions_per_seq
@@ -121,7 +137,7 @@ class BertPretraining(BertModel):
 
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         def split(parsed: dict[str, tf.Tensor]) -> tuple[dict, dict]:
-            return {k: parsed[k] for k in FEATURE_KEYS}, {k: parsed[k] for k in LABEL_KEYS}
+            return {k: parsed[k] for k in self.feature_keys}, {k: parsed[k] for k in LABEL_KEYS}
 
         return self._dataset(mode, params, self._spec(), split)
 

@@ -43,7 +43,7 @@ class BertClassifier(BertModel, Classifier):
 
     def input_fn(self, mode: Mode, params: InputParams) -> tf.data.Dataset:
         def split(parsed: dict[str, tf.Tensor]) -> tuple[dict, dict]:
-            features = {key: parsed[key] for key in bert_records.SEQUENCE_KEYS}
+            features = {key: parsed[key] for key in self.feature_keys}
             return features, {key: parsed[key] for key in LABEL_KEYS}
 
         keep = None if mode is Mode.TRAIN else bert_records.is_real_example

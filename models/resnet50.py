@@ -153,6 +153,16 @@ class ResNet50(Classifier):
 
     # Serving ---------------------------------------------------------------------------
 
+    def predict_spec(self, params: InputParams) -> Any:
+        """The eval crops input_fn(PREDICT) yields, known without its data: an export of a
+        published checkpoint needs no ImageNet."""
+        size = self.config.image_size
+        return {
+            resnet_input.FEATURE: tf.TensorSpec(
+                [None, size, size, 3], self._dtype(), name=resnet_input.FEATURE
+            )
+        }
+
     def serving_signatures(self, predict_spec: Any) -> dict[str, Any]:
         size = self.config.image_size
         return {

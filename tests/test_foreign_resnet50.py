@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import assert_ok, tpurun_in_process
-from synthetic_jpegs import write_split
 from tf1_checkpoints import hashes
 from tf1_resnet import write_model_dir
 
@@ -46,8 +45,6 @@ def resnet_main(tmp_path_factory) -> SimpleNamespace:
     model_dir = root / "resnet"
     model_dir.mkdir()
     expected = write_model_dir(model_dir, images)
-    # export reads the model's predict input spec: two JPEGs in imagenet_to_gcs's format.
-    write_split(root / "data", "validation", 2, 1, seed=2)
     return SimpleNamespace(
         root=root, model_dir=model_dir, images=images, expected=expected, hashes=hashes(model_dir)
     )
@@ -65,8 +62,8 @@ def test_export_of_the_model_dir_serves_the_tf1_graphs_probabilities(resnet_main
     result = assert_ok(
         tpurun_in_process(
             "export", "--config=resnet50", "--precision=float32",
-            f"--checkpoint={resnet_main.model_dir}", f"--data_dir={resnet_main.root / 'data'}",
-            f"--model_dir={tmp_path / 'served'}",
+            # No --data_dir: a published checkpoint is exported without ImageNet.
+            f"--checkpoint={resnet_main.model_dir}", f"--model_dir={tmp_path / 'served'}",
         )
     )  # fmt: skip
     assert "filled 267 of the model's 267 weights from 267 of the checkpoint's 429 variables" in (

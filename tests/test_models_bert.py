@@ -245,9 +245,9 @@ def test_export_serves_int_ids_and_returns_probabilities(tpurun_cli, published, 
 
     assert_ok(
         tpurun_cli(
+            # No data: the model knows its inputs' spec (int32 ids of max_seq_length).
             "export", "--config=bert_classifier:tiny", "--use_tpu=false",
-            f"--model_dir={fine_tuned.model_dir}",
-            f"--config.data.eval_files={published.root / 'dev.tfrecord'}",
+            f"--model_dir={fine_tuned.model_dir}", "--config.data.train_files=",
         )
     )  # fmt: skip
     (exported,) = (fine_tuned.model_dir / "export").iterdir()
@@ -272,3 +272,21 @@ def test_check_traces_pretraining_on_eight_replicas_and_prints_the_mapping(tpuru
     assert re.search(r"filled (\d+) of the model's \1 weights", said), said[:400]
     assert "left in the checkpoint: global_step\n" in said and "cls/seq_relationship" in said
     assert "tpurun check: clean: the train, eval and predict steps of bert traced" in said
+
+
+def test_export_of_the_published_checkpoint_needs_no_records(tpurun_cli, published, tmp_path):
+    """export --checkpoint=bert_model.ckpt without a data file: run_pretraining's model,
+    its masked LM's and next sentence's outputs served from the ids."""
+    import tensorflow as tf
+
+    result = assert_ok(
+        tpurun_cli(
+            "export", "--config=bert:tiny", "--use_tpu=false", *published.shape,
+            f"--config.max_predictions_per_seq={reference.PREDICTIONS}",
+            f"--checkpoint={published.prefix}", f"--model_dir={tmp_path}",
+        )
+    )  # fmt: skip
+    serve = tf.saved_model.load(result.stdout.strip()).signatures["serving_default"]
+    assert sorted(serve.structured_input_signature[1]) == [
+        "input_ids", "input_mask", "masked_lm_positions", "segment_ids",
+    ]  # fmt: skip

@@ -256,6 +256,13 @@ class Model(abc.ABC):
             self.config, self.config.train.batch_size, name, ema=ema
         )
 
+    def predict_spec(self, params: InputParams) -> Any:
+        """The spec of what input_fn(PREDICT) yields, from which export makes its signatures
+        (`serving_signatures`). By default input_fn's own element_spec, which opens the
+        predict data; a model whose features have a spec of their own returns it, so that
+        its export (of a published checkpoint, say) needs no data."""
+        return self.input_fn(Mode.PREDICT, params).element_spec
+
     def serving_input_spec(self, predict_spec: Any) -> Any:
         """The exported signature's inputs; by default what input_fn(PREDICT) yields,
         with a variable batch dimension."""

@@ -16,7 +16,7 @@ from absl import logging
 from tpurun import precision, storage
 from tpurun.errors import RunError, UsageError
 from tpurun.layout import names
-from tpurun.model import InputParams, Mode, Model, build_models
+from tpurun.model import InputParams, Model, build_models
 from tpurun.run_config import RunConfig
 from tpurun.runners import restore
 
@@ -32,7 +32,7 @@ def serving_signatures(model: Model) -> dict[str, Any]:
         num_input_pipelines=1,
         seed=0,
     )
-    predict_spec = model.input_fn(Mode.PREDICT, params).element_spec
+    predict_spec = model.predict_spec(params)
     signatures = {}
     for name, spec in model.serving_signatures(predict_spec).items():
         if isinstance(spec, dict):
