@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 from google.protobuf.message import DecodeError
-from tpurun.models.image_records import framing_problem, list_files
+from tpurun.models.image_records import first_bad_record, list_files
 from tpurun.models.resnet_input import TFRecordSource
 
 from tpurun.errors import RunError
@@ -142,17 +142,7 @@ def find_bad_record(
 ) -> str | None:
     """The first record of `files` the run would fail on, as one line (file, record from 1,
     what is wrong, the fix), or None. Reads every record: only after a failure."""
-    for path in files:
-        count = 0
-        try:
-            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-                count += 1
-                problem = record_problem(record, spec, bounds, writer)
-                if problem:
-                    return f"data file {path}, record {count}: {problem}"
-        except tf.errors.DataLossError as e:
-            return f"data file {path}, record {count + 1}: {framing_problem(e, count)}"
-    return None
+    return first_bad_record(files, lambda record: record_problem(record, spec, bounds, writer))
 
 
 # The config key that sets each feature's length, for the fix.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -200,18 +200,25 @@ SCHEMA_FIX = (
 
 
 def find_bad_record(files: Sequence[str], mode: Mode) -> str | None:
-    """The first record of `files` that `dataset` would fail on, or None if all are fine.
+    """The first record of `files` that `dataset` would fail on, or None if all are fine
+    (`first_bad_record`)."""
+    return first_bad_record(files, lambda record: record_problem(record, mode))
+
+
+def first_bad_record(files: Sequence[str], problem_of: Callable[[bytes], str | None]) -> str | None:
+    """The first record of `files` whose `problem_of` is not None, or one TFRecordDataset
+    cannot read; None if all are fine.
 
     One line: the file, the record (counted from 1), what is wrong and the fix. Reads
     every record, one at a time: for after a failure (`Model.diagnose_data`), never
-    for the happy path.
+    for the happy path. The records' readers of the other models use it too.
     """
     for path in files:
         count = 0  # records read whole from this file
         try:
             for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
                 count += 1
-                problem = record_problem(record, mode)
+                problem = problem_of(record)
                 if problem:
                     return f"data file {path}, record {count}: {problem}"
         except tf.errors.DataLossError as e:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 from google.protobuf.message import DecodeError
-from tpurun.models.image_records import framing_problem, list_files
+from tpurun.models.image_records import first_bad_record, list_files
 
 from tpurun.errors import RunError
 from tpurun.model import Mode
@@ -68,17 +68,7 @@ def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 def find_bad_record(files: Sequence[str], mode: Mode, num_classes: int) -> str | None:
     """The first record of `files` a run would fail on, as one line (file, record from 1,
     what is wrong, the fix), or None. Reads every record: only after a failure."""
-    for path in files:
-        count = 0
-        try:
-            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-                count += 1
-                problem = record_problem(record, mode, num_classes)
-                if problem:
-                    return f"data file {path}, record {count}: {problem}"
-        except tf.errors.DataLossError as e:
-            return f"data file {path}, record {count + 1}: {framing_problem(e, count)}"
-    return None
+    return first_bad_record(files, lambda record: record_problem(record, mode, num_classes))
 
 
 SCHEMA_FIX = f"write {IMAGE_KEY} as one JPEG and {LABEL_KEY} as one int64 1..N ({WRITER})"

@@ -27,11 +27,9 @@ from tpurun.check.rules.fixes import graph_problems, trace_failure
 from tpurun.check.rules.graph_walk import GraphWalker
 from tpurun.check.rules.introspection import LayerScopes
 from tpurun.check.rules.step_builds import SingleDeviceStep, StepBuilder
-from tpurun.cluster import Cluster
 from tpurun.errors.tf_errors import user_code_line
 from tpurun.inputs.example_order import ExampleOrder
-from tpurun.model import Mode, Model, TrainArrays
-from tpurun.run_config import RunConfig
+from tpurun.model import Mode, TrainArrays
 from tpurun.runners.train import Trainer
 
 
@@ -61,15 +59,8 @@ class StepChecker(StepBuilder):
     """Checks the steps of `model` as `run` would run them on `cluster` (logical CPU
     replicas), as `StepBuilder` builds them; its arguments are the builder's."""
 
-    def __init__(
-        self,
-        run: RunConfig,
-        cluster: Cluster,
-        model: Model,
-        replicas: int = 0,
-        arrays: TrainArrays | None = None,
-    ):
-        super().__init__(run, cluster, model, replicas, arrays)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.scopes = LayerScopes()  # which Keras layer made each op, recorded as traced
         xla.populate_xla_registry()
 
