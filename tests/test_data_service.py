@@ -428,6 +428,12 @@ def through(service, timeout: str = "") -> tuple[str, ...]:
 
 @pytest.mark.slow
 @pytest.mark.tpu_wheel
+def records_resume(model_dir: Path) -> dict:
+    """The newest train run record's resume verdict (its time account's `resume`)."""
+    newest = sorted((model_dir / "runs").glob("*-train.json"))[-1]
+    return json.loads(newest.read_text())["goodput"]["resume"]
+
+
 def test_mnist_trains_through_the_service_and_says_its_resume(service, tmp_path):
     from synthetic_images import write_digit_records
 
@@ -440,6 +446,11 @@ def test_mnist_trains_through_the_service_and_says_its_resume(service, tmp_path)
     assert (
         "A resumed run restarts its input at the start of the epoch it resumes in" in first.stderr
     )
+    # The kernels' line agrees: deterministic kernels do not make a served resume exact.
+    assert "Resumes continue the same run but may differ in the last bits: its input comes " in (
+        first.stderr
+    )
+    assert not records_resume(tmp_path / "m")["bit_identical"]
     resumed = assert_ok(tpurun_in_process("train", *common, *small, "--train_steps=20"))
     said = re.search(
         r"job (tpurun-\S+): resumed at step 10, its input restarts at the start "

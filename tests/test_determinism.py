@@ -53,6 +53,15 @@ def test_each_platform_decides_and_says_what_a_resume_reproduces(
     assert verdict(kernels.as_record()) == line.removeprefix("Resumes ").rstrip(".")
 
 
+@pytest.mark.parametrize("platform", [CPU, TPU])
+def test_a_served_input_makes_no_resume_exact_whatever_the_kernels(platform):
+    """Under a tf.data service a resumed run restarts its input at its epoch's start."""
+    kernels = decide(True, platform, served_input=True)
+    assert not kernels.bit_identical and not kernels.as_record().bit_identical
+    assert kernels.line().startswith(MAY_DIFFER)
+    assert "its input comes from a tf.data service (config.data.service)" in kernels.line()
+
+
 def test_op_determinism_set_before_the_run_is_said_and_is_not_enough():
     """TF_DETERMINISTIC_OPS=1 with the key false: op determinism on, Grappler's rewrites not
     off, so the resume may still differ."""

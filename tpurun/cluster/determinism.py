@@ -23,6 +23,7 @@ from tpurun import tf_internals
 from tpurun.cluster import Cluster, device_kind, tpu_vm_detected
 from tpurun.run_config import RunConfig
 from tpurun.run_config.keys.determinism import CPU, GPU, TPU, Determinism, decide
+from tpurun.run_config.keys.service_keys import service
 
 # The Grappler pass a deterministic run turns off (tf.config.optimizer's option name).
 ARITHMETIC = "arithmetic_optimization"
@@ -36,16 +37,18 @@ def platform(cluster: Cluster) -> str:
 def of_run(run: RunConfig, cluster: Cluster) -> Determinism:
     """The kernels `run` trains with on `cluster` (nothing is set yet)."""
     already = tf_internals.op_determinism_enabled()
-    return decide(run.config.train.deterministic, platform(cluster), already)
+    served = service(run.config) is not None
+    return decide(run.config.train.deterministic, platform(cluster), already, served)
 
 
 def check_lines(run: RunConfig) -> list[str]:
     """What `tpurun check` says of a resume of `run`'s training, as `tpurun train` says it at
     its start: on a TPU, and on this machine when it trains on its GPU or CPU."""
-    lines = [decide(run.config.train.deterministic, TPU).line("on a TPU")]
+    choice, served = run.config.train.deterministic, service(run.config) is not None
+    lines = [decide(choice, TPU, served_input=served).line("on a TPU")]
     if not tpu_vm_detected():
         here = GPU if tf.config.list_physical_devices("GPU") else CPU
-        local = decide(run.config.train.deterministic, here, tf_internals.op_determinism_enabled())
+        local = decide(choice, here, tf_internals.op_determinism_enabled(), served)
         lines.append(local.line(f"on this machine's {here}"))
     return lines
 

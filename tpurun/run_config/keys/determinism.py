@@ -48,11 +48,15 @@ class Determinism:
     # user's own code): it stays on, whatever the key says.
     op_determinism_already: bool = False
     choice: Any = AUTO  # config.train.deterministic as given: True, False or "auto"
+    # Its training input is made by a tf.data service (config.data.service), which a
+    # resumed run restarts at the start of its epoch (docs/data-service.md): whatever
+    # the kernels, the resume sees other batches.
+    served_input: bool = False
 
     @property
     def bit_identical(self) -> bool:
         """Whether a resumed run ends with the weights of an uninterrupted one, bit for bit."""
-        return self.platform == TPU or self.deterministic
+        return (self.platform == TPU or self.deterministic) and not self.served_input
 
     @property
     def op_determinism(self) -> bool:
@@ -61,6 +65,12 @@ class Determinism:
 
     def why(self) -> str:
         """What the verdict rests on, and on CPU and GPU how to have the other one."""
+        if self.served_input:
+            return (
+                "its input comes from a tf.data service (config.data.service), which a "
+                "resumed run restarts at the start of its epoch; drop config.data.service "
+                "for an exact resume"
+            )
         if self.platform == TPU:
             return "XLA compiles the training step into the same TPU program every run"
         key = f"config.train.deterministic={_shown(self.choice)}"
@@ -93,11 +103,13 @@ class Determinism:
         return Resume(self.bit_identical, self.deterministic, self.why())
 
 
-def decide(choice: Any, platform: str, op_determinism_already: bool = False) -> Determinism:
+def decide(
+    choice: Any, platform: str, op_determinism_already: bool = False, served_input: bool = False
+) -> Determinism:
     """The kernels of a train run on `platform` whose config.train.deterministic is `choice`
-    (true, false or "auto")."""
+    (true, false or "auto"); `served_input`: a tf.data service makes its input."""
     deterministic = AUTO_CHOICE[platform] if choice == AUTO else bool(choice)
-    return Determinism(platform, deterministic, op_determinism_already, choice)
+    return Determinism(platform, deterministic, op_determinism_already, choice, served_input)
 
 
 def verdict(resume: Resume | None) -> str | None:
