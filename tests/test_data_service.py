@@ -426,14 +426,14 @@ def through(service, timeout: str = "") -> tuple[str, ...]:
     return (f"--config.data.service={service['target']}", *filter(None, [timeout]))
 
 
-@pytest.mark.slow
-@pytest.mark.tpu_wheel
 def records_resume(model_dir: Path) -> dict:
     """The newest train run record's resume verdict (its time account's `resume`)."""
     newest = sorted((model_dir / "runs").glob("*-train.json"))[-1]
     return json.loads(newest.read_text())["goodput"]["resume"]
 
 
+@pytest.mark.slow
+@pytest.mark.tpu_wheel
 def test_mnist_trains_through_the_service_and_says_its_resume(service, tmp_path):
     from synthetic_images import write_digit_records
 

@@ -33,7 +33,7 @@ from tpurun.actions.progress import InputBound, LogLines
 from tpurun.check.rules.steps import StepChecker
 from tpurun.check.sizing import memory
 from tpurun.check.sizing.preflight import Preflight
-from tpurun.cluster import Cluster, strategy
+from tpurun.cluster import Cluster, device_kind, strategy
 from tpurun.inputs import device_data
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import Mode, Model, TrainArrays
@@ -201,8 +201,8 @@ def test_arrays_over_the_budget_stay_in_tf_data_and_say_why(tpurun_cli, tmp_path
 
 def test_the_automatic_budget_on_cpu_is_fixed():
     default = tf.distribute.get_strategy()
-    assert device_data.budget_mb(0.0, device_data.device_kind(default)) == device_data.CPU_BUDGET_MB
-    assert device_data.budget_mb(64.0, device_data.device_kind(default)) == 64.0
+    assert device_data.budget_mb(0.0, device_kind(default)) == device_data.CPU_BUDGET_MB
+    assert device_data.budget_mb(64.0, device_kind(default)) == 64.0
 
 
 def test_a_stand_in_cluster_is_judged_as_what_it_stands_for():

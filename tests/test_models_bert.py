@@ -287,6 +287,15 @@ def test_export_of_the_published_checkpoint_needs_no_records(tpurun_cli, publish
         )
     )  # fmt: skip
     serve = tf.saved_model.load(result.stdout.strip()).signatures["serving_default"]
-    assert sorted(serve.structured_input_signature[1]) == [
+    inputs = serve.structured_input_signature[1]
+    assert sorted(inputs) == [
         "input_ids", "input_mask", "masked_lm_positions", "segment_ids",
     ]  # fmt: skip
+    assert inputs["input_ids"].shape.as_list() == [None, reference.SEQ_LENGTH]
+    assert all(spec.dtype == tf.int32 for spec in inputs.values())
+    # Served on two of the records' examples: every output per example, and finite.
+    served = serve(
+        **{k: tf.constant([e[k] for e in published.examples[:2]], tf.int32) for k in inputs}
+    )
+    assert served and all(v.shape[0] == 2 for v in served.values()), served
+    assert all(np.all(np.isfinite(v.numpy())) for v in served.values())

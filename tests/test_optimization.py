@@ -1,4 +1,4 @@
-"""optimization and run_config.recipe_keys: schedules, batch scaling, weight decay, clipping, EMA, checks."""
+"""optimization and run_config.keys.recipe_keys: schedules, batch scaling, weight decay, clipping, EMA, checks."""
 
 from __future__ import annotations
 

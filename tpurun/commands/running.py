@@ -174,6 +174,9 @@ def build(
     cluster_ready = time.time()
     kernels = None
     if command.sets_kernels and cluster is not None:  # before TensorFlow builds a function
+        # Seeded first: op determinism refuses a random op without a seed, and the model's
+        # creation (its arrays, its config check) may draw one.
+        tf.keras.utils.set_random_seed(run.seed)
         kernels = settings.enter_context(determinism.applied(determinism.of_run(run, cluster)))
     if cluster is not None:
         cluster.check_batch_sizes(run)

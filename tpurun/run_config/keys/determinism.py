@@ -24,8 +24,8 @@ from tpurun.layout.time_account import Resume
 AUTO = "auto"
 TPU, GPU, CPU = "TPU", "GPU", "CPU"
 # What "auto" chooses, by platform. CPU: on, its cost measured within the noise of mnist's
-# and the full ResNet-50's steps here, 0.13 ms a step fed by tf.data (the input wait timed
-# by the host's clock), half the speed of Iris through tf.data (scripts/bench_determinism.py,
+# and the full ResNet-50's steps here, 0.15 ms a step fed by tf.data (the input wait timed
+# by the host's clock), 0.45x the speed of Iris through tf.data (scripts/bench_determinism.py,
 # docs/benchmarks.md): bit-identical resumes, which tpurun promises, are worth it.
 # GPU: off, not measured (no GPU here); cuDNN's deterministic algorithms may be much slower.
 # TPU: off, not needed: XLA's TPU programs are deterministic.
@@ -100,7 +100,7 @@ class Determinism:
 
     def as_record(self) -> Resume:
         """What the run record keeps of it (`resume` in its time account)."""
-        return Resume(self.bit_identical, self.deterministic, self.why())
+        return Resume(self.bit_identical, self.op_determinism, self.why())
 
 
 def decide(
