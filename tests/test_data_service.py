@@ -668,6 +668,38 @@ def test_a_killed_dispatcher_ends_the_run_with_69_and_max_restarts_resumes_under
 
 @pytest.mark.slow
 @pytest.mark.tpu_wheel
+def test_a_fault_tolerant_dispatcher_killed_and_restarted_on_its_work_dir_serves_again(
+    tmp_path,
+):
+    """--work_dir: the dispatcher journals its state there; SIGKILLed, then started again on
+    the same port and work_dir, it is fault-tolerant again and its worker, which outlived
+    it and said so, is back with it."""
+    port, worker_port = free_local_ports(2)
+    journal = tmp_path / "journal"
+    first = Server("dispatcher", f"--port={port}", f"--work_dir={journal}")
+    alone = worker(port, worker_port)
+    second = None
+    try:
+        line = first.wait_for("serving on port")
+        assert f"(fault-tolerant: its datasets and jobs are journaled in {journal}" in line
+        alone.wait_for("registered with the dispatcher")
+        first.wait_for(r"joined \(1 serving\)")
+        heard = len(alone.lines)  # before the kill: the worker may say it at once
+        assert first.end(signal.SIGKILL) == -signal.SIGKILL
+        assert any(path.is_file() for path in journal.rglob("*")), "no journal written"
+        alone.wait_for(f"the dispatcher at 127.0.0.1:{port} does not answer", start=heard)
+        second = Server("dispatcher", f"--port={port}", f"--work_dir={journal}")
+        assert "fault-tolerant" in second.wait_for("serving on port")
+        second.wait_for(rf"worker 127\.0\.0\.1:{worker_port} (joined|answers again)")
+        alone.wait_for(f"the dispatcher at 127.0.0.1:{port} answers again", start=heard)
+    finally:
+        for each in (first, alone, second):
+            if each is not None and each.process.poll() is None:
+                each.end(signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.tpu_wheel
 def test_the_servers_stop_cleanly_on_sigterm(service):
     """Last: the module's servers, each one line per state change, end with exit 75."""
     dispatcher, *workers = service["servers"]
