@@ -101,7 +101,10 @@ def test_a_recipe_is_checked_against_the_steps_the_epochs_make(tmp_path):
         "train", "iris", merge_flags(config, {"train_epochs": 2, "batch_size": 30}), model_dir="m"
     )
     # Both boundaries fall in the first step: boundaries (0, 0).
-    said = r"boundaries=\(0, 0\) must be increasing .*; --train_epochs=2 is 8 steps"
+    said = (
+        r"boundaries=\(0, 0\) must be increasing .*; --train_epochs=2 of 120 examples "
+        r"\(.*\) at 30 per step is 8 steps"
+    )
     with pytest.raises(UsageError, match=said):
         resolve_length(run, counted(120))
 

@@ -177,7 +177,9 @@ def resolve_length(
     try:  # validated again, now with its steps
         return _with(run, with_steps, examples)
     except UsageError as e:
-        raise UsageError(f"{e}; {why} is {steps} steps") from None
+        said_of = f"{examples.examples} examples ({examples.where}) at {per_step} per step"
+        length = f"{steps} step" if steps == 1 else f"{steps} steps"
+        raise UsageError(f"{e}; {why} of {said_of} is {length}") from None
 
 
 def warn_of_warmups(
