@@ -84,25 +84,27 @@ class Array:
     padded_bytes: int  # in TPU tiles (tpu_padded_bytes)
 
 
-@dataclasses.dataclass(frozen=True)
-class MemoryEstimate:
-    """What one replica's step needs in device memory, by category, unpadded and padded."""
+class StepBytes:
+    """One replica's step memory by category, unpadded and padded, and its totals: what
+    the CPU compile's estimate (`MemoryEstimate`) and the TPU compiler's (`CompiledStep`)
+    share. A subclass holds `arrays` (the entry parameters) and `input_batches` (the
+    step's batch and those prefetched meanwhile: INPUT counts each), and says in
+    `other_bytes` what OTHER holds beyond its arrays."""
 
-    arrays: tuple[Array, ...]  # the entry parameters, in parameter order
-    temporaries_bytes: int  # every other buffer of the CPU compile (part of OTHER)
-    # Batches of input in device memory at once: the step's own, and those an input
-    # pipeline prefetches to the device meanwhile (INPUT counts each).
-    input_batches: int = 1
-    # What the program computes that XLA:CPU handles unlike a TPU ("convolution",
-    # "bfloat16"; `buffers.computes`): OTHER is then less like a TPU's.
-    computes: frozenset[str] = frozenset()
+    arrays: tuple[Array, ...]
+    input_batches: int
+
+    def other_bytes(self) -> int:
+        """What OTHER holds beyond the arrays of that category (temporaries, code...)."""
+        raise NotImplementedError
 
     def bytes(self, category: str) -> int:
-        """Unpadded bytes of one category (OTHER includes the temporaries)."""
+        """Unpadded bytes of one category (OTHER with `other_bytes`)."""
         return self._sum(category, padded=False)
 
     def padded_bytes(self, category: str) -> int:
-        """Bytes of one category with its known arrays in TPU tiles; temporaries as compiled."""
+        """Bytes of one category with its arrays as the TPU lays them out (OTHER with
+        `other_bytes`)."""
         return self._sum(category, padded=True)
 
     def _sum(self, category: str, padded: bool) -> int:
@@ -111,7 +113,7 @@ class MemoryEstimate:
         )
         if category == INPUT:
             total *= self.input_batches
-        return total + (self.temporaries_bytes if category == OTHER else 0)
+        return total + (self.other_bytes() if category == OTHER else 0)
 
     @property
     def total_bytes(self) -> int:
@@ -119,6 +121,7 @@ class MemoryEstimate:
 
     @property
     def padded_total_bytes(self) -> int:
+        """The total for one replica, with the prefetched batches."""
         return sum(self.padded_bytes(c) for c in CATEGORIES)
 
     @property
@@ -129,6 +132,24 @@ class MemoryEstimate:
     def fits(self, hbm_bytes: int) -> bool:
         """Whether the padded total fits in `hbm_bytes` (one replica's HBM)."""
         return self.padded_total_bytes <= hbm_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate(StepBytes):
+    """What one replica's step needs in device memory, by category, unpadded and padded:
+    an estimate from XLA's CPU compile (its temporaries as compiled, in OTHER)."""
+
+    arrays: tuple[Array, ...]  # the entry parameters, in parameter order
+    temporaries_bytes: int  # every other buffer of the CPU compile (part of OTHER)
+    # Batches of input in device memory at once: the step's own, and those an input
+    # pipeline prefetches to the device meanwhile (INPUT counts each).
+    input_batches: int = 1
+    # What the program computes that XLA:CPU handles unlike a TPU ("convolution",
+    # "bfloat16"; `buffers.computes`): OTHER is then less like a TPU's.
+    computes: frozenset[str] = frozenset()
+
+    def other_bytes(self) -> int:
+        return self.temporaries_bytes
 
     def summary(self) -> str:
         """One line: each category padded (unpadded), then the totals."""

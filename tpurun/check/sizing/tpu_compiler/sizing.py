@@ -25,8 +25,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tpurun.check.sizing.buffers import CATEGORIES, INPUT, OTHER
-from tpurun.check.sizing.memory import Array, format_bytes
+from tpurun.check.sizing.buffers import CATEGORIES
+from tpurun.check.sizing.memory import Array, StepBytes, format_bytes
 from tpurun.check.sizing.tpu_compiler import program as program_lib
 from tpurun.check.sizing.tpu_compiler.client import (
     PROGRAM,
@@ -43,7 +43,7 @@ XLA_CPU = "xla:cpu"
 
 
 @dataclasses.dataclass(frozen=True)
-class CompiledStep:
+class CompiledStep(StepBytes):
     """One replica's step as the TPU compiler compiled it (or refused it for lack of HBM)."""
 
     arrays: tuple[Array, ...]  # the entry parameters; padded_bytes as the TPU lays them out
@@ -57,44 +57,13 @@ class CompiledStep:
     compiler: str = TPU
     computes: frozenset[str] = frozenset()  # (MemoryEstimate's: XLA:CPU's biases; none here)
 
-    def bytes(self, category: str) -> int:
-        """Unpadded bytes of weights, optimizer state, input; OTHER as compiled."""
-        return self._sum(category, padded=False)
-
-    def padded_bytes(self, category: str) -> int:
-        """Bytes as the TPU holds them; OTHER: outputs - aliased + temporaries + code."""
-        return self._sum(category, padded=True)
-
-    def _sum(self, category: str, padded: bool) -> int:
-        total = sum(
-            a.padded_bytes if padded else a.bytes for a in self.arrays if a.category == category
-        )
-        if category == INPUT:
-            total *= self.input_batches
-        if category == OTHER:
-            total += self.outputs_not_aliased + self.temporary_bytes + self.code_bytes
-        return total
+    def other_bytes(self) -> int:
+        """OTHER as compiled: the outputs not written in place, temporaries and code."""
+        return self.outputs_not_aliased + self.temporary_bytes + self.code_bytes
 
     @property
     def outputs_not_aliased(self) -> int:
         return self.output_bytes - self.alias_bytes
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.bytes(c) for c in CATEGORIES)
-
-    @property
-    def padded_total_bytes(self) -> int:
-        """The compiler's total for one replica, with the prefetched batches."""
-        return sum(self.padded_bytes(c) for c in CATEGORIES)
-
-    @property
-    def padding_bytes(self) -> int:
-        """What the TPU's layouts add to the arguments' values."""
-        return self.padded_total_bytes - self.total_bytes
-
-    def fits(self, hbm_bytes: int) -> bool:
-        return self.padded_total_bytes <= hbm_bytes
 
     def summary(self) -> str:
         parts = [f"{c} {format_bytes(self.padded_bytes(c))}" for c in CATEGORIES]
