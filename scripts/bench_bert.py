@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_wgan_gp import ITERATIONS, tpurun_loop  # host loops of 50 steps, as there
+from bench_wgan_gp import ITERATIONS, time_loops, tpurun_loop  # host loops of 50, as there
 from offline_env import run_json_worker  # scripts/offline_env.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,17 +143,7 @@ def run_training(args: argparse.Namespace) -> dict:
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(0)
     loops = {"tpurun": tpurun_loop(run, cluster, model), "fit": fit_loop(run, model)}
-    for loop in loops.values():
-        for _ in range(2):
-            loop(ITERATIONS)  # the first traces
-    seconds: dict[str, list[float]] = {name: [] for name in loops}
-    cpu: dict[str, list[float]] = {name: [] for name in loops}
-    for _ in range(args.repeats):
-        for name, loop in loops.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            loop(args.steps)
-            seconds[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
+    seconds, cpu = time_loops(loops, args.steps, args.repeats)
     batch = run.train_batch_size
     per_second = {name: batch * args.steps / statistics.median(s) for name, s in seconds.items()}
     ratios = [f / t for t, f in zip(seconds["tpurun"], seconds["fit"], strict=True)]

@@ -91,18 +91,28 @@ def run_worker(args: argparse.Namespace) -> dict:
     model = model_lib.create(run.config)
     keras.utils.set_random_seed(0)
     loops = {"tpurun": tpurun_loop(run, cluster, model), "fit": fit_loop(run, model)}
-    for loop in loops.values():
-        for _ in range(2):
-            loop(ITERATIONS)  # the first traces
-    seconds: dict[str, list[float]] = {name: [] for name in loops}
-    for _ in range(args.repeats):
-        for name, loop in loops.items():
-            start = time.perf_counter()
-            loop(args.steps)
-            seconds[name].append(time.perf_counter() - start)
+    seconds, _ = time_loops(loops, args.steps, args.repeats)
     found: dict = {name: statistics.median(s) / args.steps for name, s in seconds.items()}
     fit = loops["fit"]
     return {**found, "batch": run.train_batch_size, "jit_compile": fit.jit_compile}  # type: ignore[attr-defined]
+
+
+def time_loops(loops: dict, steps: int, repeats: int) -> tuple[dict, dict]:
+    """Each `loop(steps)` timed `repeats` times, the loops taking turns, after two warm-up
+    calls of ITERATIONS steps each (the first traces): the wall seconds and the process's
+    CPU seconds (all its threads) of every call, by loop name."""
+    for loop in loops.values():
+        for _ in range(2):
+            loop(ITERATIONS)
+    seconds: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(repeats):
+        for name, loop in loops.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            loop(steps)
+            seconds[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    return seconds, cpu
 
 
 def tpurun_loop(run, cluster, model):
