@@ -82,18 +82,7 @@ def parse(command: str, argv: list[str]) -> RunConfig:
     config_files.check_override_keys(defaults, argv)
     handles.CONFIG_ARGV[:] = argv  # where config_flags finds the --config.<key> overrides
     try:
-        leftover = FLAGS(argv)
-    except flags.UnrecognizedFlagError as e:
-        # absl's "Unknown command line flag 'x'" does not say where the valid ones are.
-        close = difflib.get_close_matches(e.flagname, COMMAND_FLAGS[command], n=1)
-        hint = f" (did you mean --{close[0]}?)" if close else ""
-        raise UsageError(
-            f"unknown flag --{e.flagname}{hint}; `tpurun {command} --help` lists the flags"
-        ) from None
-    except flags.IllegalFlagValueError as e:
-        raise UsageError(_bad_value(str(e))) from None
-    except flags.Error as e:
-        raise UsageError(_one_line(str(e))) from None
+        _parse_flags(command, argv)
     except (AttributeError, KeyError, ValueError, OSError) as e:
         raise UsageError(f"--config: {_one_line(str(e))}") from None
     except SystemExit as e:  # the config file, imported again by config_flags, exited
@@ -101,8 +90,6 @@ def parse(command: str, argv: list[str]) -> RunConfig:
             f"config file {source.path} exited while loading "
             f"({config_files.exit_text(e)}); remove the exit"
         ) from None
-    if len(leftover) > 1:
-        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
     allowed = set(COMMAND_FLAGS[command]) | set(ABSL_FLAGS)
     for name in FLAGS:
         if FLAGS[name].present and name not in allowed and not name.startswith("config."):
@@ -165,18 +152,7 @@ def parse_own_flags(command: str, argv: list[str]) -> tuple[str, ...]:
             )
         argv, words, shown = [argv[0], *argv[2:]], (word,), f"{command} {word}"
     _forget_earlier_parse()
-    try:
-        leftover = FLAGS(argv)
-    except flags.UnrecognizedFlagError as e:
-        raise UsageError(
-            f"unknown flag --{e.flagname}; `tpurun {command} --help` lists the flags"
-        ) from None
-    except flags.IllegalFlagValueError as e:
-        raise UsageError(_bad_value(str(e))) from None
-    except flags.Error as e:
-        raise UsageError(_one_line(str(e))) from None
-    if len(leftover) > 1:
-        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
+    _parse_flags(command, argv)
     allowed = set(COMMAND_FLAGS[command]) | set(ABSL_FLAGS)
     for name in (name for name in FLAGS if FLAGS[name].present):
         flag = FLAG.get(name)
@@ -191,6 +167,26 @@ def parse_own_flags(command: str, argv: list[str]) -> tuple[str, ...]:
             )
         flag.check(handles.value(name))
     return words
+
+
+def _parse_flags(command: str, argv: list[str]) -> None:
+    """absl's parse of `argv` into the flags' handles, its errors as one UsageError each;
+    a positional argument left over is one too."""
+    try:
+        leftover = FLAGS(argv)
+    except flags.UnrecognizedFlagError as e:
+        # absl's "Unknown command line flag 'x'" does not say where the valid ones are.
+        close = difflib.get_close_matches(e.flagname, COMMAND_FLAGS[command], n=1)
+        hint = f" (did you mean --{close[0]}?)" if close else ""
+        raise UsageError(
+            f"unknown flag --{e.flagname}{hint}; `tpurun {command} --help` lists the flags"
+        ) from None
+    except flags.IllegalFlagValueError as e:
+        raise UsageError(_bad_value(str(e))) from None
+    except flags.Error as e:
+        raise UsageError(_one_line(str(e))) from None
+    if len(leftover) > 1:
+        raise UsageError(f"unexpected arguments {leftover[1:]}; flags are written --name=value")
 
 
 def _forget_earlier_parse() -> None:
