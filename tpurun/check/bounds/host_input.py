@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from tpurun import data_service, inputs
 from tpurun.check.bounds.step_bounds import StepBound, bounds, format_seconds
@@ -115,6 +116,10 @@ class HostInput:
         return self.host_rate / self.step_rate
 
     @property
+    def input_bound(self) -> bool:
+        return self.ratio is not None and self.ratio < 1
+
+    @property
     def chips_wait(self) -> float | None:
         """The share of the time the chips would wait for input at the step's bound."""
         return None if self.ratio is None else max(0.0, 1.0 - self.ratio)
@@ -155,7 +160,6 @@ def check(builds: StepBuilder, found: TargetMemory) -> HostInput:
     )
     try:
         dataset = inputs.train_dataset(builds.model, params, builds.arrays)
-        calls = data_service.python_calls(dataset) or []
         measured = measure(dataset, params.batch_size, MEASURE_SECONDS)
     except Exception as e:  # noqa: BLE001 - the user's input: any failure is reported, not fatal
         return HostInput(target, why_not=f"the training input failed here: {one_line(e)}")
@@ -167,7 +171,7 @@ def check(builds: StepBuilder, found: TargetMemory) -> HostInput:
             if found.compiler is None
             else "the TPU compiler gave the train step no cost"
         )
-    return HostInput(
+    host = HostInput(
         target,
         measured=measured,
         vcpus=vcpus,
@@ -175,8 +179,17 @@ def check(builds: StepBuilder, found: TargetMemory) -> HostInput:
         train_bound=train_bound,
         no_bound=no_bound,
         config_name=run.config_name,
-        python_calls=tuple(calls),
     )
+    if not host.input_bound:
+        return host
+    # Only an input-bound run is sized for the tf.data service, which cannot run Python:
+    # its dataset's graph (arrays in it included) is read for that alone.
+    try:
+        calls = data_service.python_calls(dataset) or []
+    except Exception as e:  # noqa: BLE001 - the sizing is then printed without that check
+        logging.warning("Could not read the training input's graph for Python calls: %s", e)
+        calls = []
+    return dataclasses.replace(host, python_calls=tuple(calls))
 
 
 def skipped(target: Target) -> HostInput:
@@ -261,7 +274,7 @@ def lines(host: HostInput) -> list[str]:
     )
     if host.ratio is None:
         out.append(f"  {makes}; no train step time to compare with: {host.no_bound}")
-    elif host.ratio < 1:
+    elif host.input_bound:
         out.append(
             f"  input-bound: {makes}, the train step could take {rate(host.step_rate or 0)} per "
             f"host (at its bound, {host.examples_per_host_step:,} examples per host per step): "
@@ -327,13 +340,11 @@ def report(host: HostInput) -> dict[str, Any]:
         "examples_per_host_step": host.examples_per_host_step,
         "host_examples_per_second": host.host_rate,
         "step_examples_per_second_per_host": host.step_rate,
-        "input_bound": None if host.ratio is None else host.ratio < 1,
+        "input_bound": None if host.ratio is None else host.input_bound,
         "chips_wait_fraction": host.chips_wait,
         "no_bound": host.no_bound or None,
         "data_service_workers": (
-            service_sizing(host).workers
-            if host.ratio is not None and host.ratio < 1 and not host.python_calls
-            else None
+            service_sizing(host).workers if host.input_bound and not host.python_calls else None
         ),
     }
 
