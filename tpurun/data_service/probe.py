@@ -20,14 +20,13 @@ from tpurun.data_service.rpc import Servers
 from tpurun.errors import EXIT_UNAVAILABLE, Unavailable
 from tpurun.run_config.keys.service_keys import Service
 
-CALL_DEADLINE = 2.0
 POLL_SECONDS = 1.0
 
 
 def wait_until_serving(service: Service, clock=time.monotonic, sleep=time.sleep) -> list[str]:
     """The workers that answer, once the dispatcher answers and lists one; Unavailable past
     `service.timeout`. A parallel_epochs service of several workers is warned of."""
-    servers = Servers(service.address, min(CALL_DEADLINE, service.timeout / 2))
+    servers = Servers.of(service)
     deadline = clock() + service.timeout
     waiting = False
     try:

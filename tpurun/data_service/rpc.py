@@ -23,6 +23,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from tpurun import errors
+from tpurun.run_config.keys.service_keys import Service
 
 GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"
 GET_WORKER_TASKS = "/tensorflow.data.WorkerService/GetWorkerTasks"
@@ -62,16 +63,25 @@ class Unanswered(Exception):
     """A server did not answer within the deadline (or refused: nothing listens there)."""
 
 
+CALL_DEADLINE = 2.0  # seconds one question to a server may take, at most
+
+
 class Servers:
     """gRPC channels to a dispatcher and its workers, kept open between calls (a channel
     reconnects by itself when a server comes back)."""
 
-    def __init__(self, dispatcher: str, deadline: float):
+    def __init__(self, dispatcher: str, deadline: float = CALL_DEADLINE):
         """`dispatcher`: HOST:PORT; `deadline`: seconds each call may take."""
         self.dispatcher = dispatcher
         self.deadline = deadline
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, service: Service) -> Servers:
+        """The servers of a run's `service`: each call within CALL_DEADLINE and half the
+        service's timeout, so that a silent server leaves time to ask again."""
+        return cls(service.address, min(CALL_DEADLINE, service.timeout / 2))
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:

@@ -41,7 +41,6 @@ from tpurun.data_service.rpc import Servers, Unanswered
 from tpurun.errors import RunError
 
 POLL_SECONDS = 1.0
-CALL_DEADLINE = 2.0  # seconds one question to a server may take
 # How often a worker tells the dispatcher it lives, and learns of new tasks (TensorFlow's
 # default is 30 s: a restarted dispatcher would wait that long to know its workers).
 HEARTBEAT_MS = 2000
@@ -121,7 +120,7 @@ def _dispatch(port: int, work_dir: str) -> None:
         f"serving on port {port} ({durable}); trainers set "
         f"--config.data.service=grpc://{socket.getfqdn()}:{port}",
     )
-    servers = Servers(f"localhost:{port}", CALL_DEADLINE)
+    servers = Servers(f"localhost:{port}")
     before: state.Look | None = None
     try:
         while True:
@@ -150,7 +149,7 @@ def _work(port: int, dispatcher: str, host: str) -> None:
         heartbeat_interval_ms=HEARTBEAT_MS,
     )
     say("worker", f"starting on port {port} as {address}, for the dispatcher at {dispatcher}")
-    servers = Servers(dispatcher, CALL_DEADLINE)
+    servers = Servers(dispatcher)
     server = None
     silent: str | None = None
     tasks = 0

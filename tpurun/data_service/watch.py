@@ -42,7 +42,6 @@ from tpurun.run_config.keys.service_keys import Service
 from tpurun.storage import checkpoints
 
 POLL_SECONDS = 5.0  # at most: a short timeout polls more often
-CALL_DEADLINE = 2.0  # seconds one question to a server may take, at most
 
 
 class Watch:
@@ -59,7 +58,7 @@ class Watch:
         """`exit_process(line)`: ends the process (default: the line, then os._exit(69));
         `servers`: what answers for the service (default: its servers over gRPC)."""
         self.service = service
-        self._servers = servers or Servers(service.address, min(CALL_DEADLINE, service.timeout / 2))
+        self._servers = servers or Servers.of(service)
         self._poll = min(POLL_SECONDS, service.timeout / 4)
         self._model_dir = model_dir
         self.latest = checkpoints.path_of(model_dir, step) if step else None
