@@ -33,7 +33,7 @@ from typing import Any
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tpurun.models.image_records import first_bad_record, list_files
-from tpurun.models.resnet_input import TFRecordSource
+from tpurun.models.resnet_input import TFRecordSource, stream_from
 
 from tpurun.errors import RunError
 from tpurun.model import InputParams, Mode
@@ -101,12 +101,7 @@ def train_dataset(
 ) -> tf.data.Dataset:
     """Endless static batches of this pipeline's records, from batch `params.start_batch` on."""
     source = TFRecordSource(files, params, data.cycle_length, data.shuffle_buffer)
-    start = params.start_batch * params.batch_size  # records this pipeline already gave
-    first_epoch, skip = tf.constant(0, tf.int64), tf.constant(0, tf.int64)
-    if start:
-        size = source.epoch_size()
-        first_epoch, skip = start // size, start % size
-    records = source.keyed_stream(first_epoch).skip(skip).map(lambda e, i, record: record)
+    records = stream_from(source, params).map(lambda e, i, record: record)
     batches = records.batch(params.batch_size, drop_remainder=True)
     return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 

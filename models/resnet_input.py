@@ -158,20 +158,26 @@ def keyed(epoch: tf.Tensor, records: tf.data.Dataset) -> tf.data.Dataset:
     return records.enumerate().map(lambda index, record: (epoch, index, record))
 
 
-def train_dataset(
-    source: Any, params: InputParams, image_size: int, dtype: tf.DType
-) -> tf.data.Dataset:
-    """Endless static batches ({"image": [b, size, size, 3]}, labels [b]) from the keyed
-    stream of `source`'s epochs, starting at `params.start_batch` (see the module docstring).
-    """
+def stream_from(source: Any, params: InputParams) -> tf.data.Dataset:
+    """`source`'s keyed stream (epoch, index, record) from the record this pipeline's
+    `params.start_batch` starts at: the epoch it falls in, the records before it in that
+    epoch skipped (read, not decoded)."""
     start = params.start_batch * params.batch_size  # records this pipeline already gave
     if start:
         size = source.epoch_size()
         first_epoch, skip = start // size, start % size
     else:
         first_epoch, skip = tf.constant(0, tf.int64), tf.constant(0, tf.int64)
+    return source.keyed_stream(first_epoch).skip(skip)
 
-    stream = source.keyed_stream(first_epoch).skip(skip)
+
+def train_dataset(
+    source: Any, params: InputParams, image_size: int, dtype: tf.DType
+) -> tf.data.Dataset:
+    """Endless static batches ({"image": [b, size, size, 3]}, labels [b]) from the keyed
+    stream of `source`'s epochs, starting at `params.start_batch` (see the module docstring).
+    """
+    stream = stream_from(source, params)
 
     def preprocess(epoch: tf.Tensor, index: tf.Tensor, record: Any) -> tuple[Any, tf.Tensor]:
         image_bytes, label = source.parse(record)
