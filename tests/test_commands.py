@@ -178,3 +178,17 @@ def test_the_table_and_the_flag_table_know_the_same_commands():
     assert list(flag_table.COMMAND_FLAGS) == [c.name for c in command_table.COMMANDS]
     named = {name for flag in flag_table.FLAGS for name in flag.commands}
     assert named <= set(command_table.COMMAND)
+
+
+def test_the_time_account_records_what_the_replicas_run_on(tmp_path, monkeypatch):
+    """A cluster's device kind when it stands for another (check's stand-ins), else what
+    its strategy's devices are: a TPU run's cluster leaves it to its TPUStrategy, whose
+    devices say TPU (stood in for here: no TPU on this machine), never "CPU"."""
+    from tpurun.cluster import Cluster, machines
+
+    monkeypatch.setattr(machines, "device_kind", lambda strategy: "TPU")
+    for given, recorded in (("", "TPU"), ("GPU", "GPU")):
+        cluster = Cluster(tf.distribute.get_strategy(), "a run's", device_kind=given)
+        account = running.start_account(str(tmp_path / "run.json"), {}, cluster, 1.0)
+        assert account.account.device is not None
+        assert account.account.device.kind == recorded

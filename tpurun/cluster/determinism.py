@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpurun import tf_internals
-from tpurun.cluster import Cluster, device_kind, tpu_vm_detected
+from tpurun.cluster import Cluster, tpu_vm_detected
 from tpurun.run_config import RunConfig
 from tpurun.run_config.keys.determinism import CPU, GPU, TPU, Determinism, decide
 from tpurun.run_config.keys.service_keys import service
@@ -31,7 +31,7 @@ ARITHMETIC = "arithmetic_optimization"
 
 def platform(cluster: Cluster) -> str:
     """TPU, GPU or CPU: what a train run's replicas run on."""
-    return TPU if cluster.is_tpu else cluster.device_kind or device_kind(cluster.strategy)
+    return TPU if cluster.is_tpu else cluster.replica_kind
 
 
 def of_run(run: RunConfig, cluster: Cluster) -> Determinism:

@@ -34,6 +34,11 @@ class Cluster:
     def num_replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
 
+    @property
+    def replica_kind(self) -> str:
+        """TPU, GPU or CPU: what the replicas run on, or for a stand-in what it stands for."""
+        return self.device_kind or device_kind(self.strategy)
+
     def check_batch_sizes(self, run: RunConfig) -> None:
         """Every global batch must split evenly across the replicas actually found."""
         for flag, size in (

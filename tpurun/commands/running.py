@@ -200,7 +200,7 @@ def start_account(
 ) -> GoodputRecord:
     """The time account of a train's run record, from when its cluster was ready."""
     account = GoodputRecord(record, written)
-    account.cluster_ready(cluster_ready, cluster.device_kind or "CPU", cluster.num_replicas)
+    account.cluster_ready(cluster_ready, cluster.replica_kind, cluster.num_replicas)
     return account
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tpurun.cluster import Cluster, device_kind
+from tpurun.cluster import Cluster
 from tpurun.inputs.example_order import ExampleOrder
 from tpurun.model import TrainArrays
 
@@ -135,7 +135,7 @@ def why_not(
     """Why device data does not apply on `cluster` ("" when it does)."""
     if cluster.num_workers > 1 or (cluster.hosts or hosts(cluster.strategy)) > 1:
         return SEVERAL_HOSTS
-    kind = cluster.device_kind or device_kind(cluster.strategy)
+    kind = cluster.replica_kind
     size, budget = nbytes(arrays, order), budget_mb(configured_mb, kind)
     if size > budget * 2**20:
         setting = f"={configured_mb:g}" if configured_mb else f" (automatic: {budget:g} MB)"

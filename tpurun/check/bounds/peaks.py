@@ -8,7 +8,7 @@ import re
 import tensorflow as tf
 
 from tpurun.check import targets
-from tpurun.cluster import Cluster, device_kind
+from tpurun.cluster import Cluster
 
 TERA = 1e12
 # Dense bfloat16 (float16 on V100/T4, which have no bfloat16) tensor-core peaks per GPU, from
@@ -26,7 +26,7 @@ _TPU_TYPE = re.compile(r"\b(v\d+[a-z]*-\d+)\b")
 
 def peak_flops(cluster: Cluster) -> tuple[float | None, str | None]:
     """The peak FLOP/s of all the run's replicas together, or None and why not."""
-    kind = cluster.device_kind or device_kind(cluster.strategy)
+    kind = cluster.replica_kind
     if cluster.is_tpu or kind == "TPU":
         return _tpu_peak(cluster)
     if kind == "GPU":

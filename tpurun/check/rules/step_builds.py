@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tpurun import inputs
 from tpurun.check.rules.introspection import KerasNames
-from tpurun.cluster import Cluster, device_kind
+from tpurun.cluster import Cluster
 from tpurun.inputs import device_data
 from tpurun.model import InputParams, Mode, Model, TrainArrays
 from tpurun.run_config import RunConfig, splits
@@ -88,7 +88,7 @@ class StepBuilder:
             "1 CPU (XLA compile)",
             num_workers=cluster.num_workers,
             hosts=cluster.hosts or device_data.hosts(cluster.strategy),
-            device_kind=cluster.device_kind or device_kind(cluster.strategy),
+            device_kind=cluster.replica_kind,
         )
         # The single-device builds to size: those the checks compiled cleanly
         # (`StepChecker.check_xla`), or `single_device_step`'s, unchecked.
