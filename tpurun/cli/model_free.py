@@ -16,9 +16,9 @@ from absl import flags
 from tpurun.cli import handles, terminal
 from tpurun.errors import UsageError
 from tpurun.run_config import config_files
+from tpurun.run_config.keys.service_keys import DISPATCHER_PORT, WORKER_PORT
 
 # Each server's port unless --port says another (`tpurun.data_service.sizing`'s too).
-DEFAULT_PORTS = {"dispatcher": 5050, "worker": 5051}
 # A worker's --dispatcher: a host name or IPv4 address, or an IPv6 one in brackets; a port.
 _DISPATCHER = re.compile(r"[\w.\-]+:\d{1,5}|\[[\w:.]+\]:\d{1,5}")
 
@@ -67,7 +67,7 @@ def serve_data(role: str) -> int:
 
     return servers.serve(
         role,
-        handles.value("port") or DEFAULT_PORTS[role],
+        handles.value("port") or (DISPATCHER_PORT if role == "dispatcher" else WORKER_PORT),
         work_dir=handles.value("work_dir") or "",
         dispatcher=dispatcher,
         address=handles.value("worker_address") or "",

@@ -15,6 +15,8 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from tpurun.run_config.keys.service_keys import DISPATCHER_PORT, WORKER_PORT
+
 # The CPU VM the sizing counts in: an n2-standard-32 (32 vCPUs, 128 GB), a common size
 # for input workers; another size scales the count by its vCPUs.
 WORKER_MACHINE = "n2-standard-32"
@@ -24,7 +26,6 @@ WORKER_VCPUS = 32
 # mnist lost to the round trip in scripts/bench_data_service.py (docs/benchmarks.md),
 # which one machine measures on the trainer's side only.
 SERVICE_SHARE = 0.8
-DISPATCHER_PORT, WORKER_PORT = 5050, 5051
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,7 +78,7 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_integer(value: object) -> TypeGuard[int]:
+def is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -100,7 +100,7 @@ class Integer:
     note: str = ""
 
     def check(self, shown: str, value: object) -> None:
-        if _is_integer(value) and self.low <= value <= self.high:
+        if is_integer(value) and self.low <= value <= self.high:
             return
         if self.low == 1:
             allowed = f"a positive integer{self.note} (at most {self.high})"
@@ -117,9 +117,9 @@ class Batch:
     memory bounds it: `tpurun check --target`), that TensorFlow can hold as a dimension."""
 
     def check(self, shown: str, value: object) -> None:
-        if _is_integer(value) and 1 <= value <= MAX_DIMENSION:
+        if is_integer(value) and 1 <= value <= MAX_DIMENSION:
             return
-        if _is_integer(value) and value > MAX_DIMENSION:
+        if is_integer(value) and value > MAX_DIMENSION:
             raise UsageError(
                 f"{shown}={value} must be a positive integer of at most 2^63-1 (TensorFlow's "
                 "int64); `tpurun check --target=<TPU type>` says which batches a slice holds"
@@ -199,7 +199,7 @@ class AtLeast:
     note: str = ""
 
     def check(self, shown: str, value: object) -> None:
-        kind = _is_integer(value) if self.integer else is_number(value)
+        kind = is_integer(value) if self.integer else is_number(value)
         if kind and (value > self.low if self.above else value >= self.low):  # type: ignore[operator]
             return
         what = "an integer" if self.integer else "a number"

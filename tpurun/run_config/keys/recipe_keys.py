@@ -13,7 +13,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpurun.errors import UsageError
-from tpurun.run_config.bounds import AtLeast, Boolean, Bound, Fraction, OneOf, Regex, is_number
+from tpurun.run_config.bounds import (
+    AtLeast,
+    Boolean,
+    Bound,
+    Fraction,
+    OneOf,
+    Regex,
+    is_integer,
+    is_number,
+)
 
 SCHEDULES = ("constant", "exponential", "piecewise", "cosine", "linear")
 WARMUP_TARGETS = ("schedule", "peak")
@@ -116,10 +125,6 @@ SCHEDULE_BOUNDS: Mapping[str, Mapping[str, Bound]] = {
     "linear": {"end_learning_rate": AtLeast(0)},
 }
 EMA_DECAY = Fraction(below_one=True, note=" (0 = no moving average)")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _fail(key: str, value: Any, allowed: str) -> UsageError:
@@ -250,7 +255,7 @@ def _validate_piecewise(optimizer: Mapping[str, Any], prefix: str) -> None:
                 "must be increasing epochs > 0, e.g. (30, 60, 80)",
             )
         boundaries, what = in_epochs, "boundary_epochs"
-    elif not all(_is_int(b) and b > 0 for b in boundaries) or not _increasing(boundaries):
+    elif not all(is_integer(b) and b > 0 for b in boundaries) or not _increasing(boundaries):
         raise _fail(
             f"{prefix}.boundaries",
             boundaries,

@@ -15,6 +15,8 @@ from typing import Any
 from tpurun.errors import UsageError
 from tpurun.run_config.bounds import MAX_SECONDS
 
+# The ports `tpurun data-service dispatcher|worker` listen on by default.
+DISPATCHER_PORT, WORKER_PORT = 5050, 5051
 PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
 DEFAULT_MODE = "distributed_epoch"
 DEFAULT_TIMEOUT = 120.0
