@@ -14,7 +14,7 @@ from absl import logging
 
 from tpurun import storage
 from tpurun.layout import names
-from tpurun.run_config import RunConfig, splits
+from tpurun.run_config import RunConfig
 from tpurun.run_config.splits import Splits
 from tpurun.storage import best
 from tpurun.storage.eval_results import summary_line, write_results
@@ -25,7 +25,7 @@ Evaluate = Callable[[str, str], dict[str, float]]  # checkpoint path, split -> e
 def summaries_dir(model_dir: str, split: str) -> str:
     """eval_<split>, so TensorBoard shows each split as a run of its own (eval_val, eval_test);
     the default split of a model that declares none keeps the old eval/."""
-    return names.eval_summaries_dir(model_dir, None if split == splits.LEGACY else split)
+    return names.eval_summaries_dir(model_dir, split)
 
 
 class EvalSummaries:

@@ -153,6 +153,9 @@ LEASE = "trainer.lease"
 WRITE_PROBE = "write-probe"  # a temporary of it shows that model_dir can be written
 RUNS_DIR = "runs"
 EVAL_DIR = "eval"
+# The split of a model that declares none: its results and summaries stay in eval/ (the
+# layout before splits had names), so that such a model keeps its model_dir.
+LEGACY_SPLIT = "eval"
 BEST_DIR = "best"
 BEST_RECORD = "best.json"
 # Where tpurun before 0.3 kept the old best while renaming the new one into place.
@@ -216,12 +219,12 @@ def runs_dir(model_dir: str) -> str:
 # --- Evaluation results and the best checkpoint -------------------------------------
 
 
-def eval_results_dir(model_dir: str, split: str | None) -> str:
-    """eval/<split>; eval/ itself for None, the default split (a model that declares none)."""
-    return join(model_dir, EVAL_DIR, split) if split else join(model_dir, EVAL_DIR)
+def eval_results_dir(model_dir: str, split: str) -> str:
+    """eval/<split>; eval/ itself for LEGACY_SPLIT, the split of a model that declares none."""
+    return join(model_dir, EVAL_DIR) if split == LEGACY_SPLIT else join(model_dir, EVAL_DIR, split)
 
 
-def eval_results_path(model_dir: str, step: int, split: str | None) -> str:
+def eval_results_path(model_dir: str, step: int, split: str) -> str:
     return join(eval_results_dir(model_dir, split), f"results-{step}.json")
 
 
@@ -230,10 +233,10 @@ def eval_results_globs(model_dir: str) -> tuple[str, ...]:
     return tuple(join(model_dir, EVAL_DIR, p) for p in ("results-*.json", "*/results-*.json"))
 
 
-def eval_summaries_dir(model_dir: str, split: str | None) -> str:
+def eval_summaries_dir(model_dir: str, split: str) -> str:
     """eval_<split>, so TensorBoard shows each split as a run of its own (eval_val,
-    eval_test); eval/ for None, the default split."""
-    return join(model_dir, f"{EVAL_DIR}_{split}" if split else EVAL_DIR)
+    eval_test); eval/ for LEGACY_SPLIT."""
+    return join(model_dir, EVAL_DIR if split == LEGACY_SPLIT else f"{EVAL_DIR}_{split}")
 
 
 def best_results_path(model_dir: str, split: str) -> str:

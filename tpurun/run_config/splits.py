@@ -18,12 +18,13 @@ import re
 from typing import Any
 
 from tpurun.errors import RunError, UsageError
+from tpurun.layout import names
 
 # What a model that declares nothing has: its one split, as before splits had names.
 DEFAULT = ("eval",)
 # Where the split of the old layout (eval/results-<step>.json) lives: the default
 # split's results stay there, so a model that declares nothing keeps its model_dir.
-LEGACY = "eval"
+LEGACY = names.LEGACY_SPLIT
 # A split's name becomes a directory name (eval/<split>, eval_<split>): nothing else.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

@@ -34,11 +34,11 @@ def summary_line(results: dict[str, float], split: str) -> str:
 
 def results_dir(model_dir: str, split: str) -> str:
     """eval/<split>; the default split (a model that declares none) keeps the old eval/."""
-    return names.eval_results_dir(model_dir, None if split == splits.LEGACY else split)
+    return names.eval_results_dir(model_dir, split)
 
 
 def results_path(model_dir: str, step: int, split: str) -> str:
-    return names.eval_results_path(model_dir, step, None if split == splits.LEGACY else split)
+    return names.eval_results_path(model_dir, step, split)
 
 
 def evaluated_before(model_dir: str, step: int, split: str, best_split: str) -> str | None:
