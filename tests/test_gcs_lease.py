@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 from conftest import RUN_FAILURE, assert_fails, assert_ok
 
+from tpurun.layout import names
 from tpurun.layout.plain_files import GcsObjects
 from tpurun.storage import checkpoints, lease
 
@@ -38,10 +39,10 @@ def test_on_a_local_disk_a_held_lease_refuses_a_second_trainer_at_once(tmp_path,
             second, RUN_FAILURE, "is being trained by another tpurun train", f"pid {os.getpid()}"
         )
         assert "--force_takeover" in line and "since " in line
-        assert lease_exists(f"{model_dir}/{lease.FILE}")  # the refused trainer left it alone
+        assert lease_exists(f"{model_dir}/{names.LEASE}")  # the refused trainer left it alone
     finally:
         held.release()
-    assert not lease_exists(f"{model_dir}/{lease.FILE}")
+    assert not lease_exists(f"{model_dir}/{names.LEASE}")
 
 
 # A lease a SIGKILLed trainer of this machine left (its pid gone) is taken at once: after
@@ -90,7 +91,7 @@ def write_lease(path: str, host: str, renewed: float) -> None:
 
 def test_on_gcs_a_lease_of_another_machine_is_taken_over_only_once_stale(bucket, gcs):
     model_dir = f"{bucket}/iris"
-    path = f"{model_dir}/{lease.FILE}"
+    path = f"{model_dir}/{names.LEASE}"
     write_lease(path, "other-host", time.time() - 60)
     with pytest.raises(lease.LeaseHeld, match="host other-host, pid 1234"):
         lease.acquire(model_dir, hang_timeout=300)
@@ -110,7 +111,7 @@ def test_on_gcs_force_takeover_takes_a_fresh_lease_and_its_holder_then_stops(buc
     with pytest.raises(lease.RunError, match="took over the lease"):
         first.renew()
     first.release()  # must not remove the new holder's lease
-    assert lease_exists(f"{model_dir}/{lease.FILE}")
+    assert lease_exists(f"{model_dir}/{names.LEASE}")
     second.release()
 
 

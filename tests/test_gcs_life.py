@@ -49,7 +49,7 @@ from tpurun.models import iris
 
 from tests.synthetic_images import write_digit_records
 from tpurun import cli
-from tpurun.storage import lease
+from tpurun.layout import names as layout_names
 from tpurun.storage.background import events
 
 pytestmark = pytest.mark.slow
@@ -340,7 +340,7 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     # The lease each killed trainer left (on gs://, an object naming it) is taken over.
     taken = f"Taking over the lease of host {socket.gethostname()}, pid {process.pid}, "
     assert taken in killed.stderr and f"pid {process.pid} of this machine is gone" in killed.stderr
-    with tf.io.gfile.GFile(f"{model_dir}/{lease.FILE}") as f:
+    with tf.io.gfile.GFile(f"{model_dir}/{layout_names.LEASE}") as f:
         dead = json.load(f)["pid"]
     assert dead not in (process.pid, os.getpid())
     inside = int(resumed.group(1)) + 20  # its second save, a loop of 10 steps each
@@ -354,7 +354,7 @@ def test_sigkill_while_a_save_is_in_flight_then_inside_a_save_on_gcs_then_resume
     result = assert_ok(tpurun_in_process("train", *common))
     assert f"Resuming from {model_dir}/ckpt-{inside - 10} (step {inside - 10})" in result.stderr
     assert f"pid {dead} of this machine is gone" in result.stderr
-    assert not tf.io.gfile.exists(f"{model_dir}/{lease.FILE}")  # released at the run's end
+    assert not tf.io.gfile.exists(f"{model_dir}/{layout_names.LEASE}")  # released at the run's end
     assert not tf.io.gfile.exists(f"{model_dir}/ckpt-{inside}_temp")
     assert staging_dirs(local) == []
     assert_bit_identical(f"{model_dir}/ckpt-{STEPS}", reference)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 from conftest import OFFLINE_ENV, REPO, assert_fails, assert_ok, tpurun_in_process
 
-from tpurun.storage import lease
+from tpurun.layout import names as layout_names
 
 pytestmark = pytest.mark.slow
 
@@ -197,7 +197,7 @@ def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference)
             assert f"Resuming from {tmp_path / f'ckpt-{complete}'} " in stderr
             assert re.search(rf"Took over the lease of host \S+, pid {dead}, .* is gone", stderr)
         dead = pid  # its lease is left behind, naming it
-        assert json.loads((tmp_path / lease.FILE).read_text())["pid"] == dead
+        assert json.loads((tmp_path / layout_names.LEASE).read_text())["pid"] == dead
         complete = newest_complete(tmp_path)
         # What each kill leaves: tensors not yet merged, a complete checkpoint the state
         # file does not name yet, the .data of an old checkpoint whose .index is gone.
@@ -211,7 +211,7 @@ def test_sigkill_inside_a_save_leaves_a_resumable_model_dir(tmp_path, reference)
     err = assert_ok(tpurun_in_process("train", *KILLED_INSIDE, f"--model_dir={tmp_path}")).stderr
     assert f"Resuming from {tmp_path / f'ckpt-{complete}'} " in err
     assert re.search(rf"Took over the lease of host \S+, pid {dead}, .* is gone", err)
-    assert not (tmp_path / lease.FILE).exists()  # released at the run's end
+    assert not (tmp_path / layout_names.LEASE).exists()  # released at the run's end
     # Iris trains on device data: a run this short on the plain loop, untimed, whatever the
     # machine's load (config.train.xla="auto"), so the runs and their reference choose alike.
     assert "Training data on the device" in err and "too few for XLA's compile" in err

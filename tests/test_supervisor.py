@@ -23,8 +23,8 @@ from test_resume import assert_bit_identical
 from test_tpu import PROJECT, ZONE, FakeCloudTpuApi
 
 from tpurun import report
+from tpurun.layout import names as layout_names
 from tpurun.layout.plain_files import GcsObjects
-from tpurun.storage import lease
 from tpurun.supervisor import tpu_wait
 from tpurun.supervisor.exits import Ending
 from tpurun.supervisor.restarts import child_argv
@@ -581,7 +581,7 @@ def test_sigterm_to_tpurun_is_one_save_exit_75_and_no_restart(bucket, gcs, tpuru
     logged = [int(s) for s in re.findall(r"step (\d+)/100000000", log)]
     assert saved == max(logged) > 0 and saved % 100 == 0, log[-3000:]
     assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{saved}"
-    assert GcsObjects().read(f"{model_dir}/{lease.FILE}") is None, "not released"
+    assert GcsObjects().read(f"{model_dir}/{layout_names.LEASE}") is None, "not released"
     names = [name for _, _, files in tf.io.gfile.walk(model_dir) for name in files]
     assert not [n for n in names if "_temp" in n or "tpurun-tmp" in n], names
     resumed = tpurun_cli(

@@ -11,6 +11,7 @@ from iris_runs import iris_run as run_with_flags
 
 from tpurun import config_defaults
 from tpurun.errors import RunError, UsageError
+from tpurun.layout import names
 from tpurun.run_config import RunConfig, config_files
 from tpurun.run_config.keys import trained_keys
 from tpurun.storage import train_config
@@ -78,7 +79,7 @@ def test_a_record_of_an_older_tpurun_resumes_with_the_new_keys_at_their_defaults
     recorded = run.config.to_dict()
     del recorded["optimizer"]["schedule"], recorded["optimizer"]["clip_norm"]
     del recorded["train"]["ema_decay"]
-    (tmp_path / train_config.FILE).write_text(json.dumps(recorded))
+    (tmp_path / names.TRAIN_CONFIG).write_text(json.dumps(recorded))
     train_config.check_resume(run)
     with pytest.raises(UsageError, match="train.ema_decay: 0.0 -> 0.5"):
         train_config.check_resume(iris_run(tmp_path, train__ema_decay=0.5))

@@ -104,7 +104,7 @@ def for_serving(run: RunConfig) -> tuple[RunConfig, tuple[trained_keys.Differenc
     if not isinstance(run.checkpoint, str):
         return train_config.for_serving(run)
     directory = _directory(run.checkpoint)
-    if not tf.io.gfile.exists(storage.join(directory, train_config.FILE)):
+    if not tf.io.gfile.exists(storage.join(directory, names.TRAIN_CONFIG)):
         return run, ()
     served, overridden = train_config.for_serving(dataclasses.replace(run, model_dir=directory))
     return dataclasses.replace(served, model_dir=run.model_dir), overridden

@@ -158,7 +158,8 @@ EVAL_DIR = "eval"
 LEGACY_SPLIT = "eval"
 BEST_DIR = "best"
 BEST_RECORD = "best.json"
-# Where tpurun before 0.3 kept the old best while renaming the new one into place.
+# Where tpurun before 0.3 kept the old best while renaming the new one into place: still
+# read (a replacement killed between its renames), removed by the next update.
 PREVIOUS_BEST = ".best.previous"
 EXPORT_DIR = "export"
 OUTSIDE_DIR = "outside"  # eval's results of checkpoints outside model_dir (--checkpoint=PATH)

@@ -33,12 +33,6 @@ from tpurun.run_config import RunConfig
 from tpurun.storage import checkpoints, records
 from tpurun.storage.eval_results import NOT_METRICS
 
-DIR = names.BEST_DIR
-RECORD = names.BEST_RECORD
-# Where tpurun before 0.3 kept the old best while renaming the new one into place:
-# still read (a replacement killed between its renames), removed by the next update.
-_PREVIOUS = names.PREVIOUS_BEST
-
 
 @dataclasses.dataclass(frozen=True)
 class Best:
@@ -80,9 +74,9 @@ def read(model_dir: str) -> Best | None:
     A damaged record (truncated, edited) is set aside into model_dir/damaged/ with a
     warning, and the best is as if none were kept: the next evaluation rebuilds it.
     """
-    for name in (DIR, _PREVIOUS):
+    for name in (names.BEST_DIR, names.PREVIOUS_BEST):
         directory = storage.join(model_dir, name)
-        record_path = storage.join(directory, RECORD)
+        record_path = storage.join(directory, names.BEST_RECORD)
         try:
             best = _parse(directory, records.read_json(record_path, _KEYS))
         except records.DamagedRecord as e:
@@ -106,7 +100,9 @@ def _parse(directory: str, record: dict | None) -> Best | None:
     name = record["checkpoint"]
     if not isinstance(name, str) or not names.CHECKPOINT.fullmatch(name):
         # Never a path: the best is a copy inside `directory`, whatever the record says.
-        raise records.DamagedRecord(storage.join(directory, RECORD), f"checkpoint {name!r}")
+        raise records.DamagedRecord(
+            storage.join(directory, names.BEST_RECORD), f"checkpoint {name!r}"
+        )
     try:
         return Best(
             step=int(record["step"]),
@@ -118,7 +114,7 @@ def _parse(directory: str, record: dict | None) -> Best | None:
             split=str(record.get("split", "")),
         )
     except (TypeError, ValueError) as e:
-        raise records.DamagedRecord(storage.join(directory, RECORD), str(e)) from None
+        raise records.DamagedRecord(storage.join(directory, names.BEST_RECORD), str(e)) from None
 
 
 def require(run: RunConfig) -> Best:
@@ -127,7 +123,7 @@ def require(run: RunConfig) -> Best:
     if best is None:
         where = f"--config={run.config_name} --model_dir={run.model_dir}"
         raise RunError(
-            f"no best checkpoint in {storage.join(run.model_dir, DIR)} yet; evaluate first "
+            f"no best checkpoint in {storage.join(run.model_dir, names.BEST_DIR)} yet; evaluate first "
             f"(tpurun eval {where}, or tpurun train {where} --eval_every=N), "
             f"or {run.command} the latest checkpoint without --best"
         )
@@ -171,7 +167,9 @@ def update(run: RunConfig, checkpoint_path: str, results: dict[str, float], spli
         logging.info("Best checkpoint stays %s; step %d has %s=%.4f.", kept, step, metric, value)
         return False
     name = checkpoint_path.rstrip("/").rsplit("/", 1)[-1]
-    best = Best(step, metric, mode, value, name, storage.join(run.model_dir, DIR, name), split)
+    best = Best(
+        step, metric, mode, value, name, storage.join(run.model_dir, names.BEST_DIR, name), split
+    )
     if not _write(run.model_dir, checkpoint_path, best, current):
         return False
     before = f"; was {current.value:.4f} at step {current.step}" if current else ""
@@ -183,7 +181,7 @@ def update(run: RunConfig, checkpoint_path: str, results: dict[str, float], spli
         split,
         mode,
         before,
-        storage.join(run.model_dir, DIR),
+        storage.join(run.model_dir, names.BEST_DIR),
     )
     return True
 
@@ -193,7 +191,7 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
     deleted meanwhile. Whatever fails before best.json is switched removes the files it
     copied and leaves the best as it was.
     """
-    directory = storage.make_dir(model_dir, storage.join(model_dir, DIR))
+    directory = storage.make_dir(model_dir, storage.join(model_dir, names.BEST_DIR))
     copied: list[str] = []
     try:
         files = checkpoints.files_of(checkpoint_path)  # ckpt-N.index, ckpt-N.data-*
@@ -206,7 +204,7 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
                 copied.append(storage.join(directory, storage.basename(file)))
                 tf.io.gfile.copy(file, copied[-1], overwrite=True)
         storage.write_atomically(
-            storage.join(directory, RECORD),
+            storage.join(directory, names.BEST_RECORD),
             json.dumps(best.record(), indent=2, sort_keys=True) + "\n",
         )
     except BaseException as e:
@@ -234,7 +232,7 @@ def _write(model_dir: str, checkpoint_path: str, best: Best, current: Best | Non
             storage.remove_file_quietly(model_dir, path, names.CHECKPOINT_FILE)
         elif names.BEST_RESULTS.fullmatch(name) and (current is None or current.step != best.step):
             storage.remove_file_quietly(model_dir, path, names.BEST_RESULTS)
-    previous = storage.join(model_dir, _PREVIOUS)
+    previous = storage.join(model_dir, names.PREVIOUS_BEST)
     if current is not None and current.path.startswith(previous + "/"):
-        storage.remove(model_dir, previous, names.exactly(_PREVIOUS))
+        storage.remove(model_dir, previous, names.exactly(names.PREVIOUS_BEST))
     return True

@@ -46,7 +46,6 @@ from tpurun.errors import RunError
 from tpurun.layout import names
 from tpurun.layout.plain_files import GcsObjects
 
-FILE = names.LEASE
 RENEW_SECONDS = 60.0
 STALE_MARGIN = 300.0  # seconds beyond the holder's --hang_timeout
 NO_HANG_TIMEOUT_STALE = 3600.0  # the bound when the holder runs with --hang_timeout=0
@@ -107,7 +106,7 @@ def _refusal(model_dir: str, holder: Holder | None) -> LeaseHeld:
     who = holder.describe() if holder else "a process whose lease cannot be read"
     return LeaseHeld(
         f"{model_dir} is being trained by another tpurun train ({who}; lease "
-        f"{storage.join(model_dir, FILE)}): two trainers would delete each other's "
+        f"{storage.join(model_dir, names.LEASE)}): two trainers would delete each other's "
         "checkpoints; wait for it to finish or stop it, or, if it is gone on another machine, "
         "rerun once its lease is stale or pass --force_takeover"
     )
@@ -144,7 +143,7 @@ class _LocalLease(Lease):
 
 
 def _acquire_local(model_dir: str, holder: Holder, force: bool) -> Lease:
-    path = storage.join(model_dir, FILE)
+    path = storage.join(model_dir, names.LEASE)
     for _ in range(3):  # a lease released (unlinked) between our open and our lock
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
@@ -221,7 +220,7 @@ def _read(objects: GcsObjects, path: str) -> tuple[Holder | None, str] | None:
 
 
 def _acquire_gcs(model_dir: str, holder: Holder, force: bool) -> Lease:
-    client, path = GcsObjects(), storage.join(model_dir, FILE)
+    client, path = GcsObjects(), storage.join(model_dir, names.LEASE)
     generation = "0"  # none yet
     for _ in range(3):
         try:

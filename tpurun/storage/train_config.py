@@ -27,7 +27,6 @@ from tpurun.run_config.epochs import Counted
 from tpurun.run_config.keys import recipe_keys, trained_keys
 from tpurun.storage import records
 
-FILE = names.TRAIN_CONFIG
 # The config's name, beside its keys in the record: a key no config has.
 NAME_KEY = "__config_name__"
 # The training examples an epoch counted (a run counted in epochs, or evaluating every
@@ -143,7 +142,7 @@ def write(run: RunConfig, loop_times: dict[str, Any] | None = None) -> None:
     if loop_times:
         record[LOOP_TIMES_KEY] = loop_times
     storage.write_atomically(
-        storage.join(run.model_dir, FILE),
+        storage.join(run.model_dir, names.TRAIN_CONFIG),
         json.dumps(record, indent=2, sort_keys=True, default=str) + "\n",
     )
 
@@ -154,7 +153,7 @@ def read(run: RunConfig) -> tuple[str | None, dict[str, Any]] | None:
     A damaged record ends the run with one line, unless --force_resume says to
     go on without the check (the next train rewrites it).
     """
-    path = storage.join(run.model_dir, FILE)
+    path = storage.join(run.model_dir, names.TRAIN_CONFIG)
     try:
         record = records.read_json(path)
         if record is None:
@@ -194,7 +193,7 @@ def for_serving(run: RunConfig) -> tuple[RunConfig, tuple[trained_keys.Differenc
         logging.info(
             "The model as trained (%s/%s): %s; --config.<key>=<value> overrides one.",
             run.model_dir,
-            FILE,
+            names.TRAIN_CONFIG,
             ", ".join(d.shown("the config file:") for d in served.taken),
         )
     if served.overridden:
@@ -255,7 +254,7 @@ def recorded_examples(run: RunConfig) -> Counted | None:
     examples = _recorded(run, EXAMPLES_KEY)
     if not isinstance(examples, int) or isinstance(examples, bool) or examples <= 0:
         return None
-    return Counted(examples, storage.join(run.model_dir, FILE))
+    return Counted(examples, storage.join(run.model_dir, names.TRAIN_CONFIG))
 
 
 def recorded_loop_times(run: RunConfig) -> dict[str, Any] | None:
@@ -265,7 +264,7 @@ def recorded_loop_times(run: RunConfig) -> dict[str, Any] | None:
 
 
 def _recorded(run: RunConfig, key: str) -> Any:
-    path = storage.join(run.model_dir, FILE)
+    path = storage.join(run.model_dir, names.TRAIN_CONFIG)
     try:
         record = records.read_json(path)
     except records.DamagedRecord:
